@@ -1,0 +1,1 @@
+"""The `planner` command line (installed as the import package planner_cli)."""

@@ -1,0 +1,200 @@
+"""Rendering of the library's JSON documents: rich tables on a terminal, JSON for machines."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from planner.export.files import dumps
+
+_state: dict[str, Console] = {}
+
+
+def configure(no_color: bool) -> None:
+    _state["out"] = Console(no_color=no_color, highlight=False, soft_wrap=False)
+    _state["err"] = Console(stderr=True, no_color=no_color, highlight=False)
+
+
+def out() -> Console:
+    if "out" not in _state:
+        configure(no_color=False)
+    return _state["out"]
+
+
+def err() -> Console:
+    if "err" not in _state:
+        configure(no_color=False)
+    return _state["err"]
+
+
+def error(line: str) -> None:
+    """The one line a user sees for bad input or usage."""
+    click.echo(f"planner: error: {line}", err=True)
+
+
+def note(line: str, as_json: bool, error: bool = False) -> None:
+    """A side remark (files written, gate results) on stderr; silent in JSON mode
+    except for errors."""
+    if as_json and not error:
+        return
+    click.echo(line, err=True)
+
+
+def emit(document: dict[str, Any], as_json: bool, view: Callable[[dict[str, Any]], None]) -> None:
+    if as_json:
+        click.echo(dumps(document), nl=False)
+    else:
+        view(document)
+
+
+@contextlib.contextmanager
+def progress(enabled: bool, what: str) -> Iterator[Callable[[str], None]]:
+    """A spinner/bar on stderr when it is a terminal; a no-op callback otherwise."""
+    if not enabled or not sys.stderr.isatty():
+        yield lambda _item: None
+        return
+    with Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        console=err(),
+        transient=True,
+    ) as bar:
+        task = bar.add_task(what, total=None)
+
+        def advance(item: str) -> None:
+            bar.update(task, description=f"{what} {item}", advance=1)
+
+        yield advance
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value >= 1:
+        return f"{value:.3f} s"
+    if value >= 1e-3:
+        return f"{value * 1e3:.2f} ms"
+    return f"{value * 1e6:.1f} µs"
+
+
+def _bytes(value: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return str(value)
+
+
+def inspect_view(document: dict[str, Any]) -> None:
+    console = out()
+    console.print(f"[bold]{document['framework']}[/bold] input: {', '.join(document['sources'])}")
+    table = Table(title="Ranks")
+    for column in ("rank", "ops", "by kind", "transfers", "bytes", "steps", "resources"):
+        table.add_column(column)
+    for r in document["ranks"]:
+        kinds = ", ".join(f"{k} {v}" for k, v in r["ops_by_kind"].items())
+        table.add_row(
+            r["rank"],
+            str(r["ops"]),
+            kinds,
+            str(len(r["transfers"])),
+            _bytes(r["transfer_bytes"]),
+            ",".join(map(str, r["iterations"])) or "-",
+            ", ".join(r["resources"]),
+        )
+    console.print(table)
+    for r in document["ranks"]:
+        transfers = Table(title=f"Transfers of {r['rank']}")
+        for column in ("name", "kind", "channel", "param", "bytes", "time", "seen in"):
+            transfers.add_column(column)
+        for t in r["transfers"]:
+            transfers.add_row(
+                t["name"],
+                t["kind"],
+                t["resource"],
+                t["param"] or "-",
+                _bytes(t["nbytes"]),
+                _seconds(t["time"]),
+                f"{t['observed_in']}/{len(r['iterations'])}",
+            )
+        console.print(transfers)
+    for line in document["notes"]:
+        console.print(f"[yellow]note:[/yellow] {line}")
+
+
+def plan_view(document: dict[str, Any]) -> None:
+    console = out()
+    for entry in document["ranks"]:
+        table = Table(title=f"{entry['algorithm'].upper()} plan for {entry['rank']}")
+        for column in ("order", "priority", "transfer", "param", "bytes", "M+"):
+            table.add_column(column)
+        for t in entry["transfers"]:
+            m_plus = t.get("M_plus")
+            table.add_row(
+                str(t["order_index"]),
+                str(t["priority"]),
+                t["name"],
+                t["param"] or "-",
+                _bytes(t["nbytes"]),
+                "inf" if m_plus is None else f"{m_plus:.6g}",
+            )
+        console.print(table)
+
+
+def metrics_view(document: dict[str, Any]) -> None:
+    console = out()
+    table = Table(title="Scheduling efficiency per step (TicTac §3.2)")
+    for column in ("rank", "step", "makespan", "idle", "Umax", "Lmin", "E", "S"):
+        table.add_column(column, justify="right")
+    for s in document["steps"]:
+        table.add_row(
+            s["rank"],
+            str(s["iteration"]),
+            _seconds(s["makespan"]),
+            _seconds(s["idle"]),
+            _seconds(s["umax"]),
+            _seconds(s["lmin"]),
+            f"{s['efficiency']:.3f}",
+            f"{s['speedup_bound']:.3f}",
+        )
+    console.print(table)
+    summary = Table(title="Per rank")
+    for column in ("rank", "mean E", "min E", "mean makespan", "S (oracle)", "orders seen"):
+        summary.add_column(column, justify="right")
+    for r in document["ranks"]:
+        summary.add_row(
+            r["rank"],
+            f"{r.get('efficiency_mean', float('nan')):.3f}",
+            f"{r.get('efficiency_min', float('nan')):.3f}",
+            _seconds(r.get("makespan_mean")),
+            f"{r['oracle_speedup_bound']:.3f}",
+            str(r.get("distinct_transfer_orders", 0)),
+        )
+    console.print(summary)
+
+
+def analyze_view(report: dict[str, Any]) -> None:
+    inspect = report["inspect"]
+    console = out()
+    console.print(f"[bold]{inspect['framework']}[/bold] job: {len(inspect['ranks'])} rank(s)")
+    if report["metrics"] is not None:
+        metrics_view(report["metrics"])
+    table = Table(title="Transfer order per plan (first 10)")
+    table.add_column("rank")
+    table.add_column("plan")
+    table.add_column("first transfers")
+    for name, document in report["plans"].items():
+        for entry in document["ranks"]:
+            first = ", ".join(t["param"] or t["name"] for t in entry["transfers"][:10])
+            table.add_row(entry["rank"], name.upper(), first)
+    console.print(table)
+    for line in inspect["notes"]:
+        console.print(f"[yellow]note:[/yellow] {line}")

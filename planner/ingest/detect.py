@@ -1,0 +1,217 @@
+"""Find the input files, sniff their format from content, and load one Job.
+
+The file name is only a hint: a RunMetadata is recognised by parsing, JSON by its
+keys. In a directory, files that are not traces (meta.json, TF timelines, a client
+GraphDef beside RunMetadata) are skipped with a note; named explicitly, an
+unrecognised file is an error.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from planner.errors import InputError
+from planner.ingest import planner_json, tf_graphdef, tf_runmetadata
+from planner.trace import Job
+
+MAX_DECOMPRESSED = 8 << 30
+TRACE_SUFFIXES = (".pb", ".pbtxt", ".json", ".gz")
+
+
+@dataclass(frozen=True)
+class Sniffed:
+    """One input file with its format and (decompressed) content."""
+
+    path: Path
+    format: str
+    data: bytes
+    document: Any = None
+
+
+def read_bytes(path: Path) -> bytes:
+    """File content, gunzipped when it is gzip; bounded so a gzip bomb is refused."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(path, f"cannot read ({exc.strerror or exc})") from None
+    if raw[:2] != b"\x1f\x8b":
+        return raw
+    out = io.BytesIO()
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(raw)) as stream:
+            while chunk := stream.read(1 << 20):
+                out.write(chunk)
+                if out.tell() > MAX_DECOMPRESSED:
+                    raise InputError(
+                        path, f"decompresses to more than {MAX_DECOMPRESSED >> 30} GiB"
+                    )
+    except (OSError, EOFError, zlib.error) as exc:
+        raise InputError(path, f"broken gzip data ({exc})") from None
+    return out.getvalue()
+
+
+def sniff(path: Path) -> Sniffed:
+    """Decide what a file is from its content."""
+    data = read_bytes(path)
+    if not data.strip():
+        raise InputError(path, "file is empty")
+    head = data.lstrip()[:1]
+    if head in (b"{", b"["):
+        try:
+            document = json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InputError(path, f"invalid JSON ({exc})") from None
+        return Sniffed(path, _json_format(document), data, document)
+    if path.suffix == ".pbtxt" or _is_text(data):
+        return Sniffed(path, "graphdef_text", data)
+    if tf_runmetadata.looks_like_run_metadata(data) and "graph" not in path.stem.lower():
+        return Sniffed(path, "run_metadata", data)
+    return Sniffed(path, "graphdef", data)
+
+
+def _is_text(data: bytes) -> bool:
+    sample = data[:4096]
+    try:
+        text = sample.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return "node" in text and "{" in text and all(c.isprintable() or c.isspace() for c in text)
+
+
+def _json_format(document: Any) -> str:
+    if isinstance(document, dict):
+        schema = document.get("schema")
+        if isinstance(schema, str) and schema.startswith("planner.trace/"):
+            return "planner_json"
+        if "traceEvents" in document:
+            events = document.get("traceEvents") or []
+            tf_like = any(
+                isinstance(e, dict) and str(e.get("args", {}).get("name", "")).startswith("/job:")
+                for e in events[:200]
+            )
+            return "tf_timeline" if tf_like else "kineto"
+        if "nodes" in document and "schema" in document:
+            return "execution_trace"
+    return "unknown_json"
+
+
+def expand(paths: Iterable[Path]) -> list[tuple[Path, bool]]:
+    """Input files as (path, named explicitly); directories list their trace files."""
+    result: list[tuple[Path, bool]] = []
+    for path in paths:
+        if path.is_dir():
+            found = sorted(
+                p for p in path.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES)
+            )
+            if not found:
+                raise InputError(path, "directory holds no trace files (.pb, .pbtxt, .json, .gz)")
+            result.extend((p, False) for p in found)
+        elif path.exists():
+            result.append((path, True))
+        else:
+            raise InputError(path, "no such file or directory")
+    return result
+
+
+def demo_trace() -> Path:
+    """The bundled demo: RunMetadata of one worker of a real TF parameter-server job.
+
+    Installed as package data `planner.demo_trace`; in a source checkout it is the
+    repository's traces/demo.
+    """
+    from importlib.resources import files
+
+    try:
+        return Path(str(files("planner.demo_trace")))
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parents[2] / "traces" / "demo"
+
+
+Progress = Callable[[str], None]
+
+
+def load(paths: Iterable[str | Path], progress: Progress | None = None) -> Job:
+    """Load the inputs into one Job (see module docstring for what is skipped)."""
+    files = expand(Path(p) for p in paths)
+    if not files:
+        raise InputError(None, "no input given")
+    sniffed: list[Sniffed] = []
+    notes: list[str] = []
+    for path, explicit in files:
+        if progress:
+            progress(str(path))
+        try:
+            item = sniff(path)
+        except InputError:
+            if explicit:
+                raise
+            notes.append(f"skipped {path}: not a trace")
+            continue
+        if item.format == "unknown_json":
+            if explicit:
+                raise InputError(path, "JSON is not a trace this planner reads")
+            notes.append(f"skipped {path}: not a trace")
+            continue
+        sniffed.append(item)
+    by_format: dict[str, list[Sniffed]] = {}
+    for item in sniffed:
+        by_format.setdefault(item.format, []).append(item)
+    job = _load_formats(by_format, notes, files)
+    return Job(
+        framework=job.framework,
+        graphs=job.graphs,
+        trace=job.trace,
+        sources=job.sources,
+        notes=(*job.notes, *notes),
+        meta=job.meta,
+    )
+
+
+def _load_formats(by_format: dict[str, list[Sniffed]], notes: list[str], files: list) -> Job:
+    if "run_metadata" in by_format:
+        for other in ("graphdef", "graphdef_text", "tf_timeline"):
+            for item in by_format.pop(other, []):
+                notes.append(f"ignored {item.path}: RunMetadata partition graphs are used")
+        _only(by_format, "run_metadata")
+        return tf_runmetadata.load_run_metadata(
+            [(s.path, s.data) for s in by_format["run_metadata"]]
+        )
+    for unsupported, why in (
+        ("kineto", "PyTorch Kineto traces are not read by this version"),
+        ("execution_trace", "PyTorch Execution Traces are not read by this version"),
+    ):
+        if unsupported in by_format:
+            raise InputError(by_format[unsupported][0].path, why)
+    if "tf_timeline" in by_format and len(by_format) == 1:
+        raise InputError(
+            by_format["tf_timeline"][0].path,
+            "a TF timeline has no graph; give the RunMetadata (.pb) files of the same steps",
+        )
+    by_format.pop("tf_timeline", None)
+    if "planner_json" in by_format:
+        _only(by_format, "planner_json")
+        items = by_format["planner_json"]
+        if len(items) > 1:
+            raise InputError(items[1].path, "give one planner trace at a time")
+        return planner_json.from_document(items[0].document, items[0].path)
+    graphdefs = by_format.get("graphdef", []) + by_format.get("graphdef_text", [])
+    if graphdefs:
+        if len(graphdefs) > 1:
+            raise InputError(graphdefs[1].path, "give one GraphDef at a time")
+        item = graphdefs[0]
+        return tf_graphdef.load_graphdef(item.path, item.data, item.format == "graphdef_text")
+    where = files[0][0].parent if files else None
+    raise InputError(where, "no readable trace among the inputs")
+
+
+def _only(by_format: dict[str, list[Sniffed]], wanted: str) -> None:
+    others = [items[0].path for fmt, items in by_format.items() if fmt != wanted and items]
+    if others:
+        raise InputError(others[0], f"cannot be analysed together with {wanted} inputs")

@@ -1,0 +1,155 @@
+"""The planner JSON trace format (`planner.trace/1`): read and write.
+
+A neutral format any framework can be converted to (docs/formats.md). Times are
+seconds: each iteration's `start` is absolute, op starts are relative to it, so
+nanosecond resolution survives the float.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from planner.errors import InputError
+from planner.graph import OP_KINDS, PHASES, GraphError, Op, build_graph
+from planner.trace import Job, make_trace
+
+SCHEMA = "planner.trace/1"
+
+
+def to_document(job: Job) -> dict[str, Any]:
+    """The JSON document of a Job (deterministic order)."""
+    ranks = []
+    for rank in job.ranks:
+        graph = job.graphs[rank]
+        ops = [
+            {
+                "name": op.name,
+                "kind": op.kind,
+                "resource": op.resource,
+                "param": op.param,
+                "nbytes": op.nbytes,
+                "phase": op.phase,
+                "type": op.type,
+            }
+            for op in graph.ops.values()
+        ]
+        iterations = []
+        spans = job.trace.spans[job.trace.spans["rank"] == rank].sort_values("iteration")
+        timings = job.trace.of(rank)
+        for span in spans.itertuples(index=False):
+            rows = timings[timings["iteration"] == span.iteration].sort_values(["start", "op"])
+            iterations.append(
+                {
+                    "iteration": int(span.iteration),
+                    "start": span.start / 1e9,
+                    "duration": (span.end - span.start) / 1e9,
+                    "ops": {
+                        r.op: [(r.start - span.start) / 1e9, r.duration / 1e9]
+                        for r in rows.itertuples(index=False)
+                    },
+                }
+            )
+        ranks.append({"rank": rank, "ops": ops, "edges": graph.edges(), "iterations": iterations})
+    return {
+        "schema": SCHEMA,
+        "framework": job.framework,
+        "notes": list(job.notes),
+        "ranks": ranks,
+    }
+
+
+def _need(value: Any, kind: type | tuple[type, ...], what: str, path: Path) -> Any:
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise InputError(path, f"{what} has the wrong type ({type(value).__name__})")
+    return value
+
+
+def _seconds(value: Any, what: str, path: Path) -> int:
+    _need(value, (int, float), what, path)
+    if not math.isfinite(value) or value < 0 or value > 1e10:
+        raise InputError(path, f"{what} is out of range ({value})")
+    return round(value * 1e9)
+
+
+def from_document(doc: Any, path: Path) -> Job:
+    """A Job from a parsed `planner.trace/1` document; InputError on any bad field."""
+    _need(doc, dict, "the document", path)
+    schema = doc.get("schema")
+    if not isinstance(schema, str) or not schema.startswith("planner.trace/"):
+        raise InputError(path, "not a planner trace (no 'schema': 'planner.trace/1')")
+    if schema != SCHEMA:
+        raise InputError(path, f"unsupported planner trace version {schema!r} (reads {SCHEMA})")
+    graphs = {}
+    rows: list[tuple[str, int, str, int, int]] = []
+    spans: list[tuple[str, int, int, int]] = []
+    for i, entry in enumerate(_need(doc.get("ranks"), list, "'ranks'", path)):
+        where = f"ranks[{i}]"
+        _need(entry, dict, where, path)
+        rank = _need(entry.get("rank"), str, f"{where}.rank", path)
+        if rank in graphs:
+            raise InputError(path, f"rank {rank!r} appears twice")
+        ops = []
+        for j, raw in enumerate(_need(entry.get("ops"), list, f"{where}.ops", path)):
+            _need(raw, dict, f"{where}.ops[{j}]", path)
+            name = _need(raw.get("name"), str, f"{where}.ops[{j}].name", path)
+            kind = raw.get("kind", "compute")
+            phase = raw.get("phase", "unknown")
+            if kind not in OP_KINDS or phase not in PHASES:
+                raise InputError(path, f"op {name!r}: unknown kind or phase ({kind}, {phase})")
+            nbytes = _need(raw.get("nbytes", 0), int, f"op {name!r} nbytes", path)
+            param = raw.get("param")
+            ops.append(
+                Op(
+                    name=name,
+                    kind=kind,
+                    resource=_need(raw.get("resource", "cpu"), str, f"op {name!r} resource", path),
+                    param=_need(param, str, f"op {name!r} param", path) if param else None,
+                    nbytes=nbytes,
+                    phase=phase,
+                    type=_need(raw.get("type", ""), str, f"op {name!r} type", path),
+                )
+            )
+        edges = []
+        for j, raw in enumerate(_need(entry.get("edges", []), list, f"{where}.edges", path)):
+            if not isinstance(raw, list) or len(raw) not in (2, 3):
+                raise InputError(path, f"{where}.edges[{j}] is not [src, dst, kind]")
+            if not all(isinstance(x, str) for x in raw):
+                raise InputError(path, f"{where}.edges[{j}] holds a non-string")
+            if len(raw) == 3 and raw[2] not in ("data", "control"):
+                raise InputError(path, f"{where}.edges[{j}] has unknown kind {raw[2]!r}")
+            edges.append(tuple(raw))
+        try:
+            graphs[rank] = build_graph(ops, edges)
+        except GraphError as exc:
+            raise InputError(path, f"rank {rank}: {exc}") from None
+        seen_iterations: set[int] = set()
+        for j, it in enumerate(
+            _need(entry.get("iterations", []), list, f"{where}.iterations", path)
+        ):
+            _need(it, dict, f"{where}.iterations[{j}]", path)
+            number = _need(it.get("iteration"), int, f"{where}.iterations[{j}].iteration", path)
+            if number in seen_iterations:
+                raise InputError(path, f"rank {rank}: iteration {number} appears twice")
+            seen_iterations.add(number)
+            start = _seconds(it.get("start"), f"iteration {number} start", path)
+            length = _seconds(it.get("duration"), f"iteration {number} duration", path)
+            for name, timing in _need(
+                it.get("ops", {}), dict, f"iteration {number} ops", path
+            ).items():
+                if name not in graphs[rank].ops:
+                    raise InputError(path, f"iteration {number} times unknown op {name!r}")
+                if not isinstance(timing, list) or len(timing) != 2:
+                    raise InputError(
+                        path, f"iteration {number} op {name!r}: want [start, duration]"
+                    )
+                rel = _seconds(timing[0], f"op {name!r} start", path)
+                dur = _seconds(timing[1], f"op {name!r} duration", path)
+                rows.append((rank, number, name, start + rel, dur))
+            spans.append((rank, number, start, start + length))
+    if not graphs:
+        raise InputError(path, "planner trace has no ranks")
+    notes = tuple(str(n) for n in doc.get("notes", []) if isinstance(n, str))
+    framework = doc.get("framework") if isinstance(doc.get("framework"), str) else "unknown"
+    return Job(framework, graphs, make_trace(rows, spans), sources=(str(path),), notes=notes)

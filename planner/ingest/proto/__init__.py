@@ -1,0 +1,1 @@
+"""Protobuf messages (a read-only subset of TensorFlow's) that the planner parses."""

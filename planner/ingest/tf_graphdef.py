@@ -1,0 +1,119 @@
+"""TensorFlow GraphDef (`.pb`, `.pbtxt`): the client graph, or a partition graph.
+
+A client GraphDef holds requested devices, not partitions. Each worker task becomes a
+rank; an edge from another task into it becomes a recv op (one per source tensor), an
+edge out of it a send op, so TIC can order the transfers of a graph with no timings.
+Nodes without a device run on the client's target, taken to be the first worker.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from google.protobuf import message, text_format
+
+from planner.errors import InputError
+from planner.graph import GraphError, Op, OpGraph, build_graph
+from planner.ingest.proto import tf_subset_pb2 as tfpb
+from planner.trace import Job, empty_trace
+
+_DEVICE = re.compile(r"/job:(?P<job>[^/]+)(?:/replica:(?P<replica>\d+))?(?:/task:(?P<task>\d+))?")
+_KIND_NAME = re.compile(r"/device:(?P<kind>[^:]+):(?P<index>\d+)")
+
+
+def task_of(device: str) -> str:
+    """`/job:worker/replica:0/task:1/device:CPU:0` -> ``worker1``; "" if no job."""
+    found = _DEVICE.search(device or "")
+    if not found:
+        return ""
+    return f"{found['job']}{found['task'] or 0}"
+
+
+def device_name(device: str) -> str:
+    """A short resource name: ``worker1/CPU:0``."""
+    task = task_of(device) or "local"
+    found = _KIND_NAME.search(device or "")
+    return f"{task}/{found['kind']}:{found['index']}" if found else f"{task}/CPU:0"
+
+
+def split_input(name: str) -> tuple[str, str]:
+    """A NodeDef input -> (node name, edge kind): ``^a`` is control, ``a:1`` data."""
+    if name.startswith("^"):
+        return name[1:], "control"
+    return name.split(":", 1)[0], "data"
+
+
+def parse_graphdef(data: bytes, path: Path, text: bool) -> tfpb.GraphDef:
+    """Parse binary or text GraphDef bytes; InputError when they are not one."""
+    graph = tfpb.GraphDef()
+    try:
+        if text:
+            text_format.Parse(data.decode("utf-8"), graph)
+        else:
+            graph.ParseFromString(data)
+    except (message.DecodeError, text_format.ParseError, UnicodeDecodeError) as exc:
+        raise InputError(path, f"not a TensorFlow GraphDef ({_short(exc)})") from None
+    if not graph.node or not all(n.name and n.op for n in graph.node):
+        raise InputError(path, "not a TensorFlow GraphDef (no named nodes with ops)")
+    return graph
+
+
+def _short(exc: Exception) -> str:
+    return str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+
+
+def worker_graphs(graph: tfpb.GraphDef, path: Path) -> dict[str, OpGraph]:
+    """One OpGraph per worker task of a client GraphDef (see module docstring)."""
+    tasks = sorted({task_of(n.device) for n in graph.node} - {""})
+    workers = [t for t in tasks if not t.startswith("ps")] or ["worker0"]
+    placed = {n.name: task_of(n.device) or workers[0] for n in graph.node}
+    nodes = {n.name: n for n in graph.node}
+    result: dict[str, OpGraph] = {}
+    for rank in workers:
+        ops: list[Op] = []
+        edges: list[tuple[str, str, str]] = []
+        synthetic: set[str] = set()
+        for node in graph.node:
+            if placed[node.name] != rank:
+                continue
+            resource = device_name(node.device) if node.device else f"{rank}/CPU:0"
+            ops.append(Op(node.name, "compute", resource, type=node.op))
+            for raw in node.input:
+                src, kind = split_input(raw)
+                if src not in nodes:
+                    raise InputError(path, f"node {node.name!r} reads unknown node {src!r}")
+                peer = placed[src]
+                if peer == rank:
+                    edges.append((src, node.name, kind))
+                    continue
+                recv = f"recv:{src}"
+                if recv not in synthetic:
+                    synthetic.add(recv)
+                    ops.append(Op(recv, "recv", f"{rank}<-{peer}", param=src, type="_Recv"))
+                edges.append((recv, node.name, kind))
+        for node in graph.node:
+            if placed[node.name] == rank:
+                continue
+            for raw in node.input:
+                src, _ = split_input(raw)
+                if placed.get(src) == rank:
+                    send = f"send:{src}->{placed[node.name]}"
+                    if send not in synthetic:
+                        synthetic.add(send)
+                        resource = f"{rank}->{placed[node.name]}"
+                        ops.append(Op(send, "send", resource, param=src, type="_Send"))
+                        edges.append((src, send, "data"))
+        try:
+            result[rank] = build_graph(ops, edges)
+        except GraphError as exc:
+            raise InputError(path, f"worker {rank}: {exc}") from None
+    return result
+
+
+def load_graphdef(path: Path, data: bytes, text: bool) -> Job:
+    """A Job with the worker graphs of a GraphDef and no timings."""
+    graph = parse_graphdef(data, path, text)
+    graphs = worker_graphs(graph, path)
+    note = "GraphDef only: no timings (TIC works; TAC and metrics need RunMetadata)"
+    return Job("tensorflow", graphs, empty_trace(), sources=(str(path),), notes=(note,))

@@ -1,0 +1,290 @@
+"""TensorFlow RunMetadata (`.pb`, one per traced step): partition graphs + step_stats.
+
+The DAG of a rank is its worker partition graph. A `_Recv` whose `send_device` is
+another task (a PS) is a transfer on the channel ``worker<-ps``; a `_Send` to another
+task is one on ``worker->ps``; the rest are compute ops on the worker's device.
+
+TensorFlow records no node stats for `_Send`/`_Recv`. A transfer's time comes from
+the RecvTensor RPC records (``[bytes] [rate] edge_N_x from SRC to DST``), joined to the
+`_Recv`/`_Send` node through its `tensor_name` attr. A RecvTensor record starts when
+the receiver asks, which can be long before the sender has the tensor (the PS asks
+for every gradient at step start), so the transfer is taken to start when both the
+request and the tensor exist: at the later of the record's start and the end of the
+sender-side op that produces the tensor.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from google.protobuf import message
+
+from planner.errors import InputError
+from planner.graph import GraphError, Op, OpGraph, build_graph
+from planner.ingest.proto import tf_subset_pb2 as tfpb
+from planner.ingest.tf_graphdef import device_name, split_input, task_of
+from planner.trace import Job, make_trace
+
+_LABEL = re.compile(
+    r"^\[(?P<size>[^\]]*)\] \[[^\]]*\] (?P<edge>\S+) from (?P<src>\S+) to (?P<dst>\S+)"
+)
+_STEP = re.compile(r"step[_-]?(\d+)", re.IGNORECASE)
+_VARIABLE_OPS = {"VarHandleOp", "VariableV2", "Variable", "_VarHandlesOp"}
+_READ_OPS = {"ReadVariableOp", "Identity", "_ReadVariablesOp"}
+
+
+def parse_run_metadata(data: bytes, path: Path) -> tfpb.RunMetadata:
+    """Parse RunMetadata bytes; InputError when they are not one (truncated, text...)."""
+    run = tfpb.RunMetadata()
+    try:
+        run.ParseFromString(data)
+    except message.DecodeError as exc:
+        raise InputError(path, f"not a TensorFlow RunMetadata ({exc})") from None
+    if not run.partition_graphs:
+        raise InputError(
+            path,
+            "RunMetadata has no partition graphs: trace with "
+            "RunOptions(trace_level=FULL_TRACE, output_partition_graphs=True)",
+        )
+    if not run.step_stats.dev_stats:
+        raise InputError(path, "RunMetadata has no step_stats: trace with FULL_TRACE")
+    return run
+
+
+def looks_like_run_metadata(data: bytes) -> bool:
+    """Cheap content check: field 1 (step_stats) or 3 (partition_graphs), length-delimited."""
+    return len(data) > 2 and data[0] in (0x0A, 0x1A)
+
+
+def step_number(path: Path, fallback: int) -> int:
+    found = _STEP.search(path.name)
+    return int(found.group(1)) if found else fallback
+
+
+def _start_ns(stats: tfpb.NodeExecStats) -> int:
+    return stats.all_start_nanos or stats.all_start_micros * 1000
+
+
+def _duration_ns(stats: tfpb.NodeExecStats) -> int:
+    return stats.all_end_rel_nanos or stats.all_end_rel_micros * 1000
+
+
+def _partition_device(graph: tfpb.GraphDef) -> str:
+    devices = Counter(n.device for n in graph.node if n.device)
+    return devices.most_common(1)[0][0] if devices else ""
+
+
+@dataclass
+class _Record:
+    start: int
+    end: int
+    nbytes: int
+
+
+@dataclass
+class _Step:
+    """What one RunMetadata file says, indexed for the joins."""
+
+    number: int
+    partitions: dict[str, tfpb.GraphDef]
+    op_end: dict[tuple[str, str], int] = field(default_factory=dict)
+    op_time: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+    records: dict[tuple[str, str, str], _Record] = field(default_factory=dict)
+
+
+def _index_step(run: tfpb.RunMetadata, number: int) -> _Step:
+    partitions = {_partition_device(g): g for g in run.partition_graphs}
+    step = _Step(number=number, partitions=partitions)
+    for dev in run.step_stats.dev_stats:
+        for stats in dev.node_stats:
+            start, duration = _start_ns(stats), _duration_ns(stats)
+            if stats.node_name == "RecvTensor":
+                found = _LABEL.match(stats.timeline_label)
+                if not found:
+                    continue
+                nbytes = (
+                    stats.output[0].tensor_description.allocation_description.requested_bytes
+                    if stats.output
+                    else 0
+                )
+                key = (found["edge"], found["src"], found["dst"])
+                step.records.setdefault(key, _Record(start, start + duration, nbytes))
+                continue
+            key2 = (dev.device, stats.node_name)
+            if key2 not in step.op_time:
+                step.op_time[key2] = (start, duration)
+                step.op_end[key2] = start + duration
+    return step
+
+
+def _variable_of(partitions: dict[str, tfpb.GraphDef], device: str, node_name: str) -> str:
+    """The variable a sent tensor reads (through ReadVariableOp/Identity), else the node."""
+    graph = partitions.get(device)
+    if graph is None:
+        return node_name
+    nodes = {n.name: n for n in graph.node}
+    current = nodes.get(node_name)
+    for _ in range(4):
+        if current is None or current.op not in _READ_OPS or not current.input:
+            break
+        src, _kind = split_input(current.input[0])
+        current = nodes.get(src)
+        if current is not None and current.op in _VARIABLE_OPS:
+            return current.name
+    return node_name
+
+
+def _sender_producer(partitions: dict[str, tfpb.GraphDef], device: str, edge: str) -> str | None:
+    """The node whose output the `_Send` of tensor `edge` on `device` carries."""
+    graph = partitions.get(device)
+    if graph is None:
+        return None
+    for node in graph.node:
+        if node.op == "_Send" and node.attr["tensor_name"].s.decode() == edge and node.input:
+            src, kind = split_input(node.input[0])
+            return src if kind == "data" else None
+    return None
+
+
+def _rank_graph(step: _Step, device: str, path: Path) -> tuple[OpGraph, dict[str, tuple]]:
+    """The worker partition as an OpGraph, and each transfer's record key + producer."""
+    graph = step.partitions[device]
+    rank = task_of(device)
+    ops: list[Op] = []
+    edges: list[tuple[str, str, str]] = []
+    links: dict[str, tuple] = {}
+    for node in graph.node:
+        attr = node.attr
+        peer_device = ""
+        kind = "compute"
+        if node.op == "_Recv":
+            peer_device = attr["send_device"].s.decode()
+            kind = "recv"
+        elif node.op == "_Send":
+            peer_device = attr["recv_device"].s.decode()
+            kind = "send"
+        peer = task_of(peer_device)
+        if kind != "compute" and (not peer or peer == rank or attr["client_terminated"].b):
+            kind = "compute"
+        if kind == "compute":
+            ops.append(Op(node.name, "compute", device_name(device), type=node.op))
+        else:
+            edge = attr["tensor_name"].s.decode()
+            if kind == "recv":
+                source = attr["_src"].s.decode() or node.name
+                param = _variable_of(step.partitions, peer_device, source)
+                resource = f"{rank}<-{peer}"
+                key = (edge, peer_device, device)
+                producer = (peer_device, _sender_producer(step.partitions, peer_device, edge))
+            else:
+                src = split_input(node.input[0])[0] if node.input else ""
+                param = attr["_src"].s.decode() or src
+                resource = f"{rank}->{peer}"
+                key = (edge, device, peer_device)
+                producer = (device, src or None)
+            ops.append(Op(node.name, kind, resource, param=param, type=node.op))
+            links[node.name] = (key, producer)
+        for raw in node.input:
+            src, edge_kind = split_input(raw)
+            edges.append((src, node.name, edge_kind))
+    try:
+        return build_graph(ops, edges), links
+    except GraphError as exc:
+        raise InputError(path, f"partition {device}: {exc}") from None
+
+
+def load_run_metadata(files: list[tuple[Path, bytes]]) -> Job:
+    """A Job from RunMetadata files (any order; steps from the file names)."""
+    steps: list[tuple[Path, _Step]] = []
+    for index, (path, data) in enumerate(files):
+        run = parse_run_metadata(data, path)
+        steps.append((path, _index_step(run, step_number(path, index))))
+    steps.sort(key=lambda item: item[1].number)
+
+    graphs: dict[str, OpGraph] = {}
+    links: dict[str, dict[str, tuple]] = {}
+    devices: dict[str, str] = {}
+    rows: list[tuple[str, int, str, int, int]] = []
+    spans: list[tuple[str, int, int, int]] = []
+    nbytes: dict[tuple[str, str], int] = {}
+    missing: Counter[tuple[str, int]] = Counter()
+    seen: set[tuple[str, int]] = set()
+    for path, step in steps:
+        for device in step.partitions:
+            rank = task_of(device)
+            if not rank or rank.startswith("ps"):
+                continue
+            if rank not in graphs:
+                graphs[rank], links[rank] = _rank_graph(step, device, path)
+                devices[rank] = device
+            elif set(n.name for n in step.partitions[device].node) != set(graphs[rank].ops):
+                raise InputError(path, f"partition graph of {rank} differs from the other steps")
+            if (rank, step.number) in seen:
+                raise InputError(path, f"step {step.number} of {rank} is given twice")
+            seen.add((rank, step.number))
+            step_rows = _step_rows(step, device, graphs[rank], links[rank], nbytes, rank)
+            expected = len(links[rank])
+            got = sum(1 for r in step_rows if r[2] in links[rank])
+            if got < expected:
+                missing[(rank, step.number)] = expected - got
+            if not step_rows:
+                raise InputError(path, f"no node stats for {rank} in step {step.number}")
+            start = min(r[3] for r in step_rows)
+            end = max(r[3] + r[4] for r in step_rows)
+            rows.extend((rank, step.number, op, s, d) for _, _, op, s, d in step_rows)
+            spans.append((rank, step.number, start, end))
+    if not graphs:
+        raise InputError(files[0][0], "RunMetadata has no worker partition graph")
+    graphs = {rank: _with_sizes(graph, rank, nbytes) for rank, graph in graphs.items()}
+    notes = [
+        f"{rank} step {number}: {count} transfer(s) have no RecvTensor record; "
+        "the time oracle uses the steps that have them"
+        for (rank, number), count in sorted(missing.items())
+    ]
+    return Job(
+        framework="tensorflow",
+        graphs=graphs,
+        trace=make_trace(rows, spans),
+        sources=tuple(str(p) for p, _ in files),
+        notes=tuple(notes),
+        meta={"devices": devices},
+    )
+
+
+def _step_rows(
+    step: _Step,
+    device: str,
+    graph: OpGraph,
+    links: dict[str, tuple],
+    nbytes: dict[tuple[str, str], int],
+    rank: str,
+) -> list[tuple[str, int, str, int, int]]:
+    rows = []
+    for name in graph.ops:
+        if name in links:
+            key, (producer_device, producer) = links[name]
+            record = step.records.get(key)
+            if record is None:
+                continue
+            start = record.start
+            ready = step.op_end.get((producer_device, producer)) if producer else None
+            if ready is not None and start < ready < record.end:
+                start = ready
+            rows.append((rank, step.number, name, start, record.end - start))
+            size_key = (rank, name)
+            nbytes[size_key] = max(nbytes.get(size_key, 0), record.nbytes)
+        elif (device, name) in step.op_time:
+            start, duration = step.op_time[(device, name)]
+            rows.append((rank, step.number, name, start, duration))
+    return rows
+
+
+def _with_sizes(graph: OpGraph, rank: str, nbytes: dict[tuple[str, str], int]) -> OpGraph:
+    ops = [
+        Op(**{**op.__dict__, "nbytes": nbytes.get((rank, name), 0)}) if op.is_transfer else op
+        for name, op in graph.ops.items()
+    ]
+    return build_graph(ops, graph.edges())

@@ -1,0 +1,97 @@
+"""TimeOracle: Time(op) for the schedulers, metrics and simulation.
+
+Default is the minimum over the traced iterations of each op's dedicated time (TicTac
+§5 uses the minimum of 5 runs, Caramel of 10). A transfer never observed gets
+``f(nbytes)`` from a linear network model fitted to the observed transfers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from planner.graph import OpGraph
+
+
+@dataclass(frozen=True)
+class NetworkModel:
+    """f(d) = a + b*d seconds for a transfer of d bytes (Caramel §4.1)."""
+
+    a: float
+    b: float
+    r2: float = float("nan")
+    points: int = 0
+
+    def time(self, nbytes: float) -> float:
+        return self.a + self.b * nbytes
+
+
+@dataclass(frozen=True)
+class TimeOracle:
+    """Seconds per op, with where each figure came from.
+
+    `source[op]` is ``observed`` (min over iterations), ``network_model`` (a transfer
+    never observed, from `network`) or ``unobserved`` (a compute op never observed: 0).
+    `observed_in[op]` counts the iterations the op was seen in.
+    """
+
+    times: Mapping[str, float]
+    source: Mapping[str, str] = field(default_factory=dict)
+    observed_in: Mapping[str, int] = field(default_factory=dict)
+    network: NetworkModel | None = None
+
+    def time(self, op: str) -> float:
+        return self.times.get(op, 0.0)
+
+
+def fit_network_model(nbytes: np.ndarray, seconds: np.ndarray) -> NetworkModel | None:
+    """Least-squares fit of f(d) = a + b*d; None with fewer than 2 distinct sizes.
+
+    Negative coefficients (noise on few points) are clamped to 0 so f stays a cost.
+    """
+    x = np.asarray(nbytes, dtype=np.float64)
+    y = np.asarray(seconds, dtype=np.float64)
+    if len(x) < 2 or len(np.unique(x)) < 2:
+        return None
+    b, a = np.polyfit(x, y, 1)
+    a, b = max(float(a), 0.0), max(float(b), 0.0)
+    residual = y - (a + b * x)
+    total = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - float((residual**2).sum()) / total if total > 0 else float("nan")
+    return NetworkModel(a=a, b=b, r2=r2, points=len(x))
+
+
+def min_of_runs(graph: OpGraph, timings: pd.DataFrame) -> TimeOracle:
+    """The oracle of one rank: per-op minimum of `dedicated` ns over iterations.
+
+    `timings` holds the rank's rows with a `dedicated` column (see
+    `planner.trace.with_dedicated`).
+    """
+    grouped = timings.groupby("op")["dedicated"]
+    minimum = (grouped.min() / 1e9).to_dict()
+    count = grouped.size().to_dict()
+    transfers = [n for n in graph.transfers if n in minimum and graph.ops[n].nbytes > 0]
+    network = fit_network_model(
+        np.array([graph.ops[n].nbytes for n in transfers]),
+        np.array([minimum[n] for n in transfers]),
+    )
+    times: dict[str, float] = {}
+    source: dict[str, str] = {}
+    for name, op in graph.ops.items():
+        if name in minimum:
+            times[name], source[name] = float(minimum[name]), "observed"
+        elif op.is_transfer and network is not None:
+            times[name], source[name] = network.time(op.nbytes), "network_model"
+        else:
+            times[name], source[name] = 0.0, "unobserved"
+    observed_in = {name: int(count.get(name, 0)) for name in graph.ops}
+    return TimeOracle(times=times, source=source, observed_in=observed_in, network=network)
+
+
+def tic_oracle(graph: OpGraph) -> TimeOracle:
+    """TicTac's general oracle (Eq. 5): 1 for recv ops, 0 for everything else."""
+    times = {n: 1.0 if op.kind == "recv" else 0.0 for n, op in graph.ops.items()}
+    return TimeOracle(times=times, source=dict.fromkeys(times, "tic"))

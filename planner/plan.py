@@ -1,0 +1,39 @@
+"""Plan: what a scheduler hands to simulation, metrics and export."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The output of a scheduler for one rank (one worker partition).
+
+    `priority`: op -> priority number, lower runs first, ties allowed, a missing op
+    is unordered (TicTac §3.1). `order`: the total order of the planned transfers that
+    a sender counter enforces; a transfer's `order_index` is its position, i.e. the
+    number of transfers that complete before it, in [0, n) (TicTac §5.1).
+    `properties`: per-op figures the algorithm decided on (e.g. ``M_plus``, ``P``, ``M``),
+    kept so a reader can check a decision against the paper.
+    """
+
+    algorithm: str
+    rank: str
+    priority: Mapping[str, int]
+    order: tuple[str, ...]
+    control_edges: tuple[tuple[str, str], ...] = ()
+    properties: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    inputs: Mapping[str, Any] = field(default_factory=dict)
+
+    def order_index(self) -> dict[str, int]:
+        """Transfer -> number of transfers handed over before it."""
+        return {name: i for i, name in enumerate(self.order)}
+
+
+def dense_priorities(keys: Mapping[str, Any]) -> dict[str, int]:
+    """Map sortable keys to dense priority numbers 0..k (equal keys share a number)."""
+    distinct = sorted(set(keys.values()))
+    rank = {k: i for i, k in enumerate(distinct)}
+    return {name: rank[k] for name, k in keys.items()}

@@ -1,0 +1,1 @@
+"""Schedulers: orders and priorities for the transfers of a training iteration."""

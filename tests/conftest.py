@@ -1,0 +1,41 @@
+"""Shared fixtures: the real traces in ../shared/traces and the repo's traces/."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "traces"
+DEMO = REPO / "traces" / "demo"
+TF = SHARED / "generated" / "tf"
+TF_RUNS = {
+    "cnn_ps_ingraph": [TF / "cnn_ps_ingraph"],
+    "mlp_ps_betweengraph_sync": [
+        TF / "mlp_ps_betweengraph_sync" / "worker0",
+        TF / "mlp_ps_betweengraph_sync" / "worker1",
+    ],
+}
+
+
+def need(path: Path) -> Path:
+    """Skip the test when a shared trace is not present on this machine."""
+    if not path.exists():
+        pytest.skip(f"{path} is not available")
+    return path
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """Run the `planner` entry point in-process: (exit status, stdout, stderr)."""
+    from planner_cli.main import main
+
+    code = 0
+    try:
+        main([str(a) for a in args])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    sys.stdout.flush()
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err

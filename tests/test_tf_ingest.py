@@ -1,0 +1,168 @@
+"""TensorFlow RunMetadata ingest on the real parameter-server traces."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from conftest import DEMO, TF_RUNS, need
+
+from planner import analysis
+from planner.ingest import detect
+from planner.ingest.proto import tf_subset_pb2 as tfpb
+from planner.ingest.tf_graphdef import task_of
+from planner.trace import with_dedicated
+
+
+@pytest.fixture(scope="module", params=sorted(TF_RUNS))
+def tf_run(request: pytest.FixtureRequest):
+    paths = [need(p) for p in TF_RUNS[request.param]]
+    return request.param, paths, detect.load(paths)
+
+
+def _partition_recvs(paths) -> dict[str, set[str]]:
+    """Worker -> names of `_Recv` nodes fed by a PS, read straight from the protobuf."""
+    found: dict[str, set[str]] = {}
+    for directory in paths:
+        for file in sorted(directory.glob("run_metadata_step*.pb")):
+            run = tfpb.RunMetadata()
+            run.ParseFromString(file.read_bytes())
+            for graph in run.partition_graphs:
+                device = graph.node[0].device
+                if "/job:worker" not in device:
+                    continue
+                names = {
+                    n.name
+                    for n in graph.node
+                    if n.op == "_Recv" and "/job:ps" in n.attr["send_device"].s.decode()
+                }
+                found.setdefault(task_of(device), set()).update(names)
+    return found
+
+
+def test_every_worker_partition_is_a_rank_with_its_ps_recvs(tf_run):
+    _, paths, job = tf_run
+    expected = _partition_recvs(paths)
+    assert job.ranks == sorted(expected)
+    for rank, names in expected.items():
+        graph = job.graphs[rank]
+        assert set(graph.recvs) == names
+        for name in names:
+            op = graph.ops[name]
+            assert op.resource == f"{rank}<-ps0"
+            assert op.param, name
+
+
+def test_steps_and_timings(tf_run):
+    _, _, job = tf_run
+    for rank in job.ranks:
+        assert job.trace.iterations(rank) == [3, 4, 5, 6, 7]
+    timings = job.trace.timings
+    assert (timings["duration"] >= 0).all()
+    spans = job.trace.spans
+    merged = timings.merge(spans, on=["rank", "iteration"], suffixes=("", "_span"))
+    assert (merged["start"] >= merged["start_span"]).all()
+    assert (merged["start"] + merged["duration"] <= merged["end"]).all()
+
+
+def test_transfer_sizes_match_recvtensor_labels(tf_run):
+    """A transfer's bytes are the largest `requested_bytes` its records show."""
+    _, paths, job = tf_run
+    labelled = 0
+    for directory in paths:
+        run = tfpb.RunMetadata()
+        run.ParseFromString((directory / "run_metadata_step3.pb").read_bytes())
+        for dev in run.step_stats.dev_stats:
+            for stats in dev.node_stats:
+                if stats.node_name != "RecvTensor" or " from /job:ps" not in stats.timeline_label:
+                    continue
+                edge = stats.timeline_label.split("] ")[2].split(" ")[0]
+                rank = task_of(stats.timeline_label.split(" to ")[1])
+                graph = job.graphs[rank]
+                for name in graph.recvs:
+                    node_edge = _edge_of(paths, rank, name)
+                    if node_edge == edge:
+                        req = stats.output[0].tensor_description.allocation_description
+                        assert graph.ops[name].nbytes >= req.requested_bytes
+                        labelled += 1
+    assert labelled > 0
+
+
+def _edge_of(paths, rank, name, _cache={}):  # noqa: B006 - a per-test-session memo
+    key = (tuple(paths), rank)
+    if key not in _cache:
+        edges = {}
+        for directory in paths:
+            run = tfpb.RunMetadata()
+            run.ParseFromString((directory / "run_metadata_step3.pb").read_bytes())
+            for graph in run.partition_graphs:
+                if task_of(graph.node[0].device) == rank:
+                    for n in graph.node:
+                        if n.op == "_Recv":
+                            edges[n.name] = n.attr["tensor_name"].s.decode()
+        _cache[key] = edges
+    return _cache[key].get(name)
+
+
+def test_oracle_is_minimum_over_steps(tf_run):
+    _, _, job = tf_run
+    frame = with_dedicated(job.trace, job.graphs)
+    oracles = analysis.oracles(job)
+    for rank in job.ranks:
+        of_rank = frame[frame["rank"] == rank]
+        for op, rows in list(of_rank.groupby("op"))[:50]:
+            assert oracles[rank].times[op] == pytest.approx(rows["dedicated"].min() / 1e9)
+            assert oracles[rank].observed_in[op] == len(rows)
+
+
+def test_missing_record_is_noted_and_oracle_uses_other_steps():
+    paths = [need(p) for p in TF_RUNS["mlp_ps_betweengraph_sync"]]
+    job = detect.load(paths)
+    notes = [n for n in job.notes if "no RecvTensor record" in n]
+    assert notes, job.notes
+    assert any(re.match(r"worker1 step 6: 1 transfer", n) for n in notes)
+    oracle = analysis.oracles(job)["worker1"]
+    partial = [op for op, n in oracle.observed_in.items() if n == 4]
+    assert partial and all(oracle.source[op] == "observed" for op in partial)
+
+
+def test_efficiency_in_unit_interval_for_every_step(tf_run):
+    _, _, job = tf_run
+    document = analysis.metrics(job)
+    assert len(document["steps"]) == 5 * len(job.ranks)
+    for step in document["steps"]:
+        assert 0.0 <= step["efficiency"] <= 1.0
+        assert step["lmin"] <= step["busy_makespan"] + 1e-9
+        assert step["busy_makespan"] <= step["umax"] + 1e-9
+        assert step["busy_makespan"] <= step["makespan"] + 1e-12
+        assert step["speedup_bound"] >= 0.0
+
+
+def test_analyze_gives_priorities_for_every_transfer(tf_run):
+    _, _, job = tf_run
+    report = analysis.analyze(job)
+    for name in ("tic", "tac"):
+        for entry in report["plans"][name]["ranks"]:
+            graph = job.graphs[entry["rank"]]
+            names = [t["name"] for t in entry["transfers"]]
+            assert sorted(names) == sorted(graph.recvs)
+            assert sorted(t["order_index"] for t in entry["transfers"]) == list(range(len(names)))
+
+
+def test_transfer_start_is_trimmed_to_when_the_tensor_exists():
+    """Gradient sends start no earlier than the op that produced the gradient ends."""
+    job = detect.load([need(DEMO)])
+    graph = job.graphs["worker0"]
+    timings = job.trace.of("worker0", 3).set_index("op")
+    checked = 0
+    for name, op in graph.ops.items():
+        if op.kind != "send" or name not in timings.index:
+            continue
+        for producer in graph.dag.predecessors(name):
+            if producer in timings.index:
+                end = timings.loc[producer, "start"] + timings.loc[producer, "duration"]
+                assert timings.loc[name, "start"] >= end, (name, producer)
+                checked += 1
+    assert checked > 0
+    assert np.isfinite(job.trace.timings["duration"]).all()
