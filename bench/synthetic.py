@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.graph import Op, OpGraph, build_graph
+from planner.graph import Op, OpGraph, OpKind, Phase, build_graph
 
 LINK_BYTES_PER_S = 1.25e9  # 10 Gb/s
 LINK_LATENCY_S = 50e-6
@@ -41,14 +41,14 @@ def layered_dag(
     n_branch = min(branches, ops_per_layer)
     layer_scale = rng.lognormal(0.0, 0.5, size=n_layers)
 
-    def compute(name: str, phase: str, scale: float) -> str:
-        ops.append(Op(name, "compute", "gpu0", phase=phase))  # type: ignore[arg-type]
+    def compute(name: str, phase: Phase, scale: float) -> str:
+        ops.append(Op(name, "compute", "gpu0", phase=phase))
         time[name] = float(scale * rng.lognormal(np.log(50e-6), 0.8))
         return name
 
-    def transfer(name: str, kind: str, ps: int, param: str, nbytes: int, phase: str) -> str:
+    def transfer(name: str, kind: OpKind, ps: int, param: str, nbytes: int, phase: Phase) -> str:
         channel = f"worker0<-ps{ps}" if kind == "recv" else f"worker0->ps{ps}"
-        ops.append(Op(name, kind, channel, param=param, nbytes=nbytes, phase=phase))  # type: ignore[arg-type]
+        ops.append(Op(name, kind, channel, param=param, nbytes=nbytes, phase=phase))
         time[name] = LINK_LATENCY_S + nbytes / LINK_BYTES_PER_S
         return name
 

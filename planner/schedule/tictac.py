@@ -156,13 +156,11 @@ def _ticks(graph: OpGraph, time: Mapping[str, float]) -> np.ndarray:
 
 
 def _seconds(value: Number) -> float:
-    if value == math.inf or value == _NO_M_PLUS:
-        return math.inf
-    return int(value) / TICKS_PER_SECOND
+    return math.inf if value == math.inf else int(value) / TICKS_PER_SECOND
 
 
 def _props_out(records: Mapping[str, tuple[Number, Number, Number]]) -> dict[str, dict]:
-    """Plan.properties from (M, P, M_plus) in ticks per recv, in seconds."""
+    """Plan.properties from (M, P, M_plus) in ticks per recv, in oracle units (seconds)."""
     return {
         "M_plus": {r: _seconds(v[2]) for r, v in records.items()},
         "P": {r: _seconds(v[1]) for r, v in records.items()},
@@ -179,8 +177,23 @@ def _inputs(graph: OpGraph, oracle: str) -> dict[str, object]:
     }
 
 
+def _recv_order(graph: OpGraph, key: Mapping[str, Number]) -> tuple[str, ...]:
+    """Recvs by (key, name), but never before a recv they depend on.
+
+    In a worker partition every recv is a root and this is a plain sort; a recv fed by
+    another recv must still follow it, or a sender counter would wait forever.
+    """
+    if all(graph.dag.in_degree(r) == 0 for r in key):
+        return tuple(sorted(key, key=lambda r: (key[r], r)))
+    upstream = nx.DiGraph()
+    upstream.add_nodes_from(key)
+    for r in key:
+        upstream.add_edges_from((a, r) for a in nx.ancestors(graph.dag, r) if a in key)
+    return tuple(nx.lexicographical_topological_sort(upstream, key=lambda r: (key[r], r)))
+
+
 def _tic_plan(graph: OpGraph, rank: str, m_plus: Mapping[str, Number], records: dict) -> Plan:
-    order = tuple(sorted(m_plus, key=lambda r: (m_plus[r], r)))
+    order = _recv_order(graph, m_plus)
     return Plan(
         algorithm="tic",
         rank=rank,
@@ -208,7 +221,8 @@ def _tac_plan(graph: OpGraph, rank: str, order: list[str], records: dict) -> Pla
 def tic_reference(graph: OpGraph, rank: str = "") -> Plan:
     """TIC (Algorithm 2), literally: one UpdateProperties with the TIC oracle.
 
-    priority = ``M_plus`` as dense ranks (+inf last); order = by (``M_plus``, name).
+    priority = ``M_plus`` as dense ranks (+inf last); order = by (``M_plus``, name);
+    `properties` in TIC oracle units (1 per recv).
     """
     ticks = dict(zip(graph.ops, (int(t) for t in _ticks(graph, tic_time(graph))), strict=True))
     recvs = graph.recvs
@@ -229,8 +243,11 @@ def tac_reference(graph: OpGraph, time: TimeInput, rank: str = "") -> Plan:
     records: dict[str, tuple[Number, Number, Number]] = {}
     while outstanding:
         props = update_properties(graph, ticks, outstanding, dep)
+        # A recv downstream of an outstanding recv cannot go first (the sender
+        # counter would wait forever); in a worker partition every recv is a root.
+        ready = [r for r in outstanding if not (dep[r] - {r}) & outstanding]
         pick = min(
-            outstanding,
+            ready,
             key=lambda r: johnson_key(props.M[r], props.P[r], props.M_plus[r], r),
         )
         records[pick] = (props.M[pick], props.P[pick], props.M_plus[pick])
@@ -355,7 +372,10 @@ def _py(value: np.integer) -> Number:
 
 
 def tic(graph: OpGraph, rank: str = "") -> Plan:
-    """TIC (Algorithm 2) on dep-classes; the same plan as `tic_reference`."""
+    """TIC (Algorithm 2) on dep-classes; the same plan as `tic_reference`.
+
+    `properties` are in TIC oracle units (1 per recv), not seconds.
+    """
     recvs = graph.recvs
     if not recvs:
         return _tic_plan(graph, rank, {}, {})
@@ -389,7 +409,8 @@ def tac(graph: OpGraph, time: TimeInput, rank: str = "") -> Plan:
         M = state.recv_M()
         P = state.P
         late = M >= P  # Johnson: M < P first (by M), then the rest (by decreasing P)
-        group = late.astype(np.int64) + 2 * ~alive
+        ready = alive & (state.count[state.recv_class] == 1)
+        group = late.astype(np.int64) + 2 * ~ready
         second = np.where(late, -P, M)
         tied = group == group.min()
         tied &= second == second[tied].min()
