@@ -7,48 +7,19 @@ stderr, no traceback, no output file written).
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
-from planner_cli import render
 
 from planner import __version__, analysis
 from planner.errors import InputError
 from planner.export import priorities
 from planner.export.files import dumps, write_atomic
 from planner.ingest import detect, planner_json
-from planner.trace import Job
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def json_option(func: F) -> F:
-    return click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")(func)
-
-
-def paths_argument(required: bool = True) -> Callable[[F], F]:
-    return click.argument(
-        "paths", nargs=-1, required=required, type=click.Path(path_type=Path), metavar="PATH..."
-    )
-
-
-def load(paths: Sequence[Path], as_json: bool) -> Job:
-    """Ingest with a progress bar on a terminal, silently otherwise."""
-    with render.progress(enabled=not as_json, what="reading") as advance:
-        return detect.load(paths, progress=advance)
-
-
-def select_ranks(job: Job, rank: str | None) -> Job:
-    if rank is None:
-        return job
-    if rank not in job.graphs:
-        raise InputError(None, f"no rank {rank!r} in the input (ranks: {', '.join(job.ranks)})")
-    return Job(job.framework, {rank: job.graphs[rank]}, job.trace, job.sources, job.notes, job.meta)
-
-
-rank_option = click.option("--rank", default=None, help="Analyse only this rank (e.g. worker0).")
+from planner_cli import render
+from planner_cli.options import json_option, load, paths_argument, rank_option, select_ranks
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -222,3 +193,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(2)
     except BrokenPipeError:
         sys.exit(0)
+
+
+# Commands defined in their own modules register here, one line each.
