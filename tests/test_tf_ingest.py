@@ -9,6 +9,7 @@ import pytest
 from conftest import DEMO, TF_RUNS, need
 
 from planner import analysis
+from planner.errors import InputError
 from planner.ingest import detect
 from planner.ingest.proto import tf_subset_pb2 as tfpb
 from planner.ingest.tf_graphdef import task_of
@@ -166,3 +167,22 @@ def test_transfer_start_is_trimmed_to_when_the_tensor_exists():
                 checked += 1
     assert checked > 0
     assert np.isfinite(job.trace.timings["duration"]).all()
+
+
+def test_client_graphdef_gives_tic_plans_without_timings():
+    """A bare client GraphDef: edges from the PS become recvs, TIC orders them."""
+    path = need(TF_RUNS["cnn_ps_ingraph"][0] / "graph.pbtxt")
+    job = detect.load([path])
+    assert len(job.trace.timings) == 0
+    assert job.ranks == ["worker0", "worker1"]
+    plans = analysis.schedule(job, "tic")
+    for rank, graph in job.graphs.items():
+        assert graph.recvs
+        assert all(graph.ops[r].resource.startswith(f"{rank}<-") for r in graph.recvs)
+        assert sorted(plans[rank].order) == sorted(graph.recvs)
+    with pytest.raises(InputError, match="TAC needs timings"):
+        analysis.schedule(job, "tac")
+    binary = detect.load([TF_RUNS["cnn_ps_ingraph"][0] / "graph.pb"])
+    assert {r: sorted(g.ops) for r, g in binary.graphs.items()} == {
+        r: sorted(g.ops) for r, g in job.graphs.items()
+    }

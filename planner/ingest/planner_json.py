@@ -1,8 +1,9 @@
 """The planner JSON trace format (`planner.trace/1`): read and write.
 
 A neutral format any framework can be converted to (docs/formats.md). Times are
-seconds: each iteration's `start` is absolute, op starts are relative to it, so
-nanosecond resolution survives the float.
+seconds: iteration starts relative to the document's `origin_ns` (epoch ns, an
+integer), op starts relative to their iteration, so nanosecond resolution survives
+the float.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ SCHEMA = "planner.trace/1"
 def to_document(job: Job) -> dict[str, Any]:
     """The JSON document of a Job (deterministic order)."""
     ranks = []
+    spans = job.trace.spans
+    origin = int(spans["start"].min()) if len(spans) else 0
     for rank in job.ranks:
         graph = job.graphs[rank]
         ops = [
@@ -43,7 +46,7 @@ def to_document(job: Job) -> dict[str, Any]:
             iterations.append(
                 {
                     "iteration": int(span.iteration),
-                    "start": span.start / 1e9,
+                    "start": (span.start - origin) / 1e9,
                     "duration": (span.end - span.start) / 1e9,
                     "ops": {
                         r.op: [(r.start - span.start) / 1e9, r.duration / 1e9]
@@ -51,9 +54,17 @@ def to_document(job: Job) -> dict[str, Any]:
                     },
                 }
             )
-        ranks.append({"rank": rank, "ops": ops, "edges": graph.edges(), "iterations": iterations})
+        ranks.append(
+            {
+                "rank": rank,
+                "ops": ops,
+                "edges": [list(e) for e in graph.edges()],
+                "iterations": iterations,
+            }
+        )
     return {
         "schema": SCHEMA,
+        "origin_ns": origin,
         "framework": job.framework,
         "notes": list(job.notes),
         "ranks": ranks,
@@ -81,6 +92,7 @@ def from_document(doc: Any, path: Path) -> Job:
         raise InputError(path, "not a planner trace (no 'schema': 'planner.trace/1')")
     if schema != SCHEMA:
         raise InputError(path, f"unsupported planner trace version {schema!r} (reads {SCHEMA})")
+    origin = _need(doc.get("origin_ns", 0), int, "'origin_ns'", path)
     graphs = {}
     rows: list[tuple[str, int, str, int, int]] = []
     spans: list[tuple[str, int, int, int]] = []
@@ -113,7 +125,7 @@ def from_document(doc: Any, path: Path) -> Job:
             )
         edges = []
         for j, raw in enumerate(_need(entry.get("edges", []), list, f"{where}.edges", path)):
-            if not isinstance(raw, list) or len(raw) not in (2, 3):
+            if not isinstance(raw, (list, tuple)) or len(raw) not in (2, 3):
                 raise InputError(path, f"{where}.edges[{j}] is not [src, dst, kind]")
             if not all(isinstance(x, str) for x in raw):
                 raise InputError(path, f"{where}.edges[{j}] holds a non-string")
@@ -133,14 +145,14 @@ def from_document(doc: Any, path: Path) -> Job:
             if number in seen_iterations:
                 raise InputError(path, f"rank {rank}: iteration {number} appears twice")
             seen_iterations.add(number)
-            start = _seconds(it.get("start"), f"iteration {number} start", path)
+            start = origin + _seconds(it.get("start"), f"iteration {number} start", path)
             length = _seconds(it.get("duration"), f"iteration {number} duration", path)
             for name, timing in _need(
                 it.get("ops", {}), dict, f"iteration {number} ops", path
             ).items():
                 if name not in graphs[rank].ops:
                     raise InputError(path, f"iteration {number} times unknown op {name!r}")
-                if not isinstance(timing, list) or len(timing) != 2:
+                if not isinstance(timing, (list, tuple)) or len(timing) != 2:
                     raise InputError(
                         path, f"iteration {number} op {name!r}: want [start, duration]"
                     )

@@ -1,0 +1,68 @@
+"""The planner trace format: round trip and refusal of bad documents."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+from conftest import DEMO
+
+from planner.errors import InputError
+from planner.ingest import detect, planner_json
+
+
+@pytest.fixture(scope="module")
+def document():
+    return planner_json.to_document(detect.load([DEMO]))
+
+
+def test_round_trip_keeps_graph_and_timings(document):
+    job = detect.load([DEMO])
+    again = planner_json.from_document(document, Path("x.json"))
+    assert again.ranks == job.ranks
+    for rank in job.ranks:
+        assert again.graphs[rank].ops == job.graphs[rank].ops
+        assert again.graphs[rank].edges() == job.graphs[rank].edges()
+    a = job.trace.timings.sort_values(["rank", "iteration", "op"]).reset_index(drop=True)
+    b = again.trace.timings.sort_values(["rank", "iteration", "op"]).reset_index(drop=True)
+    assert (a["op"] == b["op"]).all()
+    assert ((a["start"] - b["start"]).abs() <= 1).all()
+    assert ((a["duration"] - b["duration"]).abs() <= 1).all()
+    assert planner_json.to_document(again) == document
+
+
+def _broken(document, change):
+    doc = copy.deepcopy(document)
+    change(doc)
+    return doc
+
+
+CASES = {
+    "wrong schema": (lambda d: d.update(schema="planner.trace/9"), "unsupported"),
+    "no schema": (lambda d: d.pop("schema"), "not a planner trace"),
+    "ranks not a list": (lambda d: d.update(ranks={}), "'ranks'"),
+    "unknown kind": (lambda d: d["ranks"][0]["ops"][0].update(kind="teleport"), "unknown kind"),
+    "negative size": (lambda d: d["ranks"][0]["ops"][0].update(nbytes=-1), "negative"),
+    "unknown edge end": (lambda d: d["ranks"][0]["edges"].append(["x", "y"]), "unknown op"),
+    "negative duration": (
+        lambda d: next(iter(d["ranks"][0]["iterations"][0]["ops"].values())).__setitem__(1, -1.0),
+        "out of range",
+    ),
+    "string time": (lambda d: d["ranks"][0]["iterations"][0].update(start="soon"), "wrong type"),
+    "duplicate iteration": (
+        lambda d: d["ranks"][0]["iterations"].append(d["ranks"][0]["iterations"][0]),
+        "appears twice",
+    ),
+    "timed unknown op": (
+        lambda d: d["ranks"][0]["iterations"][0]["ops"].update(ghost=[0.0, 1.0]),
+        "unknown op",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_documents_are_refused_with_the_reason(document, case):
+    change, expected = CASES[case]
+    with pytest.raises(InputError, match=expected):
+        planner_json.from_document(_broken(document, change), Path("bad.json"))
