@@ -179,6 +179,44 @@ def metrics_view(document: dict[str, Any]) -> None:
             str(r.get("distinct_transfer_orders", 0)),
         )
     console.print(summary)
+    if document.get("allreduce"):
+        allreduce_view(document["allreduce"])
+
+
+def allreduce_view(document: dict[str, Any]) -> None:
+    """Caramel §3.1 overlap figures per step and the straggler time across ranks."""
+    console = out()
+    table = Table(title="Compute / network overlap per step (Caramel §3.1)")
+    for column in ("rank", "step", "C", "N", "T", "rho", "alpha", "utilization"):
+        table.add_column(column, justify="right")
+    for s in document["steps"]:
+        table.add_row(
+            s["rank"],
+            str(s["iteration"]),
+            _seconds(s["compute"]),
+            _seconds(s["network"]),
+            _seconds(s["iteration_time"]),
+            _ratio(s["rho"]),
+            _ratio(s["alpha"]),
+            _ratio(s["utilization"]),
+        )
+    console.print(table)
+    if document["stragglers"]:
+        stragglers = Table(title="Straggler time per step (slowest rank's lead in collectives)")
+        for column in ("step", "straggler time", "fastest", "slowest"):
+            stragglers.add_column(column, justify="right")
+        for s in document["stragglers"]:
+            stragglers.add_row(
+                str(s["iteration"]),
+                _seconds(s["straggler_time"]),
+                str(s["fastest_rank"]),
+                str(s["slowest_rank"]),
+            )
+        console.print(stragglers)
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def analyze_view(report: dict[str, Any]) -> None:

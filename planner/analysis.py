@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from planner import __version__
+from planner.allreduce import allreduce_metrics
 from planner.errors import InputError
 from planner.graph import OpGraph
 from planner.metrics import StepMetrics, bounds, speedup_bound, step_metrics, summarize
@@ -157,12 +158,16 @@ def metrics(job: Job) -> dict[str, Any]:
                 "oracle_speedup_bound": speedup_bound(umax, lmin),
             }
         )
-    return {
+    document: dict[str, Any] = {
         "schema": "planner.metrics/1",
         "framework": job.framework,
         "steps": steps,
         "ranks": ranks,
+        "allreduce": None,
     }
+    if any(op.kind == "collective" for g in job.graphs.values() for op in g.ops.values()):
+        document["allreduce"] = allreduce_metrics(job)
+    return document
 
 
 def analyze(job: Job) -> dict[str, Any]:

@@ -75,7 +75,8 @@ def step_metrics(graph: OpGraph, rank: str, iteration: int, rows: pd.DataFrame) 
     umax = float(per_resource.sum()) / 1e9
     lmin = float(per_resource.max()) / 1e9
     m = busy / 1e9
-    recvs = rows[[graph.ops[n].kind == "recv" if n in graph.ops else False for n in rows["op"]]]
+    ordered = ("recv", "collective")
+    recvs = rows[[n in graph.ops and graph.ops[n].kind in ordered for n in rows["op"]]]
     order = tuple(
         recvs.assign(end=recvs["start"] + recvs["duration"])
         .sort_values(["end", "op"], kind="stable")["op"]
@@ -96,7 +97,10 @@ def step_metrics(graph: OpGraph, rank: str, iteration: int, rows: pd.DataFrame) 
 
 
 def distinct_orders(steps: list[StepMetrics]) -> int:
-    """How many different recv completion orders the iterations show (TicTac §2.2)."""
+    """How many different transfer completion orders the iterations show (TicTac §2.2).
+
+    The transfers ordered are the recvs of a PS worker or the collectives of a rank.
+    """
     return len({s.transfer_order for s in steps if s.transfer_order})
 
 
@@ -113,3 +117,120 @@ def summarize(steps: list[StepMetrics]) -> dict[str, float]:
         "speedup_bound_mean": float(np.mean([s.speedup_bound for s in steps])),
         "distinct_transfer_orders": distinct_orders(steps),
     }
+
+
+# --------------------------------------------------------------------------------------
+# All-reduce jobs (Caramel §3.1): overlap, ratio, utilization; transfer windows; stragglers
+
+
+@dataclass(frozen=True)
+class OverlapMetrics:
+    """Caramel's figures for one iteration of one rank; times in seconds.
+
+    ``compute`` C and ``network`` N are the lengths of the unions of the compute and
+    of the collective intervals; ``iteration_time`` T is the iteration's span and
+    ``busy_time`` the union of both (T less ``idle``, the time in which neither ran).
+    ``alpha`` uses the busy time in place of T, as `efficiency` uses the busy makespan:
+    idle time is no overlap effect, and with it removed ``alpha`` lies in [0, 1] and
+    ``utilization`` = C / busy_time in (0, 1].
+    """
+
+    rank: str
+    iteration: int
+    compute: float
+    network: float
+    iteration_time: float
+    busy_time: float
+    idle: float
+    rho: float
+    alpha: float
+    utilization: float
+
+
+def caramel_figures(compute: float, network: float, iteration: float) -> tuple[float, float, float]:
+    """(rho, alpha, utilization) of Caramel §3.1 for C, N and iteration time T.
+
+    ``rho = N / C``, ``alpha = (N + C - T) / min(N, C)``,
+    ``utilization = 1 / (1 + rho - alpha * min(rho, 1))``. Without network time
+    alpha is 1 and utilization 1; without compute, rho is inf and utilization 0.
+    """
+    if compute <= 0:
+        return float("inf") if network > 0 else 0.0, 0.0, 0.0
+    rho = network / compute
+    if network <= 0:
+        return 0.0, 1.0, 1.0
+    alpha = (network + compute - iteration) / min(network, compute)
+    utilization = 1.0 / (1.0 + rho - alpha * min(rho, 1.0))
+    return float(rho), float(alpha), float(utilization)
+
+
+def overlap_metrics(
+    rank: str, iteration: int, rows: pd.DataFrame, is_network: np.ndarray, span: float
+) -> OverlapMetrics:
+    """Figures of one iteration from its compute rows and collective rows.
+
+    `rows` holds `start`/`duration` (ns) of the ops that count as compute or network
+    (the caller picks the compute device: GPU kernels when there are any); `is_network`
+    marks the collectives; `span` is the iteration time T in ns.
+    """
+    starts = rows["start"].to_numpy()
+    durations = rows["duration"].to_numpy()
+    net = np.asarray(is_network, dtype=bool)
+    c = busy_time(starts[~net], durations[~net]) / 1e9
+    n = busy_time(starts[net], durations[net]) / 1e9
+    busy = busy_time(starts, durations) / 1e9
+    rho, alpha, utilization = caramel_figures(c, n, busy)
+    t = max(float(span) / 1e9, busy)
+    return OverlapMetrics(rank, iteration, c, n, t, busy, t - busy, rho, alpha, utilization)
+
+
+def straggler_times(durations: pd.DataFrame) -> pd.DataFrame:
+    """Per iteration, how long the fastest rank waits in collectives for the slowest.
+
+    `durations`: one row per (rank, iteration, op) of a collective, with `duration`
+    (ns). A collective ends at about the same time on every rank, so a rank's time in
+    it beyond the shortest rank's is waiting for the others; no common clock is needed.
+    Only collectives seen on every rank of the iteration count. Returns per iteration
+    the `straggler_time` (s, the largest total wait), the `fastest_rank` (who waits
+    it), the `slowest_rank` (who waits least) and `waits` {rank: s}.
+    """
+    out = []
+    for iteration, group in durations.groupby("iteration", sort=True):
+        ranks = group["rank"].nunique()
+        counts = group.groupby("op")["rank"].transform("nunique")
+        common = group[counts == ranks]
+        if common.empty:
+            continue
+        shortest = common.groupby("op")["duration"].transform("min")
+        wait = (common["duration"] - shortest).groupby(common["rank"]).sum() / 1e9
+        out.append(
+            {
+                "iteration": int(iteration),
+                "straggler_time": float(wait.max()),
+                "fastest_rank": str(wait.idxmax()),
+                "slowest_rank": str(wait.idxmin()),
+                "collectives": int(common["op"].nunique()),
+                "waits": {str(r): float(w) for r, w in wait.items()},
+            }
+        )
+    return pd.DataFrame(out)
+
+
+def transfer_windows(
+    collectives: pd.DataFrame, ready: pd.Series, first_read: Mapping[int, int]
+) -> pd.DataFrame:
+    """Per collective: the window from gradient ready to its first read in the next step.
+
+    `collectives`: rows (iteration, op, start, duration) of one rank; `ready`: the ns
+    time each row's gradient is ready (its launch), aligned with `collectives`;
+    `first_read`: iteration -> ns time of the first read of the parameters in that
+    iteration (the window of step s ends at ``first_read[s + 1]``). Returns the rows
+    with `ready`, `window_end`, `window` and `slack` (window less the time from ready
+    to transfer end), in ns; windows of the last step are NaN.
+    """
+    frame = collectives.copy()
+    frame["ready"] = np.minimum(ready.to_numpy(), frame["start"].to_numpy())
+    frame["window_end"] = [first_read.get(int(s) + 1, np.nan) for s in frame["iteration"]]
+    frame["window"] = frame["window_end"] - frame["ready"]
+    frame["slack"] = frame["window"] - (frame["start"] + frame["duration"] - frame["ready"])
+    return frame

@@ -8,20 +8,17 @@ unrecognised file is an error.
 
 from __future__ import annotations
 
-import gzip
-import io
 import json
-import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from planner.errors import InputError
-from planner.ingest import planner_json, tf_graphdef, tf_runmetadata
+from planner.ingest import kineto, planner_json, tf_graphdef, tf_runmetadata
+from planner.ingest.files import read_bytes, read_head
 from planner.trace import Job
 
-MAX_DECOMPRESSED = 8 << 30
 TRACE_SUFFIXES = (".pb", ".pbtxt", ".json", ".gz")
 
 
@@ -35,40 +32,28 @@ class Sniffed:
     document: Any = None
 
 
-def read_bytes(path: Path) -> bytes:
-    """File content, gunzipped when it is gzip; bounded so a gzip bomb is refused."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise InputError(path, f"cannot read ({exc.strerror or exc})") from None
-    if raw[:2] != b"\x1f\x8b":
-        return raw
-    out = io.BytesIO()
-    try:
-        with gzip.GzipFile(fileobj=io.BytesIO(raw)) as stream:
-            while chunk := stream.read(1 << 20):
-                out.write(chunk)
-                if out.tell() > MAX_DECOMPRESSED:
-                    raise InputError(
-                        path, f"decompresses to more than {MAX_DECOMPRESSED >> 30} GiB"
-                    )
-    except (OSError, EOFError, zlib.error) as exc:
-        raise InputError(path, f"broken gzip data ({exc})") from None
-    return out.getvalue()
-
-
 def sniff(path: Path) -> Sniffed:
-    """Decide what a file is from its content."""
-    data = read_bytes(path)
-    if not data.strip():
+    """Decide what a file is from its content.
+
+    Kineto traces and Execution Traces are recognised from their first 64 KiB and left
+    for their reader to parse (they can be large); everything else is read here.
+    """
+    head = read_head(path)
+    if not head.strip():
         raise InputError(path, "file is empty")
-    head = data.lstrip()[:1]
-    if head in (b"{", b"["):
+    first = head.lstrip()[:1]
+    if first in (b"{", b"["):
+        if kineto.is_execution_trace(head):
+            return Sniffed(path, "execution_trace", b"")
+        if kineto.is_kineto(head):
+            return Sniffed(path, "kineto", b"")
+        data = read_bytes(path)
         try:
             document = json.loads(data)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise InputError(path, f"invalid JSON ({exc})") from None
         return Sniffed(path, _json_format(document), data, document)
+    data = read_bytes(path)
     if path.suffix == ".pbtxt" or _is_text(data):
         return Sniffed(path, "graphdef_text", data)
     if tf_runmetadata.looks_like_run_metadata(data) and "graph" not in path.stem.lower():
@@ -183,12 +168,15 @@ def _load_formats(by_format: dict[str, list[Sniffed]], notes: list[str], files: 
         return tf_runmetadata.load_run_metadata(
             [(s.path, s.data) for s in by_format["run_metadata"]]
         )
-    for unsupported, why in (
-        ("kineto", "PyTorch Kineto traces are not read by this version"),
-        ("execution_trace", "PyTorch Execution Traces are not read by this version"),
-    ):
-        if unsupported in by_format:
-            raise InputError(by_format[unsupported][0].path, why)
+    if "kineto" in by_format:
+        traces = [s.path for s in by_format.pop("execution_trace", [])]
+        _only(by_format, "kineto")
+        return kineto.load_kineto([s.path for s in by_format["kineto"]], traces or None)
+    if "execution_trace" in by_format:
+        raise InputError(
+            by_format["execution_trace"][0].path,
+            "an Execution Trace needs the Kineto traces of the same run beside it",
+        )
     if "tf_timeline" in by_format and len(by_format) == 1:
         raise InputError(
             by_format["tf_timeline"][0].path,

@@ -1,0 +1,196 @@
+"""Job-level figures of an all-reduce (data-parallel) job, per rank and across ranks.
+
+`allreduce_metrics(job)` returns the ``planner.allreduce/1`` document: Caramel §3.1
+per step and rank (C, N, T, rho, alpha, utilization), per-collective transfer windows,
+straggler time per step across ranks, and per-rank / job summaries. Times in seconds;
+times inside a step (``ready``, ``window_end``) are offsets from the step's start.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from planner.errors import InputError
+from planner.graph import OpGraph
+from planner.metrics import OverlapMetrics, overlap_metrics, straggler_times, transfer_windows
+from planner.trace import Job
+
+SCHEMA = "planner.allreduce/1"
+
+
+def _compute_mask(graph: OpGraph, ops: pd.Series) -> np.ndarray:
+    """Compute ops that count for C: GPU ops when the rank has any, else all compute ops."""
+    kinds = {n: (o.kind, o.resource) for n, o in graph.ops.items()}
+    on_gpu = any(k == "compute" and r.startswith("gpu") for k, r in kinds.values())
+    return np.array(
+        [
+            n in kinds
+            and kinds[n][0] == "compute"
+            and (not on_gpu or kinds[n][1].startswith("gpu"))
+            for n in ops
+        ],
+        dtype=bool,
+    )
+
+
+def _launcher(graph: OpGraph, op: str) -> str | None:
+    """The CPU op that launched a collective (its compute predecessor off the GPU)."""
+    for pred in graph.dag.predecessors(op):
+        p = graph.ops[pred]
+        if p.kind == "compute" and not p.resource.startswith("gpu"):
+            return pred
+    return None
+
+
+def rank_steps(job: Job, rank: str) -> list[OverlapMetrics]:
+    """Caramel's figures for every step of one rank."""
+    graph = job.graphs[rank]
+    rows = job.trace.of(rank)
+    spans = job.trace.spans[job.trace.spans["rank"] == rank].set_index("iteration")
+    compute = _compute_mask(graph, rows["op"])
+    network = np.array([graph.ops[n].kind == "collective" for n in rows["op"]], dtype=bool)
+    picked = rows[compute | network]
+    net = network[compute | network]
+    out = []
+    for iteration, idx in picked.groupby("iteration", sort=True).indices.items():
+        span = spans.loc[iteration]
+        out.append(
+            overlap_metrics(
+                rank, int(iteration), picked.iloc[idx], net[idx], span["end"] - span["start"]
+            )
+        )
+    return out
+
+
+def rank_windows(job: Job, rank: str) -> pd.DataFrame:
+    """Transfer windows of one rank's collectives (ns, absolute)."""
+    graph = job.graphs[rank]
+    rows = job.trace.of(rank)
+    is_coll = np.array([graph.ops[n].kind == "collective" for n in rows["op"]], dtype=bool)
+    coll = rows[is_coll].reset_index(drop=True)
+    starts = rows.set_index(["iteration", "op"])["start"]
+    starts = starts[~starts.index.duplicated()]
+    launchers = {n: _launcher(graph, n) for n in coll["op"].unique()}
+    ready = pd.Series(
+        [
+            starts.get((it, launchers[op]), start) if launchers[op] else start
+            for it, op, start in zip(coll["iteration"], coll["op"], coll["start"], strict=False)
+        ],
+        dtype="float64",
+    )
+    forward = np.array([graph.ops[n].phase == "forward" for n in rows["op"]], dtype=bool)
+    first_read = rows[forward].groupby("iteration")["start"].min().to_dict()
+    if not first_read:  # no phase ranges: the next step's start is the earliest read
+        spans = job.trace.spans[job.trace.spans["rank"] == rank]
+        first_read = dict(zip(spans["iteration"], spans["start"], strict=False))
+    return transfer_windows(coll, ready, first_read)
+
+
+def transfer_orders(job: Job, rank: str) -> int:
+    """How many distinct collective orders (by start) the steps of a rank show."""
+    graph = job.graphs[rank]
+    rows = job.trace.of(rank)
+    coll = rows[[graph.ops[n].kind == "collective" for n in rows["op"]]]
+    orders = {
+        tuple(g.sort_values(["start", "op"])["op"]) for _, g in coll.groupby("iteration") if len(g)
+    }
+    return len(orders)
+
+
+def _mean(values: list[float]) -> float | None:
+    finite = [v for v in values if np.isfinite(v)]
+    return float(np.mean(finite)) if finite else None
+
+
+def allreduce_metrics(job: Job) -> dict[str, Any]:
+    """`planner.allreduce/1`: per step and rank, per rank, per collective, per job."""
+    if not len(job.trace.timings):
+        raise InputError(job.sources[0] if job.sources else None, "metrics need timings; none")
+    steps: list[dict[str, Any]] = []
+    ranks: list[dict[str, Any]] = []
+    transfers: list[dict[str, Any]] = []
+    collective_rows = []
+    for rank in job.ranks:
+        graph = job.graphs[rank]
+        per_step = rank_steps(job, rank)
+        steps.extend(_step_dict(s) for s in per_step)
+        spans = job.trace.spans[job.trace.spans["rank"] == rank].set_index("iteration")["start"]
+        windows = rank_windows(job, rank)
+        for row in windows.itertuples(index=False):
+            base = spans.get(row.iteration, row.start)
+            op = graph.ops[row.op]
+            transfers.append(
+                {
+                    "rank": rank,
+                    "iteration": int(row.iteration),
+                    "name": row.op,
+                    "param": op.param,
+                    "collective": op.type,
+                    "resource": op.resource,
+                    "nbytes": op.nbytes,
+                    "ready": float(row.ready - base) / 1e9,
+                    "start": float(row.start - base) / 1e9,
+                    "duration": float(row.duration) / 1e9,
+                    "window_end": _seconds(row.window_end - base),
+                    "window": _seconds(row.window),
+                    "slack": _seconds(row.slack),
+                }
+            )
+        collective_rows.append(windows[["iteration", "op", "duration"]].assign(rank=rank))
+        ranks.append(
+            {
+                "rank": rank,
+                "steps": len(per_step),
+                "compute_mean": _mean([s.compute for s in per_step]),
+                "network_mean": _mean([s.network for s in per_step]),
+                "iteration_time_mean": _mean([s.iteration_time for s in per_step]),
+                "idle_mean": _mean([s.idle for s in per_step]),
+                "rho_mean": _mean([s.rho for s in per_step]),
+                "alpha_mean": _mean([s.alpha for s in per_step]),
+                "utilization_mean": _mean([s.utilization for s in per_step]),
+                "collectives_per_step": int(len(windows) / max(len(per_step), 1)),
+                "distinct_transfer_orders": transfer_orders(job, rank),
+            }
+        )
+    durations = pd.concat(collective_rows, ignore_index=True)
+    stragglers = straggler_times(durations) if len(job.ranks) > 1 else pd.DataFrame()
+    straggler_list = stragglers.to_dict("records") if len(stragglers) else []
+    return {
+        "schema": SCHEMA,
+        "framework": job.framework,
+        "steps": steps,
+        "ranks": ranks,
+        "transfers": transfers,
+        "stragglers": straggler_list,
+        "job": {
+            "ranks": len(job.ranks),
+            "iteration_time_mean": _mean([s["iteration_time"] for s in steps]),
+            "utilization_mean": _mean([s["utilization"] for s in steps]),
+            "alpha_mean": _mean([s["alpha"] for s in steps]),
+            "rho_mean": _mean([s["rho"] for s in steps]),
+            "straggler_time_mean": _mean([s["straggler_time"] for s in straggler_list]),
+            "straggler_time_max": max((s["straggler_time"] for s in straggler_list), default=None),
+        },
+    }
+
+
+def _seconds(ns: float) -> float | None:
+    return None if ns is None or not np.isfinite(ns) else float(ns) / 1e9
+
+
+def _step_dict(s: OverlapMetrics) -> dict[str, Any]:
+    return {
+        "rank": s.rank,
+        "iteration": s.iteration,
+        "compute": s.compute,
+        "network": s.network,
+        "iteration_time": s.iteration_time,
+        "busy_time": s.busy_time,
+        "idle": s.idle,
+        "rho": s.rho if np.isfinite(s.rho) else None,
+        "alpha": s.alpha,
+        "utilization": s.utilization,
+    }
