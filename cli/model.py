@@ -1,0 +1,262 @@
+"""`planner model`: analytic PS / P2P / ring and Omnivore what-if from a trace."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+from rich.table import Table
+
+from planner import models, netbench
+from planner.errors import InputError
+from planner.oracle import NetworkModel, fit_network_model
+from planner_cli import render
+from planner_cli.options import json_option, load, paths_argument
+
+MAX_WORKERS = 100_000
+
+
+def parse_workers(text: str) -> list[int]:
+    """``1:64`` (inclusive range), ``1:64:4`` (with a step) or ``1,2,4,8``."""
+    try:
+        if ":" in text:
+            parts = [int(x) for x in text.split(":")]
+            if len(parts) not in (2, 3):
+                raise ValueError
+            start, stop = parts[0], parts[1]
+            step = parts[2] if len(parts) == 3 else 1
+            if step < 1 or stop < start:
+                raise ValueError
+            values = list(range(start, stop + 1, step))
+        else:
+            values = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise InputError(None, f"--workers {text!r}: expected A:B, A:B:STEP or a,b,c") from None
+    if not values or values[0] < 1 or values[-1] > MAX_WORKERS:
+        raise InputError(None, f"--workers {text!r}: counts must be in 1..{MAX_WORKERS}")
+    return values
+
+
+def parse_ps(text: str) -> list[int]:
+    try:
+        values = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise InputError(None, f"--ps {text!r}: expected a list such as 1,2,4") from None
+    if not values or values[0] < 1:
+        raise InputError(None, f"--ps {text!r}: PS counts must be positive")
+    return values
+
+
+def parse_arch(text: str) -> list[str]:
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [x for x in values if x not in models.ARCHITECTURES]
+    if not values or unknown:
+        raise InputError(None, f"--arch {text!r}: choose from {', '.join(models.ARCHITECTURES)}")
+    return list(dict.fromkeys(values))
+
+
+@click.command("model")
+@paths_argument()
+@click.option("--workers", default="1:64", show_default=True, help="A:B, A:B:STEP or a,b,c.")
+@click.option("--ps", "ps_text", default="1", show_default=True, help="PS counts, e.g. 1,2,4.")
+@click.option(
+    "--bandwidth",
+    type=float,
+    default=None,
+    help="Link bandwidth in GB/s (1e9 bytes/s); default: fitted to the trace's transfers.",
+)
+@click.option(
+    "--network",
+    "network_csv",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="A `planner bench-network` CSV to fit f(d) = a + b*d from, instead of the trace.",
+)
+@click.option("--arch", "arch_text", default="ps,p2p,ring", show_default=True)
+@click.option(
+    "--overlap",
+    type=float,
+    default=None,
+    help="Compute/communication overlap alpha in [0, 1]; 0 = the formulas as printed; "
+    "default: the trace's measured alpha.",
+)
+@click.option("--batch-size", type=int, default=None, help="Per-worker batch (default: metadata).")
+@click.option("--dataset-size", type=int, default=None, help="Samples per epoch, for epoch times.")
+@click.option(
+    "--momentum",
+    type=float,
+    default=0.9,
+    show_default=True,
+    help="Target total momentum for Omnivore's explicit momentum.",
+)
+@json_option
+def model_command(
+    paths: tuple[Path, ...],
+    workers: str,
+    ps_text: str,
+    bandwidth: float | None,
+    network_csv: Path | None,
+    arch_text: str,
+    overlap: float | None,
+    batch_size: int | None,
+    dataset_size: int | None,
+    momentum: float,
+    as_json: bool,
+) -> None:
+    """Iteration time and throughput vs workers for PS, P2P and ring all-reduce."""
+    counts = parse_workers(workers)
+    ps_counts = parse_ps(ps_text)
+    architectures = parse_arch(arch_text)
+    if bandwidth is not None and bandwidth <= 0:
+        raise InputError(None, f"--bandwidth must be positive, got {bandwidth}")
+    if overlap is not None and not 0.0 <= overlap <= 1.0:
+        raise InputError(None, f"--overlap must be in [0, 1], got {overlap}")
+    for name, value in (("--batch-size", batch_size), ("--dataset-size", dataset_size)):
+        if value is not None and value < 1:
+            raise InputError(None, f"{name} must be positive, got {value}")
+    if not 0.0 <= momentum < 1.0:
+        raise InputError(None, f"--momentum must be in [0, 1), got {momentum}")
+    network = read_network(network_csv) if network_csv is not None else None
+    job = load(paths, as_json)
+    cal = models.calibrate(
+        job,
+        network=network,
+        bandwidth=bandwidth * 1e9 if bandwidth is not None else None,
+        batch_size=batch_size,
+    )
+    document = models.model_document(
+        job,
+        cal,
+        counts,
+        architectures=architectures,
+        ps_counts=ps_counts,
+        overlap=overlap,
+        dataset_size=dataset_size,
+        target_momentum=momentum,
+        simulator=models.replay_simulator if cal.ps == 0 else None,
+    )
+    render.emit(document, as_json, model_view)
+
+
+def read_network(path: Path) -> NetworkModel:
+    """f(d) fitted to a bench-network CSV; exit 2 when it cannot be read or fitted."""
+    try:
+        sizes, seconds = netbench.read_csv(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InputError(path, f"cannot read a network benchmark ({exc})") from None
+    fitted = fit_network_model(np.array(sizes), np.array(seconds))
+    if fitted is None or fitted.b <= 0:
+        raise InputError(path, "needs at least two distinct sizes with growing times")
+    return fitted
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value >= 1:
+        return f"{value:.3f} s"
+    if value >= 1e-3:
+        return f"{value * 1e3:.2f} ms"
+    return f"{value * 1e6:.1f} µs"
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def model_view(document: dict[str, Any]) -> None:
+    console = render.out()
+    cal, assume = document["calibration"], document["assumptions"]
+    net = cal["network"]
+    bw = assume["bandwidth"]
+    console.print(
+        f"[bold]Calibration[/bold] ({document['framework']}, {cal['workers']} worker(s), "
+        f"{cal['ps']} PS): processing {_seconds(cal['processing_time'])}, update "
+        f"{_seconds(cal['update_time'])}, W = {cal['model_bytes']} B, "
+        f"bandwidth {bw / 1e9:.3g} GB/s, latency {_seconds(assume['latency'])} "
+        f"({net['source']}), measured iteration {_seconds(cal['measured_iteration_time'])}"
+        if bw
+        else "[bold]Calibration[/bold]: no bandwidth"
+    )
+    console.print(
+        f"overlap alpha = {assume['alpha']:.3f} ({assume['alpha_source']}); throughput in "
+        f"{assume['throughput_unit']}; {assume['scaling']}"
+    )
+    curves = document["curves"]
+    best = {
+        b["workers"]: b["label"]
+        for b in (document["recommendation"] or {}).get("best_per_workers", [])
+    }
+    by_label = {c["label"]: {p["workers"]: p for p in c["points"]} for c in curves}
+    for title, key, fmt in (
+        ("Iteration time vs workers (§III)", "iteration_time", _seconds),
+        (f"Throughput ({assume['throughput_unit']}) vs workers (§III)", "throughput", _rate),
+    ):
+        table = Table(title=title)
+        table.add_column("workers", justify="right")
+        for c in curves:
+            table.add_column(c["label"], justify="right")
+        if key == "throughput":
+            table.add_column("ideal", justify="right")
+        table.add_column("best")
+        for w in document["workers"]:
+            points = [by_label[c["label"]].get(w) for c in curves]
+            cells = [fmt(p[key]) if p else "-" for p in points]
+            if key == "throughput":
+                ideal = next((p["ideal_throughput"] for p in points if p), None)
+                cells.append(_rate(ideal))
+            table.add_row(str(w), *cells, best.get(w, "-"))
+        console.print(table)
+    for x in document["crossovers"]:
+        console.print(
+            f"crossover {x['before']} -> {x['after']} between {x['from_workers']} and "
+            f"{x['to_workers']} workers"
+        )
+    if not document["crossovers"]:
+        console.print("no crossover in this range")
+    rec = document["recommendation"]
+    if rec:
+        console.print(
+            f"[bold]recommendation:[/bold] {rec['label']} with {rec['workers']} workers: "
+            f"{_seconds(rec['iteration_time'])} per iteration, {rec['throughput']:.4g} "
+            f"{assume['throughput_unit']}, scaling efficiency {rec['scaling_efficiency']:.2f} "
+            f"({rec['reason']})"
+        )
+    omni = document["omnivore"]
+    if omni:
+        groups = Table(title=f"Omnivore compute groups for N = {omni['devices']} (§IV-B, §IV-C)")
+        for column in ("g", "k", "t_conv(k)", "HE(g)", "FC saturated", "implicit µ", "explicit µ"):
+            groups.add_column(column, justify="right")
+        for g in omni["groups"]:
+            groups.add_row(
+                str(g["groups"]),
+                str(g["group_size"]),
+                _seconds(g["t_conv"]),
+                _seconds(g["hardware_efficiency"]),
+                "yes" if g["fc_saturated"] else "no",
+                f"{g['implicit_momentum']:.3f}",
+                f"{g['explicit_momentum']:.3f}",
+            )
+        console.print(groups)
+        saturates = "saturates the FC phase" if omni["suggestion_saturates"] else "none saturates"
+        console.print(f"suggested g = {omni['suggested_groups']} ({saturates}); assuming:")
+        for line in omni["assumptions"]:
+            console.print(f"  - {line}")
+    val = document["validation"]
+    if val["model_error"] is not None:
+        console.print(
+            f"model vs trace ({val['arch']}, {val['workers']} worker(s)): "
+            f"{_seconds(val['model_iteration_time'])} vs measured "
+            f"{_seconds(val['measured_iteration_time'])} ({val['model_error']:+.1%})"
+        )
+    check = document["cross_check"]
+    if "gap" in check:
+        console.print(
+            f"ring model vs simulator at {check['workers']} workers: gap {check['gap']:+.1%}"
+        )
+    else:
+        console.print(f"ring cross-check: {check['status']}")
+    for line in cal["notes"]:
+        console.print(f"[yellow]note:[/yellow] {line}")

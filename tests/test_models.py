@@ -1,0 +1,283 @@
+"""Analytic PS / P2P / ring and Omnivore models: hand cases, calibration, crossovers, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import DEMO, TF, TF_RUNS, need, run_cli
+
+from planner import models
+from planner.errors import InputError
+from planner.ingest import detect
+from planner.oracle import NetworkModel
+
+# A hand case: W = 1e8 B, B = 1e9 B/s, no latency, T_proc = 0.1 s, update 0.01 s.
+W, B = 1e8, 1e9
+
+
+def _cal(**over: object) -> models.Calibration:
+    fields: dict[str, object] = {
+        "processing_time": 0.1,
+        "update_time": 0.01,
+        "model_bytes": int(W),
+        "param_bytes": {"w": int(W)},
+        "network": NetworkModel(a=0.0, b=1 / B),
+        "network_source": "given",
+        "alpha": None,
+        "workers": 4,
+        "ps": 1,
+        "measured_iteration_time": 0.6,
+        "batch_size": 100,
+    }
+    fields.update(over)
+    return models.Calibration(**fields)  # type: ignore[arg-type]
+
+
+def _settings(alpha: float = 0.0, latency: float = 0.0, n: int | None = None) -> models.Settings:
+    return models.Settings(alpha, "given", B, latency, 100, n)
+
+
+def test_ps_formulas_by_hand():
+    # Eq. 8: availableB = B / w * ps = 1e9 / 4 * 1 = 2.5e8 B/s
+    assert models.ps_available_bandwidth(B, 4, 1) == pytest.approx(2.5e8)
+    # Eq. 9: Pull = W / availableB = 1e8 / 2.5e8 = 0.4 s
+    # Eq. 10: Push = (W / w) / availableB = 2.5e7 / 2.5e8 = 0.1 s
+    p = models.point("ps", 4, _cal(), _settings(), ps=1)
+    assert (p.pull, p.push, p.network) == pytest.approx((0.4, 0.1, 0.5))
+    # Eq. 13 per iteration: 0.1 + 0.01 + 0.5 = 0.61 s; 4 workers x 100 samples / 0.61 s
+    assert p.iteration_time == pytest.approx(0.61)
+    assert p.throughput == pytest.approx(400 / 0.61)
+    # two PS double availableB: pull 0.2 s, push 0.05 s
+    p2 = models.point("ps", 4, _cal(), _settings(), ps=2)
+    assert (p2.pull, p2.push) == pytest.approx((0.2, 0.05))
+
+
+def test_p2p_and_ring_formulas_by_hand():
+    # Eq. 16: availableB = B / (2 (w - 1)) = 1e9 / 6; Eq. 17: (W / w) / availableB
+    #         = 2.5e7 * 6 / 1e9 = 0.15 s
+    assert models.p2p_network(W, 4, B) == pytest.approx(0.15)
+    # Eq. 20: 2 (w - 1) W / w / B = 6 * 2.5e7 / 1e9 = 0.15 s: the same volume as P2P
+    assert models.ring_network(W, 4, B) == pytest.approx(0.15)
+    # latency a = 1 ms: ring pays it per step (6 * 0.026 = 0.156), P2P once (0.151)
+    assert models.ring_network(W, 4, B, 1e-3) == pytest.approx(0.156)
+    assert models.p2p_network(W, 4, B, 1e-3) == pytest.approx(0.151)
+    # one worker exchanges nothing
+    assert models.ring_network(W, 1, B) == 0.0 == models.p2p_network(W, 1, B)
+
+
+def test_overlap_epoch_and_ideal_by_hand():
+    # alpha = 1 hides min(T_proc, T_net) = 0.1 s: 0.1 + 0.01 + 0.15 - 0.1 = 0.16 s
+    assert models.point("ring", 4, _cal(), _settings(alpha=1.0)).iteration_time == pytest.approx(
+        0.16
+    )
+    # alpha = 0.5: 0.26 - 0.05 = 0.21 s
+    assert models.iteration_time(0.1, 0.01, 0.15, 0.5) == pytest.approx(0.21)
+    # epoch of n = 60000 with b = 100 on 4 workers: 150 iterations of 0.61 s = 91.5 s
+    p = models.point("ps", 4, _cal(), _settings(n=60000), ps=1)
+    assert models.iterations_per_epoch(60000, 100, 4) == 150
+    assert p.epoch_time == pytest.approx(91.5)
+    # Eq. 14 as w x single-worker rate: 4 * 100 / 0.11 s
+    assert p.ideal_throughput == pytest.approx(400 / 0.11)
+    assert p.scaling_efficiency == pytest.approx(0.11 / 0.61)
+
+
+def test_crossover_4ps_to_ring():
+    # 4 PS: (w + 1) W / (4 B); ring: 2 (w - 1) W / (w B). Equal at w^2 - 7w + 8 = 0,
+    # w = (7 + sqrt 17) / 2 = 5.56: at 5 PS is faster (0.15 vs 0.16 s), at 6 ring (0.175
+    # vs 0.1667 s).
+    cal = _cal(processing_time=0.0, update_time=0.0)
+    curves = models.sweep(
+        cal, range(4, 9), architectures=("ps", "ring"), ps_counts=(4,), settings=_settings()
+    )
+    (x,) = models.crossovers(curves)
+    assert (x.from_workers, x.to_workers, x.before, x.after) == (5, 6, "4ps", "ring")
+    assert models.best_at(curves, 5).label == "4ps"
+    assert models.best_at(curves, 6).label == "ring"
+
+
+def test_equal_curves_do_not_cross_and_ties_prefer_ring():
+    curves = models.sweep(_cal(), range(1, 9), architectures=("p2p", "ring"), settings=_settings())
+    assert models.crossovers(curves) == []
+    assert {models.best_at(curves, w).label for w in range(1, 9)} == {"ring"}
+
+
+def test_ps_needs_as_many_workers_as_servers():
+    curves = models.sweep(
+        _cal(), range(1, 5), architectures=("ps",), ps_counts=(2,), settings=_settings()
+    )
+    assert [p.workers for p in curves[0].points] == [2, 3, 4]
+
+
+def test_recommendation_peaks_inside_the_range():
+    # 1 PS: throughput w / (0.11 + (w + 1) * 0.1) rises towards 10/s and never falls, so the
+    # largest w wins; with a 1 s latency per ring step it peaks early.
+    slow = models.sweep(
+        _cal(), [1, 2, 4, 8], architectures=("ring",), settings=_settings(latency=1.0)
+    )
+    rec = models.recommend(slow, [1, 2, 4, 8])
+    # ring w=1: 100/0.11 = 909/s; w=2: 200/(0.11 + 2 * 1.05) = 90/s -> w = 1
+    assert (rec.label, rec.workers) == ("ring", 1)
+    assert "no longer" in rec.reason
+
+
+def test_hardware_efficiency_by_hand():
+    # N = 8, Tc,c = 0.8 s, Tn,c = 0.01 s, t_fc = 0.2 s
+    # g=1, k=8: t_conv = max(0.8/8, 0.01*8) = 0.1; HE = max(0.2, 0.3/1) = 0.3, not saturated
+    # g=2, k=4: t_conv = max(0.2, 0.04) = 0.2;   HE = max(0.2, 0.4/2) = 0.2, 0.4 <= 0.4 saturated
+    # g=4, k=2: t_conv = 0.4;                     HE = max(0.2, 0.6/4) = 0.2, saturated
+    model = models.omnivore(8, 0.8, 0.01, 0.2, target_momentum=0.9)
+    table = {p.groups: (p.t_conv, p.hardware_efficiency, p.fc_saturated) for p in model.groups}
+    assert table[1] == pytest.approx((0.1, 0.3, False))
+    assert table[2] == pytest.approx((0.2, 0.2, True))
+    assert table[4] == pytest.approx((0.4, 0.2, True))
+    assert sorted(table) == [1, 2, 4, 8]
+    assert (model.suggested_groups, model.suggestion_saturates) == (2, True)
+    # naive (non-overlapped) t_conv is the sum: 0.8/8 + 0.01*8 = 0.18
+    assert models.t_conv(8, 0.8, 0.01, overlapped=False) == pytest.approx(0.18)
+
+
+def test_no_saturation_suggests_all_groups():
+    # t_fc = 0.1: g=8, k=1: t_conv = 0.8; 0.9 > 0.8 so even g = N does not saturate FC
+    model = models.omnivore(8, 0.8, 0.01, 0.1)
+    assert (model.suggested_groups, model.suggestion_saturates) == (8, False)
+    assert model.groups[-1].hardware_efficiency == pytest.approx(0.9 / 8)
+
+
+def test_momentum_by_hand():
+    # implicit 1 - 1/g; explicit keeps implicit + explicit = 0.9
+    assert models.implicit_momentum(1) == 0.0
+    assert models.implicit_momentum(4) == pytest.approx(0.75)
+    assert models.explicit_momentum(4, 0.9) == pytest.approx(0.15)
+    # g = 16: implicit 0.9375 exceeds 0.9: no explicit momentum left
+    assert models.explicit_momentum(16, 0.9) == 0.0
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    job = detect.load([need(TF / "cnn_ps_ingraph")])
+    return job, models.calibrate(job)
+
+
+def test_calibration_from_the_cnn_ps_trace(cnn):
+    job, cal = cnn
+    meta = json.loads((TF / "cnn_ps_ingraph" / "meta.json").read_text())
+    trainable = {v["name"][:-2]: 4 * v["numel"] for v in meta["variables"] if v["trainable"]}
+    # every trainable variable is pulled once per step at its float32 size
+    assert {k: cal.param_bytes[k] for k in trainable} == trainable
+    assert cal.model_bytes >= sum(trainable.values())
+    conv = sum(size for name, size in trainable.items() if name.startswith("conv"))
+    assert cal.conv_bytes == conv
+    assert (cal.workers, cal.ps, cal.batch_size) == (2, 1, meta["per_worker_input_shape"][0])
+    assert 0 < cal.processing_time < cal.measured_iteration_time
+    assert cal.alpha is not None and 0 <= cal.alpha <= 1
+    assert cal.conv_fraction is not None and cal.conv_fraction > 0.5
+    assert cal.network.b > 0 and cal.bandwidth == pytest.approx(1 / cal.network.b)
+
+
+def test_calibration_overrides(cnn):
+    job, _ = cnn
+    cal = models.calibrate(job, bandwidth=1e9, update_time=0.002, batch_size=7)
+    assert cal.network.b == pytest.approx(1e-9)
+    assert (cal.update_time, cal.batch_size) == (0.002, 7)
+    with pytest.raises(InputError):
+        models.calibrate(job, bandwidth=-1.0)
+
+
+def test_calibration_from_the_mlp_trace_has_no_conv_phase():
+    job = detect.load([need(p) for p in TF_RUNS["mlp_ps_betweengraph_sync"]])
+    cal = models.calibrate(job)
+    assert cal.param_bytes["fc2/kernel"] == 2048 * 2048 * 4
+    assert (cal.workers, cal.conv_fraction, cal.conv_bytes) == (2, 0.0, 0)
+    omni = models.omnivore_from_calibration(cal, 8)
+    # no conv phase: t_conv = 0, every g saturates the FC phase, so g = 1
+    assert omni is not None and omni.suggested_groups == 1
+
+
+def test_model_document_holds_the_curves(cnn):
+    job, cal = cnn
+    doc = models.model_document(job, cal, [1, 2, 4, 8], ps_counts=(1, 2), overlap=0.0)
+    assert doc["schema"] == "planner.model/1"
+    assert [c["label"] for c in doc["curves"]] == ["1ps", "2ps", "p2p", "ring"]
+    assert doc["assumptions"]["alpha"] == 0.0 and doc["assumptions"]["alpha_source"] == "given"
+    ring = next(c for c in doc["curves"] if c["label"] == "ring")
+    assert [p["workers"] for p in ring["points"]] == [1, 2, 4, 8]
+    assert ring["points"][0]["network_time"] == 0.0
+    val = doc["validation"]
+    assert (val["arch"], val["workers"], val["ps"]) == ("ps", 2, 1)
+    assert doc["cross_check"]["status"].startswith("unavailable")
+
+
+def test_cross_check_hook(cnn):
+    job, cal = cnn
+    settings = models.settings_for(cal, overlap=0.0)
+    predicted = models.point("ring", 2, cal, settings).iteration_time
+    check = models.ring_cross_check(job, cal, settings, lambda _j, _c, _w: predicted / 2)
+    assert check is not None and check["gap"] == pytest.approx(1.0)
+
+
+def test_cli_json(capsys):
+    args = ["model", DEMO, "--workers", "1:8", "--ps", "1,2", "--arch", "ps,ring", "--json"]
+    code, out, err = run_cli([*args, "--bandwidth", "1", "--overlap", "0"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["schema"] == "planner.model/1"
+    assert doc["assumptions"]["bandwidth"] == pytest.approx(1e9)
+    assert [c["label"] for c in doc["curves"]] == ["1ps", "2ps", "ring"]
+    assert doc["workers"] == list(range(1, 9))
+
+
+def test_cli_table(capsys):
+    code, out, err = run_cli(["model", DEMO, "--workers", "1,2,4", "--ps", "1,2"], capsys)
+    assert code == 0, err
+    assert "Iteration time vs workers" in out and "recommendation" in out
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--workers", "0:4"],
+        ["--workers", "8:2"],
+        ["--workers", "a"],
+        ["--ps", "0"],
+        ["--arch", "mesh"],
+        ["--bandwidth", "-1"],
+        ["--overlap", "1.5"],
+        ["--network", "/nonexistent.csv"],
+    ],
+)
+def test_cli_bad_options_exit_2(bad, capsys):
+    code, out, err = run_cli(["model", DEMO, *bad], capsys)
+    assert code == 2
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    path = need(TF.parent / "torch" / "resnet_ddp")
+    return path, detect.load([path])
+
+
+def test_calibration_from_the_pytorch_ddp_trace(resnet):
+    path, job = resnet
+    meta = json.loads((path / "meta_rank0.json").read_text())
+    cal = models.calibrate(job)
+    # W is the all-reduced buckets (not DDP's initial broadcasts): every parameter once
+    assert cal.model_bytes == 4 * meta["num_params"]
+    assert cal.conv_bytes == sum(p["bytes"] for p in meta["parameters"] if len(p["shape"]) == 4)
+    assert (cal.workers, cal.ps, cal.batch_size) == (2, 0, meta["input_shape"][0])
+    assert 0 < cal.update_time < cal.processing_time < cal.measured_iteration_time
+    assert cal.alpha is not None and 0 <= cal.alpha <= 1
+
+
+def test_ring_cross_check_with_the_simulator(resnet):
+    _, job = resnet
+    cal = models.calibrate(job)
+    doc = models.model_document(job, cal, [1, 2, 4], simulator=models.replay_simulator)
+    check = doc["cross_check"]
+    assert check["workers"] == 2 and check["simulated_iteration_time"] > 0
+    assert check["gap"] == pytest.approx(
+        check["model_iteration_time"] / check["simulated_iteration_time"] - 1
+    )
+    assert doc["validation"]["arch"] == "ring"
