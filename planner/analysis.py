@@ -10,17 +10,18 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from planner import __version__
+from planner import __version__, simulate
 from planner.allreduce import allreduce_metrics
 from planner.errors import InputError
+from planner.export.caramel_files import bucket_plan_document, control_deps_document
 from planner.graph import OpGraph
 from planner.metrics import StepMetrics, bounds, speedup_bound, step_metrics, summarize
 from planner.oracle import TimeOracle, min_of_runs
 from planner.plan import Plan
-from planner.schedule import tictac
+from planner.schedule import caramel, tictac
 from planner.trace import Job, with_dedicated
 
-ALGORITHMS = ("tic", "tac")
+ALGORITHMS = ("tic", "tac", "caramel")
 
 
 def oracles(job: Job) -> dict[str, TimeOracle]:
@@ -29,6 +30,10 @@ def oracles(job: Job) -> dict[str, TimeOracle]:
     return {
         rank: min_of_runs(graph, frame[frame["rank"] == rank]) for rank, graph in job.graphs.items()
     }
+
+
+def _first_source(job: Job) -> str | None:
+    return job.sources[0] if job.sources else None
 
 
 def inspect(job: Job) -> dict[str, Any]:
@@ -74,19 +79,57 @@ def inspect(job: Job) -> dict[str, Any]:
     }
 
 
-def schedule(job: Job, algorithm: str) -> dict[str, Plan]:
-    """One plan per rank with TIC (graph only) or TAC (needs timings)."""
+def has_collectives(graph: OpGraph) -> bool:
+    return any(op.kind == "collective" for op in graph.ops.values())
+
+
+def algorithms_for(job: Job) -> list[str]:
+    """The schedulers that apply: TIC/TAC to PS workers, Caramel to all-reduce ranks."""
+    timed = bool(len(job.trace.timings))
+    found = []
+    if any(graph.recvs for graph in job.graphs.values()) or not timed:
+        found += ["tic", "tac"] if timed else ["tic"]
+    if timed and any(has_collectives(graph) for graph in job.graphs.values()):
+        found.append("caramel")
+    return found
+
+
+def schedule(
+    job: Job,
+    algorithm: str,
+    oracle: Mapping[str, TimeOracle] | None = None,
+    channels: int = 1,
+) -> dict[str, Plan]:
+    """One plan per rank: TIC (graph only), TAC or Caramel (need timings).
+
+    Caramel plans the ranks with collectives; its network model is fitted to every
+    collective occurrence of the rank's trace.
+    """
     if algorithm not in ALGORITHMS:
         raise InputError(None, f"unknown algorithm {algorithm!r} (choose from {ALGORITHMS})")
     if algorithm == "tic":
         return {rank: tictac.tic(graph, rank=rank) for rank, graph in job.graphs.items()}
     if not len(job.trace.timings):
-        raise InputError(
-            job.sources[0] if job.sources else None, "TAC needs timings; input has none"
-        )
-    oracle = oracles(job)
+        problem = f"{algorithm.upper()} needs timings; input has none"
+        raise InputError(_first_source(job), problem)
+    oracle = oracle or oracles(job)
+    if algorithm == "tac":
+        return {
+            rank: tictac.tac(g, oracle[rank].times, rank=rank) for rank, g in job.graphs.items()
+        }
+    ranks = {rank: g for rank, g in job.graphs.items() if has_collectives(g)}
+    if not ranks:
+        problem = "Caramel plans all-reduce collectives; input has none"
+        raise InputError(_first_source(job), problem)
     return {
-        rank: tictac.tac(graph, oracle[rank].times, rank=rank) for rank, graph in job.graphs.items()
+        rank: caramel.caramel(
+            graph,
+            oracle[rank],
+            caramel.trace_network_model(graph, job.trace.of(rank)),
+            rank=rank,
+            channels=channels,
+        )
+        for rank, graph in ranks.items()
     }
 
 
@@ -112,7 +155,15 @@ def plan_document(plans: Mapping[str, Plan], graphs: Mapping[str, OpGraph]) -> d
                     value = float(values[name])
                     entry[prop] = value if value != float("inf") else None
             transfers.append(entry)
-        ranks.append({"rank": rank, "algorithm": plan.algorithm, "transfers": transfers})
+        ranks.append(
+            {
+                "rank": rank,
+                "algorithm": plan.algorithm,
+                "transfers": transfers,
+                "control_edges": [list(edge) for edge in plan.control_edges],
+                "inputs": dict(plan.inputs),
+            }
+        )
     return {"schema": "planner.priorities/1", "ranks": ranks}
 
 
@@ -133,9 +184,7 @@ def _step_dict(s: StepMetrics) -> dict[str, Any]:
 def metrics(job: Job) -> dict[str, Any]:
     """`planner.metrics/1`: per-step figures, per-rank summaries and the oracle bounds."""
     if not len(job.trace.timings):
-        raise InputError(
-            job.sources[0] if job.sources else None, "metrics need timings; input has none"
-        )
+        raise InputError(_first_source(job), "metrics need timings; input has none")
     frame = with_dedicated(job.trace, job.graphs)
     oracle = oracles(job)
     steps: list[dict[str, Any]] = []
@@ -170,17 +219,31 @@ def metrics(job: Job) -> dict[str, Any]:
     return document
 
 
-def analyze(job: Job) -> dict[str, Any]:
-    """`planner.report/1`: inspect + TIC + TAC (when timed) + metrics."""
+def analyze(job: Job, samples: int = 100, seed: int = 0) -> dict[str, Any]:
+    """`planner.report/1`: inspect, the plans that apply, metrics and the simulation.
+
+    The simulation replays the traced steps (with the replay error) and compares the
+    plans against the random-order baseline; its schedules (`timelines`: the traced
+    median step and each plan's median sample) are for the timeline export and the
+    HTML report.
+    """
     timed = bool(len(job.trace.timings))
-    plans = {"tic": schedule(job, "tic")}
-    if timed:
-        plans["tac"] = schedule(job, "tac")
+    oracle = oracles(job) if timed else None
+    plans = {name: schedule(job, name, oracle) for name in algorithms_for(job)}
     report: dict[str, Any] = {
         "schema": "planner.report/1",
         "planner_version": __version__,
         "inspect": inspect(job),
         "plans": {name: plan_document(p, job.graphs) for name, p in plans.items()},
         "metrics": metrics(job) if timed else None,
+        "simulation": None,
+        "exports": {},
     }
+    if timed:
+        report["simulation"] = simulate.simulation(
+            job, plans, samples=samples, seed=seed, timelines=True
+        )
+    if "caramel" in plans:
+        report["exports"]["control_deps"] = control_deps_document(plans["caramel"])
+        report["exports"]["bucket_plan"] = bucket_plan_document(plans["caramel"])
     return report

@@ -48,16 +48,23 @@ class TimeOracle:
 
 
 def fit_network_model(nbytes: np.ndarray, seconds: np.ndarray) -> NetworkModel | None:
-    """Least-squares fit of f(d) = a + b*d; None with fewer than 2 distinct sizes.
+    """Least-squares fit of f(d) = a + b*d with a, b >= 0; None with < 2 distinct sizes.
 
-    Negative coefficients (noise on few points) are clamped to 0 so f stays a cost.
+    A latency or a per-byte cost cannot be negative, so when the free fit gives one
+    (noise on few or similar sizes) the best fit on that boundary is taken instead.
     """
     x = np.asarray(nbytes, dtype=np.float64)
     y = np.asarray(seconds, dtype=np.float64)
     if len(x) < 2 or len(np.unique(x)) < 2:
         return None
-    b, a = np.polyfit(x, y, 1)
-    a, b = max(float(a), 0.0), max(float(b), 0.0)
+    b_free, a_free = np.polyfit(x, y, 1)
+    candidates = [
+        (0.0, max(float((x * y).sum() / (x * x).sum()), 0.0)),
+        (float(max(y.mean(), 0.0)), 0.0),
+    ]
+    if a_free >= 0 and b_free >= 0:
+        candidates.append((float(a_free), float(b_free)))
+    a, b = min(candidates, key=lambda ab: float(((y - ab[0] - ab[1] * x) ** 2).sum()))
     residual = y - (a + b * x)
     total = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - float((residual**2).sum()) / total if total > 0 else float("nan")

@@ -1,0 +1,103 @@
+"""`planner export --graphdef` and `planner verify`: the enforcement side of a plan."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.table import Table
+
+from planner import verify as verify_lib
+from planner.enforce.plan_file import load_control_edges
+from planner.enforce.tf_graph import rewrite_file
+from planner.export.files import write_atomic
+from planner_cli import render
+from planner_cli.options import json_option
+
+_file = click.Path(exists=True, dir_okay=False, path_type=Path)
+
+
+@click.command("export")
+@click.option("--graphdef", "graphdef", type=_file, required=True, help="TF GraphDef to rewrite.")
+@click.option("--plan", "plan", type=_file, required=True, help="control_deps or ordered plan.")
+@click.option("--output", "-o", type=click.Path(path_type=Path), required=True)
+@click.option("--rank", default=None, help="Use this rank's edges (default: all ranks').")
+@click.option(
+    "--drop-cyclic", is_flag=True, help="Leave out (and list) edges that would close a cycle."
+)
+@json_option
+def export_command(
+    graphdef: Path, plan: Path, output: Path, rank: str | None, drop_cyclic: bool, as_json: bool
+) -> None:
+    """Add a plan's control edges to a GraphDef as ^name inputs (same nodes, acyclic)."""
+    edges = load_control_edges(plan, rank)
+    data, rewrite = rewrite_file(graphdef, edges, str(plan), drop_cyclic)
+    write_atomic(output, data)
+    document = {**rewrite.as_dict(), "graphdef": str(graphdef), "plan": str(plan),
+                "output": str(output)}  # fmt: skip
+    render.emit(document, as_json, _export_view)
+
+
+def _export_view(document: dict[str, Any]) -> None:
+    render.out().print(
+        f"{len(document['added'])} control edge(s) added, {len(document['implied'])} already "
+        f"implied by the graph, {len(document['dropped'])} left out (cycle); "
+        f"wrote {document['output']}"
+    )
+
+
+@click.command("verify")
+@click.argument("plan", type=_file)
+@click.argument("traces", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "--min-compliance",
+    type=click.FloatRange(0.0, 1.0),
+    default=None,
+    help="Exit 1 when a rank's fraction of steps in plan order is below this.",
+)
+@json_option
+def verify_command(
+    plan: Path, traces: tuple[Path, ...], min_compliance: float | None, as_json: bool
+) -> None:
+    """Check a trace taken with enforcement on: steps in plan order, first violation,
+    measured vs predicted iteration time."""
+    document = verify_lib.verify(plan, traces)
+    render.emit(document, as_json, _verify_view)
+    if min_compliance is not None and document["compliance"] < min_compliance:
+        render.note(f"compliance {document['compliance']:.3f} below {min_compliance}", as_json,
+                    error=True)  # fmt: skip
+        sys.exit(1)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:.2f} ms"
+
+
+def _verify_view(document: dict[str, Any]) -> None:
+    console = render.out()
+    table = Table(title=f"Plan {document['plan']} ({document['transfers']} transfers)")
+    for column in ("rank", "steps", "in plan", "first violation", "measured", "predicted"):
+        table.add_column(column)
+    for r in document["ranks"]:
+        first = r["first_violation"]
+        where = "-"
+        if first:
+            where = f"step {first['iteration']}"
+            if "position" in first:
+                where += f" #{first['position']}: {first['observed']} for {first['expected']}"
+            if "depth_mismatch" in first:
+                d = first["depth_mismatch"]
+                where += f" ({d['transfer']}: {d['chunks']} chunks, depth {d['depth']})"
+        table.add_row(
+            r["rank"],
+            str(r["steps"]),
+            f"{r['compliant_steps']}/{r['steps']} ({r['compliance']:.0%})",
+            where,
+            _seconds(r["measured_iteration_time"]),
+            _seconds(r["predicted_iteration_time"]),
+        )
+    console.print(table)
+    for line in document["notes"]:
+        console.print(f"[yellow]note:[/yellow] {line}")

@@ -1,0 +1,234 @@
+"""`planner simulate`: replay the trace, compare plans by simulation, what-if sweeps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+from rich.table import Table
+
+from planner import analysis
+from planner import simulate as sim
+from planner.export.chrome_trace import chrome_trace
+from planner.export.files import dumps, write_atomic
+from planner.plan import Plan
+from planner.trace import Job
+from planner_cli import render
+from planner_cli.options import json_option, load, paths_argument, rank_option, select_ranks
+
+PLAN_CHOICES = ("baseline", "observed", "tic", "tac", "caramel", "all")
+KNOB_NAMES = {name.replace("_", "-"): name for name in sim.KNOBS}
+
+
+def parse_sweep(text: str | None) -> tuple[str, list[float]] | None:
+    """``KNOB=a:b:n`` -> (knob, n values from a to b); None without a sweep."""
+    if text is None:
+        return None
+    name, sep, spec = text.partition("=")
+    knob = KNOB_NAMES.get(name.strip().replace("_", "-"))
+    parts = spec.split(":")
+    if not sep or knob is None or len(parts) != 3:
+        raise click.BadParameter(
+            f"{text!r}: want KNOB=a:b:n with KNOB one of {', '.join(KNOB_NAMES)}",
+            param_hint="--sweep",
+        )
+    try:
+        a, b, n = float(parts[0]), float(parts[1]), int(parts[2])
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: a, b must be numbers, n an integer") from None
+    if n < 1:
+        raise click.BadParameter(f"{text!r}: n must be >= 1", param_hint="--sweep")
+    return knob, np.linspace(a, b, n).tolist()
+
+
+def build_plans(job: Job, which: str, channels: int = 1) -> dict[str, dict[str, Plan]]:
+    """The scheduler plans to simulate besides baseline and observed.
+
+    With ``all``: TIC and TAC where the ranks have recvs (parameter server), Caramel
+    where they have collectives (all-reduce).
+    """
+    if which in sim.REFERENCE_PLANS:
+        return {}
+    names = analysis.algorithms_for(job) if which == "all" else [which]
+    return {name: analysis.schedule(job, name, channels=channels) for name in names}
+
+
+@click.command("simulate")
+@paths_argument()
+@click.option(
+    "--plan",
+    type=click.Choice(PLAN_CHOICES),
+    default="all",
+    show_default=True,
+    help="Plan to simulate; baseline (random order) and observed are always shown.",
+)
+@click.option("--samples", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option(
+    "--bandwidth-scale",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Network bandwidth x this (transfer times / this).",
+)
+@click.option(
+    "--compute-scale",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Compute speed x this (compute times / this).",
+)
+@click.option(
+    "--latency",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Seconds added to every transfer.",
+)
+@click.option(
+    "--channels",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Concurrent transfers per network resource.",
+)
+@click.option("--sweep", "sweep_spec", metavar="KNOB=a:b:n", help="Compare over n knob values.")
+@click.option(
+    "--timeline",
+    type=click.Path(path_type=Path),
+    help="Write the simulated schedules and the traced step as Chrome trace JSON.",
+)
+@rank_option
+@json_option
+def simulate(
+    paths: tuple[Path, ...],
+    plan: str,
+    samples: int,
+    seed: int,
+    bandwidth_scale: float,
+    compute_scale: float,
+    latency: float,
+    channels: int,
+    sweep_spec: str | None,
+    timeline: Path | None,
+    rank: str | None,
+    as_json: bool,
+) -> None:
+    """Replay the traced steps (with their error) and predict each plan's iteration time."""
+    sweep = parse_sweep(sweep_spec)
+    job = select_ranks(load(paths, as_json), rank)
+    document = sim.simulation(
+        job,
+        build_plans(job, plan, channels),
+        samples=samples,
+        seed=seed,
+        sweep_knob=sweep[0] if sweep else None,
+        sweep_values=sweep[1] if sweep else (),
+        timelines=timeline is not None,
+        bandwidth_scale=bandwidth_scale,
+        compute_scale=compute_scale,
+        latency=latency,
+        channels=channels,
+    )
+    schedules = document.pop("timelines", None)
+    if timeline is not None and schedules is not None:
+        for schedule in schedules:
+            schedule["graph"] = job.graphs[schedule["rank"]]
+        meta = {
+            "planner": "simulate",
+            "samples": samples,
+            "seed": seed,
+            **document["comparison"]["knobs"],
+        }
+        write_atomic(timeline, dumps(chrome_trace(schedules, meta)))
+    render.emit(document, as_json, simulation_view)
+    if timeline is not None:
+        render.note(f"wrote {timeline}", as_json)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:+.1f}%"
+
+
+def _unit(seconds: float) -> tuple[str, float]:
+    """A unit for a table whose times are about `seconds`."""
+    if seconds >= 1:
+        return "s", 1.0
+    return ("ms", 1e3) if seconds >= 1e-3 else ("µs", 1e6)
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def simulation_view(document: dict[str, Any]) -> None:
+    """Replay table, comparison table per rank, sweep curve."""
+    console = render.out()
+    replay = Table(title="Replay of the observed order (replay_error = predicted/measured - 1)")
+    for column in ("rank", "step", "measured", "predicted", "replay_error", "span", "idle"):
+        replay.add_column(column, justify="right")
+    for r in document["replay"]["ranks"]:
+        for s in r["steps"]:
+            replay.add_row(
+                r["rank"],
+                str(s["iteration"]),
+                render._seconds(s["measured"]),
+                render._seconds(s["predicted"]),
+                _pct(s["replay_error"]),
+                render._seconds(s["span"]),
+                render._seconds(s["idle"]),
+            )
+    console.print(replay)
+    comparison = document["comparison"]
+    knobs = ", ".join(f"{k} {v:g}" for k, v in comparison["knobs"].items())
+    for r in comparison["ranks"]:
+        table = Table(
+            title=(
+                f"Predicted iteration time of {r['rank']} in {{unit}} "
+                f"({comparison['samples']} samples; {knobs})"
+            ),
+            caption=(
+                f"replay error on the observed run: median {_pct(r['replay_error_median'])}, "
+                f"worst {_pct(r['replay_error_max'])}; Umax {render._seconds(r['umax'])}, "
+                f"Lmin {render._seconds(r['lmin'])}"
+            ),
+        )
+        unit, scale = _unit(r["plans"][0]["predicted"])
+        table.title = str(table.title).format(unit=unit)
+        columns = ("predicted", "p5", "p50", "p95", "max")
+        table.add_column("plan")
+        for column in ("mean", *columns[1:], "vs base", "vs obs", "E", "alpha"):
+            table.add_column(column, justify="right")
+        for p in r["plans"]:
+            name = p["plan"].upper() if p["plan"] in ("tic", "tac") else p["plan"]
+            if p["plan"] == r["best_plan"]:
+                name = f"[bold]{name}[/bold]"
+            table.add_row(
+                name,
+                *(f"{p[c] * scale:.2f}" for c in columns),
+                _pct(p["speedup_vs_baseline"]),
+                _pct(p["speedup_vs_observed"]),
+                _num(p["efficiency"]),
+                _num(p["alpha"]),
+            )
+        console.print(table)
+    sweep = document.get("sweep")
+    if sweep:
+        for r in sweep["ranks"]:
+            names = list(r["points"][0]["plans"]) if r["points"] else []
+            table = Table(title=f"Sweep of {sweep['knob']} on {r['rank']}: speedup vs baseline")
+            for column in (sweep["knob"], "rho", *names):
+                table.add_column(column, justify="right")
+            for point in r["points"]:
+                table.add_row(
+                    f"{point['value']:g}",
+                    _num(point["rho"]),
+                    *(
+                        f"{render._seconds(point['plans'][n]['predicted'])} "
+                        f"({_pct(point['plans'][n]['speedup_vs_baseline'])})"
+                        for n in names
+                    ),
+                )
+            console.print(table)

@@ -1,0 +1,180 @@
+"""A real CPU data-parallel training job (gloo on 127.0.0.1) with the plan enforced.
+
+Variants (``--variant``, repeatable; run one after another in the same processes):
+
+- ``none``: plain DistributedDataParallel;
+- ``hook:PLAN``: DDP with `planner.enforce.torch_ddp.register_plan_hook` (gated order,
+  planned depth);
+- ``gradsync:PLAN``: no DDP; `GradSync` all-reduces exactly the plan's groups.
+
+Each variant writes under ``--out/<label>/``: ``rank<r>.json`` (torch.profiler trace,
+steps ``ProfilerStep#N``), ``params_rank<r>.pt`` (final parameters) and
+``steps_rank<r>.json`` (wall time and launch order of each step).
+
+    python examples/train_ddp.py --write-plans plans/
+    python examples/train_ddp.py --nproc 2 --variant none --variant hook:plans/good.json \
+        --steps 8 --out runs/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from planner.enforce import load_plan
+from planner.enforce.torch_ddp import GradSync, groups_of_model, register_plan_hook
+
+
+def make_model(width: int = 512, layers: int = 6) -> nn.Module:
+    """An MLP with `layers` Linear layers (1 MiB of weights each at width 512)."""
+    torch.manual_seed(0)
+    mods: list[nn.Module] = []
+    for _ in range(layers):
+        mods += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*mods[:-1])
+
+
+def write_plans(out: Path, depth_bytes: int = 512 * 1024) -> None:
+    """good.json: groups in gradient-ready (backward) order; bad.json: forward order, so
+    every transfer waits for the last gradient. Depth 2 for groups over `depth_bytes`."""
+    model = make_model()
+    sizes = {n: p.numel() * p.element_size() for n, p in model.named_parameters()}
+    out.mkdir(parents=True, exist_ok=True)
+    for label, reverse in (("good", True), ("bad", False)):
+        groups = groups_of_model(model, reverse=reverse)
+        doc = {
+            "schema": "planner.bucket_plan/1",
+            "algorithm": f"layer-{label}",
+            "groups": [
+                {
+                    "name": f"layer{g[0].rsplit('.', 1)[0]}",
+                    "params": g,
+                    "bytes": sum(sizes[p] for p in g),
+                    "depth": 2 if sum(sizes[p] for p in g) > depth_bytes else 1,
+                }
+                for g in groups
+            ],
+        }
+        (out / f"{label}.json").write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def train(variant: str, steps: int, out: Path, batch: int = 64) -> None:
+    """Train `steps` steps of one variant on this rank; profile steps 2.. of them."""
+    rank = dist.get_rank()
+    mode, _, plan_path = variant.partition(":")
+    label = mode if not plan_path else f"{mode}-{Path(plan_path).stem}"
+    where = out / label
+    where.mkdir(parents=True, exist_ok=True)
+    model = make_model()
+    sync = None
+    if mode == "gradsync":
+        sync = GradSync(model, load_plan(plan_path), timeout=60)
+        sync.broadcast_parameters()
+        net: nn.Module = model
+    else:
+        net = nn.parallel.DistributedDataParallel(
+            model, bucket_cap_mb=1, gradient_as_bucket_view=True
+        )
+        hook = register_plan_hook(net, load_plan(plan_path), timeout=60) if plan_path else None
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    if sync is not None:
+        sync.attach(opt)
+    data = torch.Generator().manual_seed(1000 + rank)
+    width = model[0].in_features
+    records = []
+    prof = torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU],
+        schedule=torch.profiler.schedule(wait=1, warmup=1, active=max(1, steps - 2)),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(where / f"rank{rank}.json")),
+    )
+    with prof:
+        for _ in range(steps):
+            x = torch.randn(batch, width, generator=data)
+            y = torch.randn(batch, width, generator=data)
+            dist.barrier()
+            start = time.perf_counter()
+            with torch.profiler.record_function("forward"):
+                loss = nn.functional.mse_loss(net(x), y)
+            with torch.profiler.record_function("backward"):
+                loss.backward()
+            with torch.profiler.record_function("optimizer_step"):
+                opt.step()
+                opt.zero_grad(set_to_none=False)
+            order = sync.last_order if sync else (hook.launched_last if hook else ())
+            records.append({"time": time.perf_counter() - start, "order": list(order)})
+            prof.step()
+    if sync is not None:
+        sync.close()
+    torch.save({n: p.detach().clone() for n, p in model.named_parameters()},
+               where / f"params_rank{rank}.pt")  # fmt: skip
+    (where / f"steps_rank{rank}.json").write_text(json.dumps(records) + "\n")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch(nproc: int, argv: list[str], timeout: float) -> int:
+    """Start `nproc` ranks of this script on 127.0.0.1; kill them all on failure/timeout."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "WORLD_SIZE": str(nproc), "OMP_NUM_THREADS": "1"}  # fmt: skip
+    procs = [
+        subprocess.Popen([sys.executable, __file__, *argv], env={**env, "RANK": str(r)})
+        for r in range(nproc)
+    ]
+    deadline = time.monotonic() + timeout
+    try:
+        while any(p.poll() is None for p in procs):
+            if time.monotonic() > deadline or any(p.returncode not in (None, 0) for p in procs):
+                break
+            time.sleep(0.05)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    codes = [p.returncode for p in procs]
+    return 0 if all(c == 0 for c in codes) else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--variant", action="append", default=[])
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--out", type=Path, default=Path("runs"))
+    parser.add_argument("--write-plans", type=Path, help="write good.json / bad.json here")
+    parser.add_argument("--nproc", type=int, default=0, help="launch this many local ranks")
+    parser.add_argument("--timeout", type=float, default=300.0)
+    args = parser.parse_args()
+    if args.write_plans:
+        write_plans(args.write_plans)
+    if not args.variant:
+        return 0
+    if args.nproc:
+        rest = [a for v in args.variant for a in ("--variant", v)]
+        rest += ["--steps", str(args.steps), "--out", str(args.out)]
+        return launch(args.nproc, rest, args.timeout)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="env://")
+    try:
+        for variant in args.variant:
+            train(variant, args.steps, args.out)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

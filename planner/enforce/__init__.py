@@ -1,0 +1,31 @@
+"""Runtime side: apply a plan inside the training job.
+
+- `PriorityGate` (here, torch-free): TicTac's per-iteration sender counter.
+- `planner.enforce.torch_ddp`: a DDP communication hook and a gradient-sync module
+  (imports torch; import it explicitly).
+- `planner.enforce.tf_graph`: a plan's control edges as ``^name`` inputs of a GraphDef.
+"""
+
+from planner.enforce.gate import GateError, GateTimeout, PriorityGate, UnknownTransfer, Violation
+from planner.enforce.plan_file import (
+    Transfer,
+    TransferPlan,
+    load_control_edges,
+    load_plan,
+    parse_plan,
+    plan_from_groups,
+)
+
+__all__ = [
+    "GateError",
+    "GateTimeout",
+    "PriorityGate",
+    "Transfer",
+    "TransferPlan",
+    "UnknownTransfer",
+    "Violation",
+    "load_control_edges",
+    "load_plan",
+    "parse_plan",
+    "plan_from_groups",
+]

@@ -1,0 +1,158 @@
+"""All-reduce microbenchmark with real `torch.distributed` processes (Caramel §4.2).
+
+`world_size` processes join a gloo process group on 127.0.0.1 and all-reduce float32
+tensors of each size `repeats` times, one after another (sequential aggregation
+transfers, as the paper measures). Rank 0 times each call (barrier before it) and
+returns one row per size. torch is imported inside the worker only: it is optional.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import multiprocessing as mp
+import socket
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+DEFAULT_SIZES = tuple(64 * 4**k for k in range(0, 9)) + (4 << 20,)
+"""64 B to 4 MiB: 64, 256, ..., 4 MiB (Caramel measures 64 B and 4 MB)."""
+
+CSV_COLUMNS = ("nbytes", "seconds", "seconds_min", "repeats", "world_size", "backend")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _worker(
+    rank: int,
+    world_size: int,
+    port: int,
+    sizes: Sequence[int],
+    repeats: int,
+    warmup: int,
+    queue: Any,
+) -> None:
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+        )
+        torch.set_num_threads(1)
+        rows = []
+        for nbytes in sizes:
+            tensor = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
+            samples = []
+            for k in range(warmup + repeats):
+                dist.barrier()
+                start = time.perf_counter()
+                dist.all_reduce(tensor)
+                elapsed = time.perf_counter() - start
+                if k >= warmup:
+                    samples.append(elapsed)
+            rows.append((int(tensor.numel() * 4), samples))
+        dist.barrier()
+        dist.destroy_process_group()
+        if rank == 0:
+            queue.put(("ok", rows))
+    except Exception as exc:  # the parent turns this into one error line
+        queue.put(("error", f"rank {rank}: {type(exc).__name__}: {exc}"))
+
+
+def bench_allreduce(
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    world_size: int = 2,
+    repeats: int = 10,
+    warmup: int = 2,
+    timeout: float = 300.0,
+) -> list[dict[str, Any]]:
+    """Measure all-reduce time per message size; one row per size (median, min).
+
+    Sizes are rounded down to whole float32 elements (at least one). Raises
+    RuntimeError if a process fails or the run exceeds `timeout` seconds, and
+    ImportError when torch is not installed.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise ImportError("bench-network needs torch (pip install torch==2.13.0 for the CPU wheel)")
+    if world_size < 2:
+        raise ValueError("world_size must be >= 2")
+    if repeats < 1 or not sizes:
+        raise ValueError("need at least one size and one repeat")
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [
+        ctx.Process(
+            target=_worker,
+            args=(r, world_size, port, list(sizes), repeats, warmup, queue),
+            daemon=True,
+        )
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        status, payload = queue.get(timeout=timeout)
+    except Exception as exc:
+        raise RuntimeError(f"all-reduce benchmark gave no result in {timeout:.0f} s") from exc
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+    if status != "ok":
+        raise RuntimeError(str(payload))
+    return [
+        {
+            "nbytes": nbytes,
+            "seconds": statistics.median(samples),
+            "seconds_min": min(samples),
+            "repeats": len(samples),
+            "world_size": world_size,
+            "backend": "gloo",
+        }
+        for nbytes, samples in payload
+    ]
+
+
+def to_csv(rows: Sequence[dict[str, Any]]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(CSV_COLUMNS), lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({c: row.get(c, "") for c in CSV_COLUMNS})
+    return out.getvalue()
+
+
+def read_csv(text: str) -> tuple[list[float], list[float]]:
+    """(nbytes, seconds) from a benchmark CSV (needs columns `nbytes` and `seconds`).
+
+    Raises ValueError naming the problem (missing column, non-numeric or negative value).
+    """
+    reader = csv.DictReader(io.StringIO(text))
+    fields = reader.fieldnames or []
+    for column in ("nbytes", "seconds"):
+        if column not in fields:
+            raise ValueError(f"CSV has no {column!r} column (columns: {', '.join(fields)})")
+    sizes: list[float] = []
+    seconds: list[float] = []
+    for line, row in enumerate(reader, start=2):
+        try:
+            n, s = float(row["nbytes"]), float(row["seconds"])
+        except (TypeError, ValueError):
+            raise ValueError(f"line {line}: nbytes and seconds must be numbers") from None
+        if n < 0 or s < 0:
+            raise ValueError(f"line {line}: negative nbytes or seconds")
+        sizes.append(n)
+        seconds.append(s)
+    return sizes, seconds
