@@ -229,6 +229,13 @@ def analyze_view(report: dict[str, Any]) -> None:
     table.add_column("rank")
     table.add_column("plan")
     table.add_column("first transfers")
+    params = {
+        r["rank"]: {t["name"]: t["param"] or t["name"] for t in r["transfers"]}
+        for r in inspect["ranks"]
+    }
+    for entry in report.get("observed_orders", []):
+        names = [params[entry["rank"]].get(n, n) for n in entry["order"][:10]]
+        table.add_row(entry["rank"], f"observed (step {entry['iteration']})", ", ".join(names))
     for name, document in report["plans"].items():
         for entry in document["ranks"]:
             first = ", ".join(t["param"] or t["name"] for t in entry["transfers"][:10])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from planner import __version__, simulate
@@ -117,20 +118,40 @@ def schedule(
         return {
             rank: tictac.tac(g, oracle[rank].times, rank=rank) for rank, g in job.graphs.items()
         }
-    ranks = {rank: g for rank, g in job.graphs.items() if has_collectives(g)}
+    ranks = sorted(rank for rank, g in job.graphs.items() if has_collectives(g))
     if not ranks:
         problem = "Caramel plans all-reduce collectives; input has none"
         raise InputError(_first_source(job), problem)
-    return {
-        rank: caramel.caramel(
-            graph,
-            oracle[rank],
-            caramel.trace_network_model(graph, job.trace.of(rank)),
-            rank=rank,
-            channels=channels,
-        )
-        for rank, graph in ranks.items()
+    return caramel_job_plan(job, ranks, oracle, channels)
+
+
+def caramel_job_plan(
+    job: Job, ranks: list[str], oracle: Mapping[str, TimeOracle], channels: int = 1
+) -> dict[str, Plan]:
+    """One Caramel plan for all ranks of a job.
+
+    Collectives must be issued in the same order on every rank (gloo and NCCL match
+    them by order), so the plan is made once, on the first rank's DAG, with each op's
+    time the largest over the ranks (a collective starts when its slowest rank is
+    ready) and the network model fitted to the collectives of every rank.
+    """
+    reference = job.graphs[ranks[0]]
+    times = {
+        name: max(oracle[r].times.get(name, 0.0) for r in ranks if name in job.graphs[r].ops)
+        for name in reference.ops
     }
+    timings = job.trace.timings[job.trace.timings["rank"].isin(ranks)]
+    network = caramel.trace_network_model(reference, timings)
+    plan = caramel.caramel(reference, times, network, rank=ranks[0], channels=channels)
+    plans = {}
+    for rank in ranks:
+        missing = set(plan.order) - set(job.graphs[rank].ops)
+        if missing:
+            raise InputError(
+                _first_source(job), f"{rank} lacks collective {sorted(missing)[0]} of {ranks[0]}"
+            )
+        plans[rank] = replace(plan, rank=rank, inputs={**plan.inputs, "planned_on": ranks[0]})
+    return plans
 
 
 def plan_document(plans: Mapping[str, Plan], graphs: Mapping[str, OpGraph]) -> dict[str, Any]:
@@ -219,6 +240,25 @@ def metrics(job: Job) -> dict[str, Any]:
     return document
 
 
+def observed_orders(job: Job) -> list[dict[str, Any]]:
+    """Per rank, the order in which the transfers started in its median-length step.
+
+    Shown beside the plans so a reader sees what the planner would change.
+    """
+    result = []
+    for rank, graph in sorted(job.graphs.items()):
+        spans = job.trace.spans[job.trace.spans["rank"] == rank]
+        if not len(spans):
+            continue
+        lengths = (spans["end"] - spans["start"]).to_numpy()
+        iteration = int(spans["iteration"].to_numpy()[lengths.argsort()[(len(lengths) - 1) // 2]])
+        rows = job.trace.of(rank, iteration)
+        rows = rows[[n in graph.ops and graph.ops[n].is_transfer for n in rows["op"]]]
+        order = rows.sort_values(["start", "op"], kind="stable")["op"].tolist()
+        result.append({"rank": rank, "iteration": iteration, "order": order})
+    return result
+
+
 def analyze(job: Job, samples: int = 100, seed: int = 0) -> dict[str, Any]:
     """`planner.report/1`: inspect, the plans that apply, metrics and the simulation.
 
@@ -236,6 +276,7 @@ def analyze(job: Job, samples: int = 100, seed: int = 0) -> dict[str, Any]:
         "inspect": inspect(job),
         "plans": {name: plan_document(p, job.graphs) for name, p in plans.items()},
         "metrics": metrics(job) if timed else None,
+        "observed_orders": observed_orders(job) if timed else [],
         "simulation": None,
         "exports": {},
     }
