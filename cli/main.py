@@ -16,9 +16,18 @@ import click
 from planner import __version__, analysis
 from planner.errors import InputError
 from planner.export import priorities
+from planner.export.chrome_trace import chrome_trace
 from planner.export.files import dumps, write_atomic
 from planner.ingest import detect, planner_json
+from planner.report.ci import Thresholds, failures, junit_xml, markdown_summary, unchecked
+from planner.report.html import render_html
+from planner.trace import Job
+from planner_cli import caramel as caramel_commands
+from planner_cli import enforce as enforce_commands
+from planner_cli import model as model_commands
 from planner_cli import render
+from planner_cli import report as report_commands
+from planner_cli import simulate as simulate_commands
 from planner_cli.options import json_option, load, paths_argument, rank_option, select_ranks
 
 
@@ -113,25 +122,69 @@ def plan_files(document: dict[str, Any], fmt: str, output: Path | None) -> dict[
     default=None,
     help="Exit 1 when any step's scheduling efficiency E is below this.",
 )
+@click.option(
+    "--max-straggler",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Exit 1 when a step's straggler time (s) exceeds this (all-reduce).",
+)
+@click.option(
+    "--min-utilization",
+    type=click.FloatRange(0.0, 1.0),
+    default=None,
+    help="Exit 1 when a step's all-reduce utilization is below this.",
+)
+@click.option(
+    "--junit",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Write JUnit XML here: one test case per step and rank.",
+)
+@click.option(
+    "--markdown",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Write a Markdown summary table here (for a CI job page).",
+)
 @rank_option
 @json_option
 def metrics_command(
-    paths: tuple[Path, ...], min_efficiency: float | None, rank: str | None, as_json: bool
+    paths: tuple[Path, ...],
+    min_efficiency: float | None,
+    max_straggler: float | None,
+    min_utilization: float | None,
+    junit: Path | None,
+    markdown: Path | None,
+    rank: str | None,
+    as_json: bool,
 ) -> None:
-    """Per-step Umax, Lmin, efficiency E and speedup bound S (TicTac §3.2)."""
+    """Per-step Umax, Lmin, efficiency E and speedup bound S (TicTac §3.2); for
+    all-reduce jobs also C, N, overlap, utilization and stragglers (Caramel §3.1)."""
     job = select_ranks(load(paths, as_json), rank)
     document = analysis.metrics(job)
-    failing = []
-    if min_efficiency is not None:
-        failing = [s for s in document["steps"] if s["efficiency"] < min_efficiency]
+    gate = Thresholds(min_efficiency, max_straggler, min_utilization)
+    failed = failures(document, gate)
+    if gate.given():
         document["gate"] = {
-            "min_efficiency": min_efficiency,
-            "failed": [{"rank": s["rank"], "iteration": s["iteration"]} for s in failing],
+            **gate.given(),
+            "failed": [
+                {"rank": f.rank, "iteration": f.iteration, "metric": f.metric, "value": f.value}
+                for f in failed
+            ],
         }
+    files = {}
+    if junit is not None:
+        files[junit] = junit_xml(document, gate)
+    if markdown is not None:
+        files[markdown] = markdown_summary(document, gate)
+    for path, text in files.items():
+        write_atomic(path, text)
     render.emit(document, as_json, render.metrics_view)
-    if failing:
-        steps = ", ".join(f"{s['rank']} step {s['iteration']}" for s in failing)
-        render.note(f"efficiency below {min_efficiency}: {steps}", as_json, error=True)
+    for name in unchecked(document, gate):
+        render.note(f"{name}: not available for this input, not checked", as_json)
+    for path in files:
+        render.note(f"wrote {path}", as_json)
+    if failed:
+        lines = "; ".join(f"{f.rank} step {f.iteration}: {f.message()}" for f in failed)
+        render.note(f"gate failed: {lines}", as_json, error=True)
         sys.exit(1)
 
 
@@ -143,22 +196,48 @@ def metrics_command(
 def analyze_command(
     paths: tuple[Path, ...], output: Path | None, rank: str | None, as_json: bool
 ) -> None:
-    """Inspect + TIC + TAC + metrics; with no PATH, the bundled demo trace."""
+    """Inspect, plan (TIC/TAC or Caramel), metrics and simulation; no PATH: the demo.
+
+    With -o DIR: report.json and report.html, the priority files of every plan,
+    Caramel's control dependencies and bucket plan, and timeline.json (Chrome trace of
+    the traced step and the best plan's predicted schedule, per rank).
+    """
     job = select_ranks(load(paths or (detect.demo_trace(),), as_json), rank)
     report = analysis.analyze(job)
-    files: dict[Path, str] = {}
-    if output is not None:
-        files[output / "report.json"] = dumps(report)
-        for name, document in report["plans"].items():
-            files[output / f"priorities_{name}.json"] = dumps(document)
-            for entry in document["ranks"]:
-                text = priorities.to_tictac(document, entry["rank"])
-                files[output / f"{entry['rank']}.{name}.txt"] = text
+    files = analysis_files(report, job, output) if output is not None else {}
     for path, text in files.items():
         write_atomic(path, text)
     render.emit(report, as_json, render.analyze_view)
+    if not as_json and report["simulation"] is not None:
+        simulate_commands.simulation_view(report["simulation"])
     for path in files:
         render.note(f"wrote {path}", as_json)
+
+
+def analysis_files(report: dict[str, Any], job: Job, output: Path) -> dict[Path, str]:
+    """Every file `analyze -o` writes, rendered before any is written."""
+    files = {output / "report.json": dumps(report)}
+    for name, document in report["plans"].items():
+        files[output / f"priorities_{name}.json"] = dumps(document)
+        if name in ("tic", "tac"):
+            for entry in document["ranks"]:
+                text = priorities.to_tictac(document, entry["rank"])
+                files[output / f"{entry['rank']}.{name}.txt"] = text
+    for name, document in report["exports"].items():
+        files[output / f"{name}.json"] = dumps(document)
+    simulation = report["simulation"]
+    if simulation is not None and simulation.get("timelines"):
+        best = {r["rank"]: r["best_plan"] for r in simulation["comparison"]["ranks"]}
+        chosen = [
+            {**s, "graph": job.graphs[s["rank"]]}
+            for s in simulation["timelines"]
+            if s["plan"] in ("measured", best.get(s["rank"]))
+        ]
+        meta = {"planner": "analyze", "best_plan": best}
+        files[output / "timeline.json"] = dumps(chrome_trace(chosen, meta))
+    names = sorted({path.name for path in files} | {"report.html"})
+    files[output / "report.html"] = render_html(report, files=names)
+    return files
 
 
 @cli.command("convert")
@@ -195,4 +274,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(0)
 
 
-# Commands defined in their own modules register here, one line each.
+for command in (
+    simulate_commands.simulate,
+    caramel_commands.bench_network,
+    caramel_commands.fit_network,
+    model_commands.model_command,
+    enforce_commands.export_command,
+    enforce_commands.verify_command,
+    report_commands.report_command,
+):
+    cli.add_command(command)

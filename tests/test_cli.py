@@ -82,7 +82,8 @@ def test_metrics_gate(capsys):
     assert code == 1
     failed = json.loads(out)["gate"]["failed"]
     assert len(failed) == 5
-    assert "efficiency below 1.0" in err
+    assert all(f["metric"] == "efficiency" for f in failed)
+    assert "gate failed" in err and "efficiency" in err
 
 
 def test_inspect_lists_transfers_and_steps(capsys):

@@ -1,0 +1,631 @@
+"""One self-contained HTML page from a ``planner.report/1`` document.
+
+The page has no script and loads nothing: styles are inline and every figure is an inline
+SVG drawn by `planner.report.plots`, so it opens offline and can be attached to a CI job.
+It computes nothing either: it shows what the document holds, and a section whose data
+the document lacks (a graph without timings, a PS job without all-reduce figures, a
+report written before simulation was added) says "not available for this input".
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Callable, Mapping, Sequence
+from statistics import median
+from typing import Any
+
+from planner import __version__
+from planner.report import plots
+
+NOT_AVAILABLE = "not available for this input"
+MAX_TIMELINE_RANKS = 4
+"""Timelines of at most this many ranks are drawn (the page stays readable)."""
+MAX_ROWS = 60
+"""Tables longer than this are cut, saying how many rows were left out."""
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#222;
+background:#fafafa}
+header{background:#243447;color:#fff;padding:16px 28px}
+header h1{margin:0;font-size:22px} header p{margin:4px 0 0;color:#cdd6df;font-size:13px}
+main{padding:8px 28px 40px;max-width:1200px}
+section{background:#fff;border:1px solid #e3e3e3;border-radius:6px;padding:12px 18px;
+margin:14px 0}
+h2{font-size:17px;margin:4px 0 10px} h3{font-size:14px;margin:14px 0 6px}
+table{border-collapse:collapse;font-size:12.5px;margin:6px 0}
+th,td{border-bottom:1px solid #eee;padding:3px 9px;text-align:right;white-space:nowrap}
+th{background:#f3f5f7} td.l,th.l{text-align:left}
+.na{color:#777;font-style:italic} .bad{color:#b00020;font-weight:600}
+.cards{display:flex;flex-wrap:wrap;gap:10px}
+.card{border:1px solid #e3e3e3;border-radius:6px;padding:8px 14px;min-width:110px}
+.card b{display:block;font-size:18px} .card span{color:#666;font-size:12px}
+figure{margin:8px 0} figure svg{max-width:100%;height:auto}
+code{background:#f3f5f7;padding:1px 4px;border-radius:3px}
+nav a{color:#cdd6df;margin-right:12px;font-size:13px}
+"""
+
+
+# ------------------------------------------------------------------ formatting
+
+
+def esc(value: Any) -> str:
+    """HTML-escaped text of `value`."""
+    return html.escape(str(value), quote=True)
+
+
+def seconds(value: float | None) -> str:
+    """A time in s, ms or µs with 4 significant digits; an em dash for none."""
+    if value is None or not math.isfinite(value):
+        return "—"
+    magnitude = abs(value)
+    if magnitude >= 1 or magnitude == 0:
+        return f"{value:.4g} s"
+    if magnitude >= 1e-3:
+        return f"{value * 1e3:.4g} ms"
+    return f"{value * 1e6:.4g} µs"
+
+
+def nbytes(value: float | None) -> str:
+    """A size in B, KiB, MiB or GiB."""
+    if value is None:
+        return "—"
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(size) < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+def number(value: float | None, digits: int = 3) -> str:
+    """A plain figure with `digits` decimals; an em dash for none."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "—"
+    return f"{value:.{digits}f}"
+
+
+def percent(value: float | None) -> str:
+    """A signed fraction as a percentage."""
+    if value is None or not math.isfinite(value):
+        return "—"
+    return f"{value * 100:+.2f}%"
+
+
+def table(
+    headers: Sequence[str], rows: Sequence[Sequence[Any]], left: int = 1, limit: int = MAX_ROWS
+) -> str:
+    """An HTML table; the first `left` columns align left; rows past `limit` are counted."""
+    cls = [' class="l"' if i < left else "" for i in range(len(headers))]
+    head = "".join(f"<th{c}>{esc(h)}</th>" for c, h in zip(cls, headers, strict=True))
+    body = []
+    for row in rows[:limit]:
+        cells = "".join(f"<td{c}>{v}</td>" for c, v in zip(cls, row, strict=True))
+        body.append(f"<tr>{cells}</tr>")
+    more = (
+        f'<p class="na">{len(rows) - limit} more rows not shown (see report.json).</p>'
+        if len(rows) > limit
+        else ""
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>{more}"
+
+
+def figure(svg: str, caption: str = "") -> str:
+    """An inline SVG figure with an optional caption."""
+    cap = f"<figcaption>{esc(caption)}</figcaption>" if caption else ""
+    return f'<figure class="plot">{svg}{cap}</figure>'
+
+
+def unavailable(what: str = "") -> str:
+    """The placeholder of a section or part the document has no data for."""
+    text = f"{what}: {NOT_AVAILABLE}" if what else NOT_AVAILABLE.capitalize()
+    return f'<p class="na">{esc(text)}.</p>'
+
+
+# ------------------------------------------------------------------ document access
+
+
+def _get(document: Mapping[str, Any] | None, *keys: str) -> Any:
+    """Nested lookup that returns None where any level is absent or null."""
+    value: Any = document
+    for key in keys:
+        if not isinstance(value, Mapping) or value.get(key) is None:
+            return None
+        value = value[key]
+    return value
+
+
+def _simulation(report: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The simulation document of the report, whichever key it was filed under."""
+    sim = report.get("simulation")
+    return sim if isinstance(sim, Mapping) else None
+
+
+def _comparison(report: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    sim = _simulation(report)
+    if sim is None:
+        return None
+    if sim.get("kind") == "comparison":
+        return sim
+    return _get(sim, "comparison")
+
+
+# ------------------------------------------------------------------ sections
+
+
+def summary_section(report: Mapping[str, Any]) -> str:
+    """Job summary: framework, ranks, steps, ops, transfers, bytes."""
+    inspect = report.get("inspect") or {}
+    ranks = inspect.get("ranks") or []
+    steps = max((len(r.get("iterations") or []) for r in ranks), default=0)
+    cards = [
+        ("framework", esc(inspect.get("framework", "—"))),
+        ("ranks", str(len(ranks))),
+        ("steps traced", str(steps)),
+        ("ops", f"{sum(r.get('ops', 0) for r in ranks):,}"),
+        ("transfers", f"{sum(len(r.get('transfers') or []) for r in ranks):,}"),
+        ("transfer bytes", nbytes(sum(r.get("transfer_bytes", 0) for r in ranks))),
+    ]
+    metrics = report.get("metrics")
+    if metrics and metrics.get("ranks"):
+        mean_e = [r["efficiency_mean"] for r in metrics["ranks"]]
+        cards.append(("mean efficiency E", number(sum(mean_e) / len(mean_e))))
+        cards.append(
+            (
+                "mean iteration",
+                seconds(median(r["makespan_mean"] for r in metrics["ranks"])),
+            )
+        )
+    comparison = _comparison(report)
+    if comparison and comparison.get("ranks"):
+        best = {r["best_plan"] for r in comparison["ranks"]}
+        cards.append(("best plan", esc(", ".join(sorted(best)))))
+    html_cards = "".join(
+        f'<div class="card"><b>{v}</b><span>{esc(k)}</span></div>' for k, v in cards
+    )
+    rows = [
+        [
+            esc(r["rank"]),
+            str(len(r.get("resources") or [])),
+            f"{r.get('ops', 0):,}",
+            ", ".join(f"{esc(k)} {v}" for k, v in (r.get("ops_by_kind") or {}).items()),
+            str(len(r.get("transfers") or [])),
+            nbytes(r.get("transfer_bytes")),
+            esc(", ".join(str(i) for i in r.get("iterations") or [])),
+        ]
+        for r in ranks
+    ]
+    per_rank = table(
+        ["rank", "resources", "ops", "by kind", "transfers", "bytes", "steps"], rows, left=1
+    )
+    sources = inspect.get("sources") or []
+    notes = inspect.get("notes") or []
+    extra = ""
+    if sources:
+        extra += f"<details><summary>{len(sources)} input files</summary><ul>"
+        extra += "".join(f"<li><code>{esc(s)}</code></li>" for s in sources) + "</ul></details>"
+    if notes:
+        extra += f"<details><summary>{len(notes)} notes from ingest</summary><ul>"
+        extra += "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul></details>"
+    return f'<div class="cards">{html_cards}</div>{per_rank}{extra}'
+
+
+def steps_section(report: Mapping[str, Any]) -> str:
+    """Per-step iteration time with its compute / communication / overlap breakdown."""
+    metrics = report.get("metrics")
+    if not metrics:
+        return unavailable("Iteration times (the input has no timings)")
+    allreduce = _get(metrics, "allreduce", "steps")
+    if allreduce:
+        rows = [
+            [
+                esc(s["rank"]),
+                str(s["iteration"]),
+                seconds(s["iteration_time"]),
+                seconds(s["compute"]),
+                seconds(s["network"]),
+                number(s.get("alpha")),
+                number(s.get("rho")),
+                number(s.get("utilization")),
+                seconds(s.get("idle")),
+            ]
+            for s in allreduce
+        ]
+        return figure(
+            plots.step_breakdown(allreduce),
+            "Compute C, communication N and their overlap alpha·min(C, N) (Caramel §3.1).",
+        ) + table(
+            ["rank", "step", "iteration T", "compute C", "network N", "alpha", "rho",
+             "utilization", "idle"],
+            rows,
+            left=1,
+        )  # fmt: skip
+    steps = metrics.get("steps") or []
+    rows = [
+        [
+            esc(s["rank"]),
+            str(s["iteration"]),
+            seconds(s["makespan"]),
+            seconds(s["busy_makespan"]),
+            seconds(s["idle"]),
+            seconds(s["lmin"]),
+            seconds(s["umax"]),
+        ]
+        for s in steps
+    ]
+    return (
+        figure(plots.step_times(steps), "Busy makespan m, idle time, and the bounds Lmin, Umax.")
+        + unavailable("Compute / communication / overlap split (needs all-reduce collectives)")
+        + table(["rank", "step", "span", "busy m", "idle", "Lmin", "Umax"], rows, left=1)
+    )
+
+
+def efficiency_section(report: Mapping[str, Any]) -> str:
+    """Scheduling efficiency E per step and rank, and the per-rank summary."""
+    metrics = report.get("metrics")
+    if not metrics or not metrics.get("steps"):
+        return unavailable("Efficiency (the input has no timings)")
+    steps = metrics["steps"]
+    gate = _get(metrics, "gate", "min_efficiency")
+    failed = {(f["rank"], f["iteration"]) for f in _get(metrics, "gate", "failed") or []}
+    rows = []
+    for s in steps:
+        e = number(s["efficiency"])
+        if (s["rank"], s["iteration"]) in failed:
+            e = f'<span class="bad">{e}</span>'
+        rows.append(
+            [esc(s["rank"]), str(s["iteration"]), e, number(s["speedup_bound"]),
+             seconds(s["busy_makespan"])]
+        )  # fmt: skip
+    ranks = [
+        [
+            esc(r["rank"]),
+            number(r.get("efficiency_mean")),
+            number(r.get("efficiency_min")),
+            number(r.get("speedup_bound_mean")),
+            number(r.get("oracle_speedup_bound")),
+            str(r.get("distinct_transfer_orders", "—")),
+        ]
+        for r in metrics.get("ranks") or []
+    ]
+    return (
+        figure(
+            plots.efficiency(steps, gate),
+            "E = (Umax − m) / (Umax − Lmin): 1 = as good as the bounds allow (TicTac §3.2).",
+        )
+        + table(["rank", "step", "efficiency E", "speedup bound S", "busy m"], rows)
+        + "<h3>Per rank</h3>"
+        + table(
+            ["rank", "mean E", "min E", "mean S", "oracle S", "distinct transfer orders"], ranks
+        )
+    )
+
+
+def _best_other(entry: Mapping[str, Any]) -> str | None:
+    """The best plan of a comparison entry (its own pick; observed when best is baseline)."""
+    best = entry.get("best_plan")
+    return str(best) if best else None
+
+
+def timeline_section(report: Mapping[str, Any]) -> str:
+    """Gantt charts of the traced step and of the best plan, one row per resource."""
+    sim = _simulation(report)
+    schedules = _get(sim, "timelines") if sim else None
+    if not schedules:
+        return unavailable("Timelines (run with the simulator's timelines)")
+    comparison = _comparison(report) or {}
+    best = {e["rank"]: _best_other(e) for e in comparison.get("ranks") or []}
+    by_rank: dict[str, dict[str, Mapping[str, Any]]] = {}
+    for schedule in schedules:
+        by_rank.setdefault(schedule["rank"], {})[schedule["plan"]] = schedule
+    parts = []
+    for rank in list(by_rank)[:MAX_TIMELINE_RANKS]:
+        plans = by_rank[rank]
+        chosen = [p for p in ("measured", best.get(rank)) if p and p in plans]
+        if len(chosen) < 2:
+            chosen += [p for p in plans if p not in chosen][: 2 - len(chosen)]
+        for name in chosen:
+            schedule = plans[name]
+            if name == "measured":
+                title = f"{rank}: traced step {schedule.get('iteration', '')}"
+            else:
+                title = f"{rank}: plan {name} (predicted {seconds(schedule.get('predicted'))})"
+                if name == best.get(rank):
+                    title += ", best"
+            svg = plots.gantt(schedule["timeline"], title)
+            parts.append(f"<h3>{esc(title)}</h3>" + figure(svg))
+    if len(by_rank) > MAX_TIMELINE_RANKS:
+        parts.append(
+            f'<p class="na">{len(by_rank) - MAX_TIMELINE_RANKS} more ranks: see the Chrome '
+            "trace written by <code>planner simulate --timeline</code>.</p>"
+        )
+    return "".join(parts)
+
+
+def _observed_window_rows(report: Mapping[str, Any]) -> tuple[str, int, list[dict[str, Any]]]:
+    transfers = _get(report, "metrics", "allreduce", "transfers") or []
+    if not transfers:
+        return "", 0, []
+    rank = transfers[0]["rank"]
+    iterations = sorted({t["iteration"] for t in transfers if t["rank"] == rank})
+    iteration = iterations[(len(iterations) - 1) // 2]
+    rows = [
+        {
+            "param": t.get("param") or t["name"],
+            "ready": t["ready"],
+            "window_end": t.get("window_end"),
+            "start": t["start"],
+            "duration": t["duration"],
+            "slack": t.get("slack"),
+        }
+        for t in transfers
+        if t["rank"] == rank and t["iteration"] == iteration
+    ]
+    return rank, iteration, rows
+
+
+def windows_section(report: Mapping[str, Any]) -> str:
+    """Transfer windows per parameter as traced, and as Caramel plans them."""
+    parts = []
+    rank, iteration, rows = _observed_window_rows(report)
+    if rows:
+        title = f"{rank} step {iteration}: traced windows"
+        parts.append(f"<h3>Before: {esc(title)}</h3>")
+        parts.append(figure(plots.transfer_windows(rows, title)))
+        parts.append(
+            table(
+                ["parameter", "ready", "start", "transfer", "window end", "slack"],
+                [
+                    [
+                        esc(r["param"]),
+                        seconds(r["ready"]),
+                        seconds(r["start"]),
+                        seconds(r["duration"]),
+                        seconds(r["window_end"]),
+                        seconds(r["slack"]),
+                    ]
+                    for r in rows
+                ],
+            )  # fmt: skip
+        )
+    else:
+        parts.append(unavailable("Traced transfer windows (need all-reduce collectives)"))
+    caramel = _get(report, "plans", "caramel", "ranks")
+    if caramel:
+        entry = next((r for r in caramel if r["rank"] == rank), caramel[0])
+        planned = [
+            {
+                "param": t.get("param") or t["name"],
+                "ready": t["ready"],
+                "start": t["start"],
+                "duration": t["end"] - t["start"],
+                "window_end": None,
+                "before": t["ready"] + t["start_boundary_gain"]
+                if t.get("start_boundary_gain") is not None
+                else None,
+            }
+            for t in entry["transfers"]
+            if t.get("start") is not None and t.get("end") is not None
+        ]
+        if planned:
+            title = f"{entry['rank']}: Caramel plan"
+            parts.append(f"<h3>After: {esc(title)}</h3>")
+            parts.append(
+                figure(
+                    plots.transfer_windows(planned, title, planned=True),
+                    "Seconds from the start of the backward pass; hollow marks: when the "
+                    "parameter was ready under the baseline order.",
+                )
+            )
+            parts.append(
+                table(
+                    [
+                        "parameter",
+                        "bytes",
+                        "group",
+                        "depth",
+                        "ready",
+                        "start",
+                        "end",
+                        "start boundary gain",
+                    ],
+                    [
+                        [
+                            esc(t.get("param") or t["name"]),
+                            nbytes(t.get("nbytes")),
+                            number(t.get("group"), 0),
+                            number(t.get("depth"), 0),
+                            seconds(t.get("ready")),
+                            seconds(t.get("start")),
+                            seconds(t.get("end")),
+                            seconds(t.get("start_boundary_gain")),
+                        ]
+                        for t in entry["transfers"]
+                    ],
+                )  # fmt: skip
+            )
+        else:
+            parts.append(unavailable("Caramel's planned windows"))
+    else:
+        parts.append(unavailable("Windows after Caramel (no Caramel plan in the report)"))
+    return "".join(parts)
+
+
+def comparison_section(report: Mapping[str, Any]) -> str:
+    """Predicted iteration time of every plan beside the measured one and the replay error."""
+    comparison = _comparison(report)
+    if not comparison or not comparison.get("ranks"):
+        return unavailable("Plan comparison (run the simulator)")
+    replay = {r["rank"]: r for r in _get(_simulation(report), "replay", "ranks") or []}
+    parts = []
+    knobs = comparison.get("knobs") or {}
+    if knobs:
+        parts.append(
+            "<p>"
+            + esc(f"{comparison.get('samples', '?')} samples per plan, seed "
+                  f"{comparison.get('seed', '?')}; ")
+            + esc(", ".join(f"{k} = {v}" for k, v in knobs.items()))
+            + "</p>"
+        )  # fmt: skip
+    for entry in comparison["ranks"]:
+        rank = entry["rank"]
+        steps = (replay.get(rank) or {}).get("steps") or []
+        measured = sum(s["measured"] for s in steps) / len(steps) if steps else None
+        rows = [
+            [
+                esc(p["plan"]) + (" <b>(best)</b>" if p["plan"] == entry.get("best_plan") else ""),
+                seconds(p["predicted"]),
+                seconds(p.get("p5")),
+                seconds(p.get("p95")),
+                percent(p.get("speedup_vs_baseline")),
+                percent(p.get("speedup_vs_observed")),
+                number(p.get("efficiency")),
+                number(p.get("alpha")),
+                esc(p.get("note", "")),
+            ]
+            for p in entry["plans"]
+        ]
+        parts.append(f"<h3>{esc(rank)}</h3>")
+        parts.append(
+            f"<p>Replay error (predicted / measured − 1 of the traced steps): median "
+            f"<b>{percent(entry.get('replay_error_median'))}</b>, worst "
+            f"<b>{percent(entry.get('replay_error_max'))}</b>. Measured mean busy makespan "
+            f"{seconds(measured)}.</p>"
+        )
+        parts.append(
+            figure(plots.plan_comparison(entry["plans"], measured, f"{rank}: predicted time"))
+        )
+        parts.append(
+            table(
+                [
+                    "plan",
+                    "predicted",
+                    "p5",
+                    "p95",
+                    "vs baseline",
+                    "vs observed",
+                    "E",
+                    "alpha",
+                    "note",
+                ],
+                rows,
+            )  # fmt: skip
+        )
+    return "".join(parts)
+
+
+def replay_section(report: Mapping[str, Any]) -> str:
+    """Replay of every traced step: predicted vs measured and the signed error."""
+    ranks = _get(_simulation(report), "replay", "ranks") if _simulation(report) else None
+    if not ranks:
+        return unavailable("Replay (run the simulator)")
+    rows = [
+        [esc(r["rank"]), str(s["iteration"]), seconds(s["measured"]), seconds(s["predicted"]),
+         percent(s.get("replay_error")), seconds(s.get("idle"))]
+        for r in ranks
+        for s in r.get("steps") or []
+    ]  # fmt: skip
+    return table(["rank", "step", "measured m", "replayed", "replay error", "idle"], rows)
+
+
+def stragglers_section(report: Mapping[str, Any]) -> str:
+    """Straggler time per step across ranks (all-reduce jobs)."""
+    rows = _get(report, "metrics", "allreduce", "stragglers")
+    if not rows:
+        return unavailable("Stragglers (need all-reduce collectives on several ranks)")
+    return table(
+        ["step", "straggler time", "slowest rank", "fastest rank"],
+        [
+            [str(s["iteration"]), seconds(s["straggler_time"]), esc(s.get("slowest_rank", "")),
+             esc(s.get("fastest_rank", ""))]
+            for s in rows
+        ],
+    )  # fmt: skip
+
+
+def plans_section(report: Mapping[str, Any]) -> str:
+    """The transfer order of each plan and rank (first rows)."""
+    plans = report.get("plans") or {}
+    parts = []
+    for name, document in plans.items():
+        for entry in document.get("ranks") or []:
+            transfers = entry.get("transfers") or []
+            if not transfers:
+                parts.append(
+                    f'<p class="na">{esc(name)} / {esc(entry["rank"])}: no transfers to order '
+                    "(this plan orders point-to-point transfers only).</p>"
+                    if name in ("tic", "tac")
+                    else f'<p class="na">{esc(name)} / {esc(entry["rank"])}: no transfers.</p>'
+                )
+                continue
+            rows = [
+                [str(t["order_index"]), esc(t["name"]), esc(t.get("param") or ""),
+                 esc(t.get("resource", "")), nbytes(t.get("nbytes")), str(t["priority"])]
+                for t in transfers
+            ]  # fmt: skip
+            parts.append(
+                f"<details><summary>{esc(name.upper())} — {esc(entry['rank'])}: "
+                f"{len(transfers)} transfers</summary>"
+                + table(["order", "transfer", "parameter", "resource", "bytes", "priority"], rows)
+                + "</details>"
+            )
+    return "".join(parts) or unavailable("Plans")
+
+
+def files_section(files: Sequence[str]) -> str:
+    """The files written beside the report."""
+    if not files:
+        return unavailable("Files")
+    return "<ul>" + "".join(f"<li><code>{esc(f)}</code></li>" for f in files) + "</ul>"
+
+
+SECTIONS: tuple[tuple[str, str, Callable[[Mapping[str, Any]], str]], ...] = (
+    ("summary", "Job summary", summary_section),
+    ("steps", "Iteration time per step", steps_section),
+    ("efficiency", "Scheduling efficiency per step and rank", efficiency_section),
+    ("timeline", "Timeline: traced step and best plan", timeline_section),
+    ("windows", "Transfer windows per parameter", windows_section),
+    ("comparison", "Plan comparison", comparison_section),
+    ("replay", "Replay of the traced steps", replay_section),
+    ("stragglers", "Stragglers", stragglers_section),
+    ("plans", "Transfer orders", plans_section),
+)
+
+
+def _section(key: str, title: str, body: str) -> str:
+    return f'<section id="{esc(key)}"><h2>{esc(title)}</h2>{body}</section>'
+
+
+def render_html(
+    report: Mapping[str, Any], files: Sequence[str] = (), title: str = "planner report"
+) -> str:
+    """The whole page for `report` (a ``planner.report/1`` document).
+
+    `files`: names of the files written beside it, listed at the end. A section whose
+    data is malformed says so on the page instead of failing the whole report.
+    """
+    schema = report.get("schema", "")
+    if not str(schema).startswith("planner.report/"):
+        raise ValueError(f"not a planner report document (schema {schema!r})")
+    body = []
+    for key, heading, build in SECTIONS:
+        try:
+            content = build(report)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            content = f'<p class="bad">This section could not be drawn: {esc(repr(exc))}.</p>'
+        body.append(_section(key, heading, content))
+    body.append(_section("files", "Files written", files_section(files)))
+    nav = "".join(f'<a href="#{k}">{esc(t.split(":")[0])}</a>' for k, t, _ in SECTIONS)
+    framework = _get(report, "inspect", "framework") or ""
+    version = report.get("planner_version", __version__)
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
+        "style-src 'unsafe-inline'; img-src data:\">"
+        f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>"
+        f"<header><h1>{esc(title)}</h1><p>{esc(framework)} job · {esc(schema)} · planner "
+        f"{esc(version)}</p><nav>{nav}</nav></header>"
+        f"<main>{''.join(body)}</main></body></html>\n"
+    )

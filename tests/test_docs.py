@@ -1,0 +1,120 @@
+"""Every `planner ...` line in a ```bash block of the docs runs and succeeds.
+
+The lines of one page run in order in one scratch directory laid out like the repo
+(``traces/`` and ``../shared`` reachable), so a page can write ``out/`` and read it back.
+A line whose input path does not exist here is skipped; a line ending in ``# exit 1``
+must exit 1 (a failed gate), one ending in ``# needs torch`` runs only where torch is.
+Globs expand as a shell would.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import shlex
+from pathlib import Path
+
+import click
+import pytest
+
+from tests.conftest import REPO, run_cli
+
+PAGES = sorted([REPO / "README.md", *(REPO / "docs").rglob("*.md")])
+SHELL_ONLY = {"|", ">", "<", "&&", ";"}
+
+
+def commands(page: Path) -> list[tuple[str, int]]:
+    """(command line, expected exit status) for each `planner` line of the page's bash blocks."""
+    out: list[tuple[str, int]] = []
+    inside = False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            inside = stripped == "```bash" if not inside else False
+            continue
+        if inside and stripped.startswith("planner "):
+            command, _, comment = stripped.partition("#")
+            note = comment.strip()
+            if note == "needs torch" and importlib.util.find_spec("torch") is None:
+                continue
+            out.append((command.strip(), 1 if note == "exit 1" else 0))
+    return out
+
+
+def _options(name: str) -> dict[str, click.Option]:
+    """The options of a `planner` subcommand by every spelling."""
+    from planner_cli.main import cli
+
+    command = cli.commands.get(name)
+    assert command is not None, f"no command {name!r}"
+    return {
+        opt: p
+        for p in command.params
+        if isinstance(p, click.Option)
+        for opt in p.opts + p.secondary_opts
+    }
+
+
+def inputs(args: list[str]) -> list[str]:
+    """The input paths of a command line: positional arguments and the values of options
+    that must name an existing file. An option the command does not have fails the test."""
+    options = _options(args[0])
+    out: list[str] = []
+    pending: click.Option | None = None
+    for arg in args[1:]:
+        if pending is not None:
+            if isinstance(pending.type, click.Path) and pending.type.exists:
+                out.append(arg)
+            pending = None
+            continue
+        if arg.startswith("-") and arg != "-":
+            name = arg.split("=", 1)[0]
+            assert name in options or name in ("-h", "--help"), f"unknown option {name}"
+            option = options.get(name)
+            if option is not None and not option.is_flag and "=" not in arg:
+                pending = option
+            continue
+        out.append(arg)
+    return out
+
+
+def expand(args: list[str]) -> list[str]:
+    out = []
+    for arg in args:
+        matches = sorted(glob.glob(arg)) if any(c in arg for c in "*?[") else []
+        out.extend(matches or [arg])
+    return out
+
+
+def test_docs_have_examples() -> None:
+    pages = {p.name for p in PAGES if commands(p)}
+    assert {"getting-started.md", "ci.md", "report.md", "analyze.md", "metrics.md"} <= pages
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO)) for p in PAGES])
+def test_examples_run(
+    page: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    lines = commands(page)
+    if not lines:
+        pytest.skip("no planner examples")
+    work = tmp_path / "main"
+    work.mkdir()
+    (work / "traces").symlink_to(REPO / "traces")
+    (tmp_path / "shared").symlink_to(REPO.parent / "shared")
+    monkeypatch.chdir(work)
+    ran = 0
+    for line, code in lines:
+        args = shlex.split(line)[1:]
+        assert not SHELL_ONLY & set(args), f"{page.name}: not a plain command: {line}"
+        args = expand(args)
+        if any(not Path(p).exists() for p in inputs(args)):
+            continue
+        status, _, err = run_cli(args, capsys)
+        assert status == code, f"{page.name}: `{line}` exited {status}: {err[-500:]}"
+        ran += 1
+    if not ran:
+        pytest.skip("no example has its input here")

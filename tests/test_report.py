@@ -1,0 +1,142 @@
+"""HTML report on real TF and PyTorch traces, and the CI outputs (JUnit XML, Markdown)."""
+
+from __future__ import annotations
+
+import json
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from planner import analysis
+from planner import simulate as sim
+from planner.ingest import detect
+from planner.report import Thresholds, failures, junit_xml, markdown_summary, render_html
+from planner.report.ci import unchecked
+from planner.report.html import NOT_AVAILABLE
+from tests.conftest import DEMO, SHARED, need, run_cli
+
+TORCH = SHARED / "generated" / "torch" / "resnet_ddp"
+TF_CNN = SHARED / "generated" / "tf" / "cnn_ps_ingraph"
+
+
+@pytest.fixture(scope="module")
+def torch_report() -> dict[str, Any]:
+    return analysis.analyze(detect.load([need(TORCH)]))
+
+
+@pytest.fixture(scope="module")
+def demo_job():  # noqa: ANN201
+    return detect.load([DEMO])
+
+
+def _sections(page: str) -> dict[str, str]:
+    return dict(re.findall(r'<section id="([a-z]+)">(.*?)</section>', page, flags=re.S))
+
+
+def test_report_command_on_tf(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(["analyze", need(TF_CNN), "-o", tmp_path], capsys)
+    assert code == 0, err
+    code, _, err = run_cli(["report", tmp_path], capsys)
+    assert code == 0, err
+    page = (tmp_path / "report.html").read_text()
+    # self-contained: nothing to fetch (SVG namespace URIs are names, not loads)
+    assert "<script" not in page and "<link" not in page and "@import" not in page
+    assert not re.search(r'(src|href)="(https?:)?//', page)
+    sections = _sections(page)
+    assert "tensorflow" in sections["summary"] and "worker1" in sections["summary"]
+    assert sections["efficiency"].count("<svg") == 1 and "worker0" in sections["efficiency"]
+    # a PS job has no all-reduce windows: said, not failed; timelines: traced + best plan
+    assert NOT_AVAILABLE in sections["windows"]
+    assert sections["timeline"].count("<svg") == 4 and "worker1: traced step" in page
+    assert "Replay error" in sections["comparison"]
+    assert "could not be drawn" not in page
+    assert "priorities_tac.json" in sections["files"] and "worker1.tac.txt" in sections["files"]
+    assert not list(tmp_path.glob(".report.html*")), "temp file left behind"
+
+
+def test_report_on_pytorch_with_simulation(torch_report: dict[str, Any]) -> None:
+    job = detect.load([need(TORCH)])
+    report = dict(torch_report)
+    report["simulation"] = sim.simulation(job, {}, samples=3, timelines=True)
+    page = render_html(report, files=["report.json"])
+    sections = _sections(page)
+    assert "could not be drawn" not in page
+    assert "pytorch" in sections["summary"]
+    assert "compute C" in sections["steps"] and sections["steps"].count("<svg") == 1
+    # the traced step and the best plan of each of the two ranks
+    assert sections["timeline"].count("<svg") == 4
+    assert "rank1: traced step" in sections["timeline"]
+    assert "Replay error" in sections["comparison"] and "baseline" in sections["comparison"]
+    assert "bucket" in sections["windows"] and "Before:" in sections["windows"]
+    assert "Caramel plan" in sections["windows"] or NOT_AVAILABLE in sections["windows"]
+    assert "rank0" in sections["stragglers"]
+
+
+def test_report_degrades_without_metrics() -> None:
+    job = detect.load([DEMO])
+    report = analysis.analyze(job)
+    report["metrics"] = None
+    report["simulation"] = None
+    page = render_html(report)
+    sections = _sections(page)
+    for key in ("steps", "efficiency", "timeline", "comparison", "replay", "stragglers"):
+        assert NOT_AVAILABLE in sections[key], key
+    with pytest.raises(ValueError):
+        render_html({"schema": "planner.metrics/1"})
+
+
+def test_report_rejects_a_dir_without_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run_cli(["report", tmp_path], capsys)
+    assert code == 2 and "report.json" in err
+    (tmp_path / "report.json").write_text(json.dumps({"schema": "planner.metrics/1"}))
+    code, _, err = run_cli(["report", tmp_path], capsys)
+    assert code == 2 and "not a planner report" in err
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_junit_on_allreduce_metrics(torch_report: dict[str, Any]) -> None:
+    metrics = torch_report["metrics"]
+    steps = metrics["steps"]
+    worst = min(s["efficiency"] for s in steps)
+    gate = Thresholds(min_efficiency=worst + 1e-9, min_utilization=0.0)
+    root = ET.fromstring(junit_xml(metrics, gate))
+    cases = root.findall("./testsuite/testcase")
+    assert len(cases) == len(steps) == int(root.get("tests"))
+    failing = [c for c in cases if c.find("failure") is not None]
+    assert len(failing) == 1 == int(root.get("failures"))
+    assert "efficiency" in failing[0].find("failure").get("message")
+    assert {c.get("classname") for c in cases} == {"planner.metrics.rank0", "planner.metrics.rank1"}
+    props = {p.get("name"): p.get("value") for p in root.iter("property")}
+    assert props["min_utilization"] == "0"
+
+    # stragglers: only the slowest rank of a step over the limit fails
+    stragglers = metrics["allreduce"]["stragglers"]
+    worst_step = max(stragglers, key=lambda s: s["straggler_time"])
+    failed = failures(metrics, Thresholds(max_straggler=worst_step["straggler_time"] - 1e-9))
+    assert [(f.rank, f.iteration, f.metric) for f in failed] == [
+        (worst_step["slowest_rank"], worst_step["iteration"], "straggler_time")
+    ]
+    assert failures(metrics, Thresholds(min_efficiency=0.0, max_straggler=1e9)) == []
+
+
+def test_ci_outputs_on_ps_metrics(demo_job) -> None:  # noqa: ANN001
+    metrics = analysis.metrics(demo_job)
+    gate = Thresholds(min_efficiency=0.99, min_utilization=0.5)
+    assert unchecked(metrics, gate) == ["min_utilization"]
+    markdown = markdown_summary(metrics, gate)
+    assert markdown.startswith("### planner metrics: FAIL")
+    rows = [line for line in markdown.splitlines() if line.startswith("| worker0 |")]
+    assert len(rows) == len(metrics["steps"]) + 1  # steps, then the per-rank summary
+    assert all("fail: efficiency" in r for r in rows[:-1])
+    assert "`min-utilization`: not available" in markdown
+    passing = markdown_summary(metrics, Thresholds(min_efficiency=0.0))
+    assert passing.startswith("### planner metrics: PASS") and "| fail:" not in passing
+    assert "0 failing" in passing
+    root = ET.fromstring(junit_xml(metrics, gate))
+    assert int(root.get("failures")) == len(metrics["steps"])
+    assert "min_utilization: not available" in root.find(".//system-out").text
