@@ -18,7 +18,9 @@ _state: dict[str, Console] = {}
 
 
 def configure(no_color: bool) -> None:
-    _state["out"] = Console(no_color=no_color, highlight=False, soft_wrap=False)
+    """Consoles for stdout and stderr; piped output gets wide tables, not 80 columns."""
+    width = None if sys.stdout.isatty() else 160
+    _state["out"] = Console(no_color=no_color, highlight=False, soft_wrap=False, width=width)
     _state["err"] = Console(stderr=True, no_color=no_color, highlight=False)
 
 

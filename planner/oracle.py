@@ -74,11 +74,25 @@ def fit_network_model(nbytes: np.ndarray, seconds: np.ndarray) -> NetworkModel |
 def min_of_runs(graph: OpGraph, timings: pd.DataFrame) -> TimeOracle:
     """The oracle of one rank: per-op minimum of `dedicated` ns over iterations.
 
-    `timings` holds the rank's rows with a `dedicated` column (see
-    `planner.trace.with_dedicated`).
+    The schedulers' oracle (TicTac §5: the minimum of the runs). `timings` holds the
+    rank's rows with a `dedicated` column (see `planner.trace.with_dedicated`).
     """
+    return of_runs(graph, timings, "min")
+
+
+def median_of_runs(graph: OpGraph, timings: pd.DataFrame) -> TimeOracle:
+    """Per-op median over iterations: the oracle that predicts an iteration's time.
+
+    The sum of per-op minima is far below any traced iteration (each op's luckiest run
+    is a different one), so predictions of absolute time use the median.
+    """
+    return of_runs(graph, timings, "median")
+
+
+def of_runs(graph: OpGraph, timings: pd.DataFrame, statistic: str) -> TimeOracle:
+    """Per-op `statistic` ("min" or "median") of the dedicated times over iterations."""
     grouped = timings.groupby("op")["dedicated"]
-    minimum = (grouped.min() / 1e9).to_dict()
+    minimum = (grouped.agg(statistic) / 1e9).to_dict()
     count = grouped.size().to_dict()
     transfers = [n for n in graph.transfers if n in minimum and graph.ops[n].nbytes > 0]
     network = fit_network_model(

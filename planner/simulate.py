@@ -39,7 +39,7 @@ from planner import _simkernel
 from planner.errors import InputError
 from planner.graph import OpGraph
 from planner.metrics import caramel_figures, efficiency
-from planner.oracle import TimeOracle, min_of_runs
+from planner.oracle import TimeOracle, median_of_runs, min_of_runs
 from planner.plan import Plan
 from planner.trace import Job, busy_time, with_dedicated
 
@@ -557,7 +557,7 @@ def compare(
     vs the baseline mean and vs observed, efficiency E (TicTac §3.2) and Caramel's
     overlap alpha (of the median sample). `timelines` adds that sample's schedule per
     plan (see `planner.export.chrome_trace`). `knobs`: see `KNOBS`. `oracles` and
-    `frame` (`with_dedicated` timings) default to the min-of-runs ones of the trace.
+    `frame` (`with_dedicated` timings) default to the median-of-runs oracle of the trace.
     """
     plans = plans or {}
     for name in plans:
@@ -570,7 +570,7 @@ def compare(
         graph = job.graphs[rank]
         compiled = compile_graph(graph)
         rows = frame[frame["rank"] == rank]
-        oracle = oracles[rank] if oracles is not None else min_of_runs(graph, rows)
+        oracle = oracles[rank] if oracles is not None else median_of_runs(graph, rows)
         steps = _replay_rank(compiled, rows, oracle, seed)
         of_rank = {name: p[rank] for name, p in plans.items() if rank in p}
         seconds = op_seconds(
@@ -743,7 +743,8 @@ def simulation(
     """
     frame = _frame(job)
     oracles = {
-        rank: min_of_runs(graph, frame[frame["rank"] == rank]) for rank, graph in job.graphs.items()
+        rank: median_of_runs(graph, frame[frame["rank"] == rank])
+        for rank, graph in job.graphs.items()
     }
     comparison = compare(
         job, plans, samples=samples, seed=seed, timelines=timelines, oracles=oracles,
