@@ -10,7 +10,6 @@ import click
 from rich.table import Table
 
 from planner import verify as verify_lib
-from planner.enforce.plan_file import load_control_edges
 from planner.enforce.tf_graph import rewrite_file
 from planner.export.files import write_atomic
 from planner_cli import render
@@ -31,9 +30,11 @@ _file = click.Path(exists=True, dir_okay=False, path_type=Path)
 def export_command(
     graphdef: Path, plan: Path, output: Path, rank: str | None, drop_cyclic: bool, as_json: bool
 ) -> None:
-    """Add a plan's control edges to a GraphDef as ^name inputs (same nodes, acyclic)."""
-    edges = load_control_edges(plan, rank)
-    data, rewrite = rewrite_file(graphdef, edges, str(plan), drop_cyclic)
+    """Add a plan's control edges to a GraphDef as ^name inputs (same nodes, acyclic).
+
+    An ordered plan becomes, per rank, the chain of the PS-side reads that feed that
+    rank's transfers, so the PS sends them in plan order."""
+    data, rewrite = rewrite_file(graphdef, plan, rank, drop_cyclic)
     write_atomic(output, data)
     document = {**rewrite.as_dict(), "graphdef": str(graphdef), "plan": str(plan),
                 "output": str(output)}  # fmt: skip
