@@ -3,7 +3,9 @@
 A client GraphDef holds requested devices, not partitions. Each worker task becomes a
 rank; an edge from another task into it becomes a recv op (one per source tensor), an
 edge out of it a send op, so TIC can order the transfers of a graph with no timings.
-Nodes without a device run on the client's target, taken to be the first worker.
+Nodes without a device are placed as TensorFlow's placer would: with the node they are
+colocated with, or with the variable whose handle they use; else on the client's
+target, taken to be the first worker.
 """
 
 from __future__ import annotations
@@ -63,12 +65,60 @@ def _short(exc: Exception) -> str:
     return str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
 
 
+def placement(nodes: dict[str, tfpb.NodeDef], default: str) -> dict[str, str]:
+    """The task of every node, as TensorFlow's placer would put nodes with no device.
+
+    A node colocated by `_class: loc:@x`, or one that uses a resource handle (reads
+    and updates of a variable), goes where that node or handle is; the rest go to the
+    client's target, `default`.
+    """
+    placed: dict[str, str] = {}
+
+    def task(name: str, depth: int = 0) -> str:
+        if name in placed:
+            return placed[name]
+        node = nodes[name]
+        found = task_of(node.device)
+        if not found and depth < 16:
+            colocated = [v.decode() for v in node.attr["_class"].list.s if v.startswith(b"loc:@")]
+            anchors = [c[len("loc:@") :] for c in colocated if c[len("loc:@") :] in nodes]
+            uses_handle = node.op in _RESOURCE_OPS or node.op.startswith("ResourceApply")
+            if not anchors and node.input and uses_handle:
+                anchors = [split_input(node.input[0])[0]]
+            anchors = [a for a in anchors if a in nodes]
+            found = task(anchors[0], depth + 1) if anchors else ""
+        placed[name] = found or default
+        return placed[name]
+
+    for name in nodes:
+        task(name)
+    return placed
+
+
+_RESOURCE_OPS = frozenset(
+    {
+        "ReadVariableOp",
+        "AssignVariableOp",
+        "AssignAddVariableOp",
+        "AssignSubVariableOp",
+        "VarIsInitializedOp",
+        "ResourceGather",
+        "ResourceScatterAdd",
+        "ResourceScatterUpdate",
+    }
+)
+
+
 def worker_graphs(graph: tfpb.GraphDef, path: Path) -> dict[str, OpGraph]:
     """One OpGraph per worker task of a client GraphDef (see module docstring)."""
     tasks = sorted({task_of(n.device) for n in graph.node} - {""})
     workers = [t for t in tasks if not t.startswith("ps")] or ["worker0"]
-    placed = {n.name: task_of(n.device) or workers[0] for n in graph.node}
     nodes = {n.name: n for n in graph.node}
+    placed = placement(nodes, default=workers[0])
+    for node in graph.node:
+        for raw in node.input:
+            if split_input(raw)[0] not in nodes:
+                raise InputError(path, f"node {node.name!r} reads unknown node {raw!r}")
     result: dict[str, OpGraph] = {}
     for rank in workers:
         ops: list[Op] = []
@@ -81,8 +131,6 @@ def worker_graphs(graph: tfpb.GraphDef, path: Path) -> dict[str, OpGraph]:
             ops.append(Op(node.name, "compute", resource, type=node.op))
             for raw in node.input:
                 src, kind = split_input(raw)
-                if src not in nodes:
-                    raise InputError(path, f"node {node.name!r} reads unknown node {src!r}")
                 peer = placed[src]
                 if peer == rank:
                     edges.append((src, node.name, kind))
