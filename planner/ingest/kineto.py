@@ -29,8 +29,14 @@ get their edges from the first step that has them.
 
 from __future__ import annotations
 
+import gc
+import gzip
+import itertools
 import re
-from collections.abc import Sequence
+import zlib
+from array import array
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +47,8 @@ import pandas as pd
 
 from planner.errors import InputError
 from planner.graph import GraphError, Op, OpGraph, build_graph
-from planner.ingest.files import read_bytes
+from planner.ingest import files as _files
+from planner.ingest.files import GZIP_MAGIC, MAX_DECOMPRESSED, read_bytes
 from planner.trace import SPAN_COLUMNS, TIMING_COLUMNS, Job, Trace
 
 try:  # orjson parses Kineto JSON ~2-3x faster with less peak memory than json
@@ -132,19 +139,60 @@ def read_document(path: Path) -> Any:
 
 @dataclass
 class RankEvents:
-    """The columnar events of one rank's trace (one row per complete 'X' event)."""
+    """The columnar events of one rank's trace: one row per complete ('X') event, file order.
+
+    Names and categories are codes into `names` / `cats` (distinct values), so a string
+    test runs once per distinct name, not once per event.
+    """
 
     path: Path
     rank: int | None
     world_size: int | None
     distributed: dict[str, Any]
-    frame: pd.DataFrame  # name cat pid tid ts end corr rf lane
-    args: dict[int, dict[str, Any]]  # row -> args, only for the rows that need them
+    names: list[str]  # distinct event names; name_code indexes it
+    cats: list[str]  # distinct lower-cased categories; cat_code indexes it
+    name_code: np.ndarray  # int32 per row
+    cat_code: np.ndarray  # int32 per row
+    ts: np.ndarray  # int64 ns
+    end: np.ndarray  # int64 ns (ts + max(dur, 0))
+    corr: np.ndarray  # int64 `correlation` arg, -1 without
+    rf: np.ndarray  # int64 `Record function id` arg, 0 without
+    lane: np.ndarray  # int32 (pid, tid) code, in order of first event
+    args: dict[int, Any]  # row -> args, only for the rows that need them
     lane_names: dict[int, str]
     pids: frozenset[int] = frozenset()
 
+    def __len__(self) -> int:
+        return len(self.ts)
 
-def _ns(values: list[Any]) -> np.ndarray:
+    def name_flags(self, test: Callable[[str], Any]) -> np.ndarray:
+        """Per row: bool(test(name)), evaluated once per distinct name."""
+        per_name = np.fromiter((bool(test(n)) for n in self.names), bool, len(self.names))
+        return per_name[self.name_code]
+
+    def cat_flags(self, wanted: frozenset[str] | set[str]) -> np.ndarray:
+        """Per row: the category is in `wanted`."""
+        per_cat = np.fromiter((c in wanted for c in self.cats), bool, len(self.cats))
+        return per_cat[self.cat_code]
+
+
+class _Irregular(Exception):
+    """The file leaves the layout the streaming reader handles; parse it whole instead."""
+
+
+_KEEP_ARGS = re.compile(
+    r"^(?:nccl|gloo|rccl|hccl|mpi|ucc|xccl|mccl|c10d)[:_]|record_param_comms|ProfilerStep",
+    re.IGNORECASE,
+)
+_CCL = re.compile("ccl", re.IGNORECASE)
+_NUMBER, _INT, _STR, _DICT = {int, float}, {int}, {str}, {dict}
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+STREAM_CHUNK = 1 << 18
+"""Bytes of decompressed JSON parsed at a time by the streaming reader (bounds its memory)."""
+_MAX_PENDING = 64 << 20  # an unsplittable stretch longer than this: parse the file whole
+
+
+def _ns(values: Any) -> np.ndarray:
     """Microsecond timestamps (float or int) to int64 ns without amplifying float error."""
     arr = np.asarray(values, dtype=np.float64)
     whole = np.floor(arr)
@@ -157,8 +205,269 @@ def _lane_label(raw: str) -> str:
     return re.sub(r"\s+", "_", label) or "thread"
 
 
+class _Columns:
+    """Column buffers filled block by block (regular events only; see `_Irregular`)."""
+
+    def __init__(self) -> None:
+        self.name_ids: dict[str, int] = {}
+        self.names: list[str] = []
+        self.keep_name: list[bool] = []  # args kept whatever the category
+        self.ccl_name: list[bool] = []  # args kept for GPU categories
+        self.cat_ids: dict[Any, int] = {}
+        self.cats: list[str] = []
+        self.gpu_cat: list[bool] = []
+        self.lane_ids: dict[tuple[Any, Any], int] = {}  # (pid, tid) -> pair code
+        self.pair_lane: list[int] = []  # pair code -> lane code
+        self.lane_keys: dict[str, int] = {}
+        self.lane_first: list[tuple[int, Any, Any, Any]] = []  # row, pid, tid, args of 1st
+        self.name_code = array("i")
+        self.cat_code = array("i")
+        self.lane = array("i")
+        self.ts = array("d")
+        self.dur = array("d")
+        self.corr = array("q")
+        self.rf = array("q")
+        self.args: dict[int, Any] = {}
+        self.meta_names: dict[tuple[Any, Any], str] = {}
+
+    def add(self, events: list[Any]) -> None:
+        """Append the complete events of `events` (raises `_Irregular` on anything odd).
+
+        One list comprehension per field, type checks per column and codes through
+        dicts keep the per-event work in C loops.
+        """
+        try:
+            phs = [e.get("ph") for e in events]
+        except AttributeError:  # not an event object
+            raise _Irregular from None
+        for e, ph in zip(events, phs, strict=True):
+            if ph == "M" and e.get("name") == "thread_name":
+                key = (e.get("pid"), e.get("tid"))
+                if key not in self.meta_names:
+                    meta = e.get("args") or {}
+                    if meta.__class__ is not dict:
+                        raise _Irregular
+                    self.meta_names[key] = str(meta.get("name", ""))
+        xs = [
+            e for e, ph in zip(events, phs, strict=True) if ph == "X" and "dur" in e and "ts" in e
+        ]
+        if not xs:
+            return
+        row0 = len(self.ts)
+        names = [e.get("name", "") for e in xs]
+        cats = [e.get("cat", "") for e in xs]
+        ts = [e["ts"] for e in xs]
+        dur = [e["dur"] for e in xs]
+        args = [e.get("args") or {} for e in xs]
+        if not (
+            set(map(type, ts)) <= _NUMBER
+            and set(map(type, dur)) <= _NUMBER
+            and set(map(type, names)) <= _STR
+            and set(map(type, cats)) <= _STR
+            and set(map(type, args)) <= _DICT
+        ):
+            raise _Irregular
+        corr = [a.get("correlation", -1) for a in args]
+        rf = [a.get("Record function id", 0) for a in args]
+        if not (set(map(type, corr)) <= _INT and set(map(type, rf)) <= _INT):
+            raise _Irregular
+        try:
+            keys = list(zip([e.get("pid") for e in xs], [e.get("tid") for e in xs], strict=True))
+            pairs = self.lane_ids
+            known = len(pairs)
+            pair_code = [pairs.setdefault(k, len(pairs)) for k in keys]
+            for new in range(known, len(pairs)):  # a new (pid, tid): its lane, maybe new
+                first = pair_code.index(new)
+                self._new_lane(keys[first], row0 + first, args[first])
+            self.corr.extend(corr)
+            self.rf.extend(rf)
+        except (TypeError, OverflowError):  # unhashable or out-of-range values
+            raise _Irregular from None
+        ids = self.name_ids
+        known = len(ids)
+        name_code = np.array([ids.setdefault(n, len(ids)) for n in names], dtype=np.int32)
+        for name in itertools.islice(ids, known, None):
+            self.names.append(name)
+            self.keep_name.append(_KEEP_ARGS.search(name) is not None)
+            self.ccl_name.append(_CCL.search(name) is not None)
+        cat_ids = self.cat_ids
+        known = len(cat_ids)
+        cat_code = np.array([cat_ids.setdefault(c, len(cat_ids)) for c in cats], dtype=np.int32)
+        for cat in itertools.islice(cat_ids, known, None):
+            self.cats.append(cat.lower())
+            self.gpu_cat.append(cat.lower() in GPU_CATS)
+        keep = np.array(self.keep_name)[name_code] | (
+            np.array(self.ccl_name)[name_code] & np.array(self.gpu_cat)[cat_code]
+        )
+        for i in np.flatnonzero(keep).tolist():
+            self.args[row0 + i] = args[i]
+        self.name_code.extend(name_code.tolist())
+        self.cat_code.extend(cat_code.tolist())
+        self.lane.extend(np.array(self.pair_lane, dtype=np.int32)[pair_code].tolist())
+        self.ts.extend(ts)
+        self.dur.extend(dur)
+
+    def _new_lane(self, pair: tuple[Any, Any], row: int, args: dict[str, Any]) -> None:
+        pid, tid = pair
+        key = f"{pid}|{tid}"  # lanes are told apart by their text, as the generic reader does
+        code = self.lane_keys.get(key)
+        if code is None:
+            code = self.lane_keys[key] = len(self.lane_first)
+            self.lane_first.append((row, pid, tid, args))
+        self.pair_lane.append(code)
+
+    def finish(self, path: Path, doc: dict[str, Any]) -> RankEvents:
+        """The RankEvents of the collected columns, `doc` holding the top-level keys."""
+        if not self.ts:
+            raise InputError(path, "Kineto trace has no complete ('X') events")
+        # categories differing only in case share one code, as in the generic reader
+        cats = list(dict.fromkeys(self.cats))
+        remap = np.array([cats.index(c) for c in self.cats], dtype=np.int32)
+        cat_code = remap[np.frombuffer(self.cat_code, dtype=np.int32)]
+        ts = _ns(np.frombuffer(self.ts, dtype=np.float64))
+        dur = _ns(np.frombuffer(self.dur, dtype=np.float64))
+        lane_names: dict[int, str] = {}
+        for lane, (row, pid, tid, a) in enumerate(self.lane_first):
+            if cats[cat_code[row]] in GPU_CATS:
+                lane_names[lane] = f"gpu{a.get('device', pid)}/stream{a.get('stream', tid)}"
+            else:
+                lane_names[lane] = _lane_label(self.meta_names.get((pid, tid), f"thread {tid}"))
+        pids = frozenset(p for p, _ in self.lane_ids if isinstance(p, int))
+        return _rank_events(
+            path,
+            doc,
+            names=self.names,
+            cats=cats,
+            name_code=np.frombuffer(self.name_code, dtype=np.int32).copy(),
+            cat_code=cat_code,
+            ts=ts,
+            end=ts + np.maximum(dur, 0),
+            corr=np.frombuffer(self.corr, dtype=np.int64).copy(),
+            rf=np.frombuffer(self.rf, dtype=np.int64).copy(),
+            lane=np.frombuffer(self.lane, dtype=np.int32).copy(),
+            args=self.args,
+            lane_names=lane_names,
+            pids=pids,
+        )
+
+
+def _rank_events(path: Path, doc: dict[str, Any], **columns: Any) -> RankEvents:
+    dist = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
+    rank = dist.get("rank") if isinstance(dist.get("rank"), int) else None
+    world = dist.get("world_size") if isinstance(dist.get("world_size"), int) else None
+    return RankEvents(path=path, rank=rank, world_size=world, distributed=dict(dist), **columns)
+
+
+def _chunks(path: Path) -> Iterator[bytes]:
+    """The decompressed content in pieces of about STREAM_CHUNK bytes (`_Irregular` if broken)."""
+    total = 0
+    # read_bytes' limit (an environment override where files.py has one): past it, the
+    # whole-document reader refuses the file with its own message
+    limit = getattr(_files, "max_decompressed", lambda: MAX_DECOMPRESSED)()
+    try:
+        with path.open("rb") as handle:
+            stream: Any = handle
+            if handle.read(2) == GZIP_MAGIC:
+                handle.seek(0)
+                stream = gzip.GzipFile(fileobj=handle)
+            else:
+                handle.seek(0)
+            while chunk := stream.read(STREAM_CHUNK):
+                total += len(chunk)
+                if total > limit:
+                    raise _Irregular
+                yield chunk
+    except (OSError, EOFError, zlib.error):
+        raise _Irregular from None
+
+
+def _parse_array(body: bytes) -> list[Any] | None:
+    """`body` (events separated by commas) as a list, or None when it is not one."""
+    try:
+        parsed = _json.loads(b"[" + body + b"]")
+    except _JSONError:
+        return None
+    return parsed if isinstance(parsed, list) else None
+
+
+def _stream_columns(path: Path, cols: _Columns) -> dict[str, Any]:
+    """Read the trace piece by piece into `cols`; returns the top-level object sans events.
+
+    Kineto writes ``{header, "traceEvents": [event, ...], trailer}``. The event array is
+    cut after a ``},`` and each piece parsed as a JSON array: a cut inside an event (a
+    nested object or a string) cannot parse, so a piece that parses is whole events,
+    and the next cut is tried instead. Memory is bounded by the columns plus one piece.
+    """
+    chunks = _chunks(path)
+    buf = b""
+    for chunk in chunks:  # the header, up to the opening bracket of traceEvents
+        buf += chunk
+        found = _EVENTS_KEY.search(buf)
+        if found:
+            break
+        if len(buf) > _MAX_PENDING:
+            raise _Irregular
+    else:
+        raise _Irregular
+    if not buf.lstrip().startswith(b"{"):
+        raise _Irregular  # the old bare-array format: small, parsed whole
+    header = buf[: found.end() - 1]
+    pending = buf[found.end() :]
+    del buf
+    for chunk in chunks:
+        pending += chunk
+        end = len(pending)
+        for _ in range(8):
+            cut = pending.rfind(b"},", 0, end)
+            if cut < 0:
+                break
+            events = _parse_array(pending[: cut + 1])
+            if events is not None:
+                cols.add(events)
+                del events
+                pending = pending[cut + 2 :]
+                break
+            end = cut
+        if len(pending) > _MAX_PENDING:
+            raise _Irregular
+    # the last events, the closing bracket and the trailer: find the bracket from the right
+    close = len(pending)
+    for _ in range(64):
+        close = pending.rfind(b"]", 0, close)
+        if close < 0:
+            break
+        try:
+            doc = _json.loads(header + b"[]" + pending[close + 1 :])
+        except _JSONError:
+            continue
+        events = _parse_array(pending[:close]) if pending[:close].strip() else []
+        if isinstance(doc, dict) and events is not None:
+            cols.add(events)
+            return doc
+    raise _Irregular
+
+
 def read_rank(path: Path, document: Any | None = None) -> RankEvents:
-    """Columnar events of one Kineto file (the JSON document is dropped afterwards)."""
+    """Columnar events of one Kineto file.
+
+    Streams the file (bounded memory, no event object graph) when it has Kineto's
+    layout; otherwise, or given the parsed `document`, reads the whole document with
+    the generic reader, which also words every error.
+    """
+    if document is None:
+        cols = _Columns()
+        try:
+            doc = _stream_columns(path, cols)
+        except _Irregular:
+            pass
+        else:
+            return cols.finish(path, doc)
+        del cols
+    return read_rank_generic(path, document)
+
+
+def read_rank_generic(path: Path, document: Any | None = None) -> RankEvents:
+    """Columnar events from the whole parsed document (any layout, any odd values)."""
     doc = read_document(path) if document is None else document
     if isinstance(doc, list):  # old format: the event array alone
         doc = {"traceEvents": doc}
@@ -167,9 +476,6 @@ def read_rank(path: Path, document: Any | None = None) -> RankEvents:
     events = doc.get("traceEvents")
     if not isinstance(events, list):
         raise InputError(path, "not a Kineto trace: no traceEvents list")
-    dist = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
-    rank = dist.get("rank") if isinstance(dist.get("rank"), int) else None
-    world = dist.get("world_size") if isinstance(dist.get("world_size"), int) else None
     meta_names: dict[tuple[Any, Any], str] = {}
     for e in events:
         if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "thread_name":
@@ -180,7 +486,7 @@ def read_rank(path: Path, document: Any | None = None) -> RankEvents:
         xs = [e for e in events if e.get("ph") == "X" and "dur" in e and "ts" in e]
     except AttributeError:
         raise InputError(path, "traceEvents holds something that is not an event object") from None
-    del events, doc
+    del events
     if not xs:
         raise InputError(path, "Kineto trace has no complete ('X') events")
     try:
@@ -193,40 +499,41 @@ def read_rank(path: Path, document: Any | None = None) -> RankEvents:
         tids = [e.get("tid") for e in xs]
     except (TypeError, ValueError) as exc:
         raise InputError(path, f"malformed event ({exc})") from None
+    del xs
     corr = np.array([a.get("correlation", -1) if isinstance(a, dict) else -1 for a in args])
     rf = np.array([a.get("Record function id", 0) if isinstance(a, dict) else 0 for a in args])
-    frame = pd.DataFrame(
-        {
-            "name": pd.array(names, dtype=object),
-            "cat": pd.Categorical(cats),
-            "ts": ts,
-            "end": ts + np.maximum(dur, 0),
-            "corr": pd.to_numeric(pd.Series(corr), errors="coerce").fillna(-1).astype(np.int64),
-            "rf": pd.to_numeric(pd.Series(rf), errors="coerce").fillna(0).astype(np.int64),
-        }
-    )
+    name_code, name_list = pd.factorize(pd.Series(names, dtype=object))
+    cat_code, cat_list = pd.factorize(pd.Series(cats, dtype=object))
     lane_key = pd.Series([f"{p}|{t}" for p, t in zip(pids, tids, strict=False)], dtype=object)
-    lane_codes, lane_uniques = pd.factorize(lane_key)
-    frame["lane"] = lane_codes
-    keep_args = frame["name"].str.contains(
-        r"^(?:nccl|gloo|rccl|hccl|mpi|ucc|xccl|mccl|c10d)[:_]|record_param_comms|ProfilerStep",
-        case=False,
-        regex=True,
-    ) | (frame["cat"].isin(list(GPU_CATS)) & frame["name"].str.contains("ccl", case=False))
-    saved = {int(i): args[i] for i in np.flatnonzero(keep_args.to_numpy())}
-    # GPU lane identity from device/stream args of the first event on the lane
-    first_on_lane = frame.drop_duplicates("lane")
+    lane_code = pd.factorize(lane_key)[0].astype(np.int32)
+    keep_name = np.array([bool(_KEEP_ARGS.search(n)) for n in name_list], dtype=bool)
+    ccl_name = np.array([bool(_CCL.search(n)) for n in name_list], dtype=bool)
+    gpu_cat = np.array([c in GPU_CATS for c in cat_list], dtype=bool)
+    keep = keep_name[name_code] | (gpu_cat[cat_code] & ccl_name[name_code])
     lane_names: dict[int, str] = {}
-    for row, lane in zip(first_on_lane.index, first_on_lane["lane"], strict=False):
+    for lane, row in enumerate(np.unique(lane_code, return_index=True)[1]):
         pid, tid = pids[row], tids[row]
-        if frame.at[row, "cat"] in GPU_CATS:
+        if cats[row] in GPU_CATS:
             a = args[row] if isinstance(args[row], dict) else {}
-            lane_names[int(lane)] = f"gpu{a.get('device', pid)}/stream{a.get('stream', tid)}"
+            lane_names[lane] = f"gpu{a.get('device', pid)}/stream{a.get('stream', tid)}"
         else:
-            lane_names[int(lane)] = _lane_label(meta_names.get((pid, tid), f"thread {tid}"))
-    del xs, args, lane_uniques
-    pid_set = frozenset(p for p in set(pids) if isinstance(p, int))
-    return RankEvents(path, rank, world, dict(dist), frame, saved, lane_names, pid_set)
+            lane_names[lane] = _lane_label(meta_names.get((pid, tid), f"thread {tid}"))
+    return _rank_events(
+        path,
+        doc,
+        names=[str(n) for n in name_list],
+        cats=[str(c) for c in cat_list],
+        name_code=name_code.astype(np.int32),
+        cat_code=cat_code.astype(np.int32),
+        ts=ts,
+        end=ts + np.maximum(dur, 0),
+        corr=pd.to_numeric(pd.Series(corr), errors="coerce").fillna(-1).to_numpy(np.int64),
+        rf=pd.to_numeric(pd.Series(rf), errors="coerce").fillna(0).to_numpy(np.int64),
+        lane=lane_code,
+        args={int(i): args[i] for i in np.flatnonzero(keep)},
+        lane_names=lane_names,
+        pids=frozenset(p for p in set(pids) if isinstance(p, int)),
+    )
 
 
 # ----------------------------------------------------------------------------- per-rank model
@@ -238,9 +545,10 @@ class RankModel:
 
     rank: str
     ops: dict[str, Op]
-    rows: pd.DataFrame  # step op start duration launch_start phase lane ...
+    rows: pd.DataFrame  # rank iteration op start duration, one row per op occurrence
     spans: list[tuple[int, int, int]]  # (step, start, end)
-    edges_by_step: dict[int, list[tuple[str, str, str]]]
+    op_names: list[str]  # op id -> name (the keys of `ops`, in order)
+    edges_by_step: dict[int, tuple[np.ndarray, np.ndarray]]  # step -> (src ids, dst ids)
     rf_to_op: dict[int, str]  # Record function id (ET step) -> op name
     notes: list[str]
     meta: dict[str, Any]
@@ -282,28 +590,27 @@ def _nbytes(args: dict[str, Any]) -> int:
     return numel(first) * DTYPE_BYTES.get(dtype, 4)
 
 
-def _outer_index(frame: pd.DataFrame, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _outer_index(
+    lane: np.ndarray, ts: np.ndarray, end: np.ndarray, mask: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """For rows in `mask` (one lane each): (is outermost, row of the enclosing outermost)."""
-    sub = frame.loc[mask, ["lane", "ts", "end"]]
-    order = np.lexsort((-sub["end"].to_numpy(), sub["ts"].to_numpy(), sub["lane"].to_numpy()))
-    rows = sub.index.to_numpy()[order]
-    lane = sub["lane"].to_numpy()[order]
-    ts = sub["ts"].to_numpy()[order]
-    end = sub["end"].to_numpy()[order]
-    new_lane = np.concatenate([[True], lane[1:] != lane[:-1]])
+    sel = np.flatnonzero(mask)
+    order = np.lexsort((-end[sel], ts[sel], lane[sel]))
+    rows = sel[order]
+    lanes, starts_, ends = lane[rows], ts[rows], end[rows]
+    new_lane = np.concatenate([[True], lanes[1:] != lanes[:-1]])
     big = np.int64(1) << np.int64(62)
-    reach = np.empty_like(end)
-    starts = np.flatnonzero(new_lane)
-    bounds = np.append(starts, len(end))
+    reach = np.empty_like(ends)
+    bounds = np.append(np.flatnonzero(new_lane), len(ends))
     for a, b in zip(bounds[:-1], bounds[1:], strict=False):  # one vectorised cummax per lane
-        reach[a:b] = np.maximum.accumulate(end[a:b])
+        reach[a:b] = np.maximum.accumulate(ends[a:b])
     prev = np.concatenate([[-big], reach[:-1]])
-    outer = new_lane | (ts >= prev)
+    outer = new_lane | (starts_ >= prev)
     pos = np.where(outer, np.arange(len(rows)), -1)
-    owner = rows[np.maximum.accumulate(pos)]
-    is_outer = np.zeros(len(frame), dtype=bool)
+    owner = rows[np.maximum.accumulate(pos)] if len(rows) else rows
+    is_outer = np.zeros(len(lane), dtype=bool)
     is_outer[rows] = outer
-    enclosing = np.full(len(frame), -1, dtype=np.int64)
+    enclosing = np.full(len(lane), -1, dtype=np.int64)
     enclosing[rows] = owner
     return is_outer, enclosing
 
@@ -324,23 +631,42 @@ def _by_lane(
     return out
 
 
+def _cumcount(*keys: np.ndarray) -> np.ndarray:
+    """Per element, how many earlier elements share all its `keys` (pandas' cumcount)."""
+    n = len(keys[0])
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort(keys[::-1])  # stable: ties keep their order
+    sorted_keys = [k[order] for k in keys]
+    new = np.zeros(n, dtype=bool)
+    new[0] = True
+    for k in sorted_keys:
+        new[1:] |= k[1:] != k[:-1]
+    starts = np.flatnonzero(new)
+    run = np.repeat(starts, np.diff(np.append(starts, n)))
+    out = np.empty(n, dtype=np.int64)
+    out[order] = np.arange(n) - run
+    return out
+
+
 def build_rank(ev: RankEvents, rank_name: str, et_step: int | None = None) -> RankModel:
     """Reduce one rank's events to op occurrences per step, collectives and DAG edges."""
-    f = ev.frame
     path = ev.path
-    names = f["name"].to_numpy()
-    cats = f["cat"].astype(str).to_numpy()
-    step_rows = np.flatnonzero(f["name"].str.match(r"^ProfilerStep#\d+$").to_numpy())
+    names, name_code = ev.names, ev.name_code
+    ts, end, lane_arr = ev.ts, ev.end, ev.lane
+    n_rows = len(ev)
+    step_name = np.array([_STEP.match(n) is not None for n in names], dtype=bool)
+    step_rows = np.flatnonzero(step_name[name_code])
     if len(step_rows) == 0:
         raise InputError(path, "no ProfilerStep#N events: profile with torch.profiler.schedule "
                          "and call prof.step() each iteration")  # fmt: skip
     steps = (
         pd.DataFrame(
             {
-                "step": [int(names[i].split("#")[1]) for i in step_rows],
-                "start": f["ts"].to_numpy()[step_rows],
-                "end": f["end"].to_numpy()[step_rows],
-                "lane": f["lane"].to_numpy()[step_rows],
+                "step": [int(names[name_code[i]].split("#")[1]) for i in step_rows],
+                "start": ts[step_rows],
+                "end": end[step_rows],
+                "lane": lane_arr[step_rows],
             }
         )
         .sort_values("start")
@@ -350,23 +676,24 @@ def build_rank(ev: RankEvents, rank_name: str, et_step: int | None = None) -> Ra
     main_lane = int(steps["lane"].mode().iloc[0])
     notes: list[str] = []
 
-    is_cpu = np.isin(cats, list(CPU_OP_CATS))
-    is_gpu = np.isin(cats, list(GPU_CATS))
-    backend = f["name"].str.match(_BACKEND.pattern, case=False).to_numpy() & (
-        cats == "user_annotation"
-    )
-    comm_kernel = is_gpu & f["name"].str.match(_COMM_KERNEL.pattern, case=False).to_numpy()
-    annotations = cats == "user_annotation"
+    is_cpu = ev.cat_flags(CPU_OP_CATS)
+    is_gpu = ev.cat_flags(GPU_CATS)
+    annotations = ev.cat_flags({"user_annotation"})
+    backend = ev.name_flags(_BACKEND.match) & annotations
+    comm_kernel = is_gpu & ev.name_flags(_COMM_KERNEL.match)
 
     # outermost CPU ops per thread (comm backend records count as CPU events for nesting)
-    cpu_like = (is_cpu | backend) & ~f["name"].str.startswith("ProfilerStep#").to_numpy()
-    is_outer, enclosing = _outer_index(f, cpu_like)
+    cpu_like = (is_cpu | backend) & ~ev.name_flags(lambda n: n.startswith("ProfilerStep#"))
+    is_outer, enclosing = _outer_index(lane_arr, ts, end, cpu_like)
 
     # lane naming: main thread "main"; others label.i in order of first event
+    n_lanes = int(lane_arr.max()) + 1
     lane_names = dict(ev.lane_names)
     lane_names[main_lane] = "main"
     seen_labels: dict[str, int] = {}
-    first_ts = f.groupby("lane")["ts"].min().sort_values()
+    first = np.full(n_lanes, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, lane_arr, ts)
+    first_ts = pd.Series(first[np.unique(lane_arr)], index=np.unique(lane_arr)).sort_values()
     final_lane: dict[int, str] = {}
     for lane in first_ts.index:
         label = lane_names.get(int(lane), f"lane{lane}")
@@ -378,17 +705,15 @@ def build_rank(ev: RankEvents, rank_name: str, et_step: int | None = None) -> Ra
         final_lane[int(lane)] = f"{label}.{i}"
 
     # launch time / launching op of GPU events through the correlation id
-    launch = f.loc[np.isin(cats, list(LAUNCH_CATS)) & (f["corr"].to_numpy() >= 0), ["corr"]]
-    corr_to_row = pd.Series(launch.index.to_numpy(), index=launch["corr"].to_numpy())
-    corr_to_row = corr_to_row[~corr_to_row.index.duplicated()]
-    launch_row = np.full(len(f), -1, dtype=np.int64)
+    launch_rows = np.flatnonzero(ev.cat_flags(LAUNCH_CATS) & (ev.corr >= 0))
+    launch_row = np.full(n_rows, -1, dtype=np.int64)
     gpu_idx = np.flatnonzero(is_gpu)
-    if len(gpu_idx):
-        mapped = corr_to_row.reindex(f["corr"].to_numpy()[gpu_idx]).to_numpy()
-        ok = ~np.isnan(mapped.astype(np.float64))
-        launch_row[gpu_idx[ok]] = mapped[ok].astype(np.int64)
-    ts = f["ts"].to_numpy()
-    end = f["end"].to_numpy()
+    if len(gpu_idx) and len(launch_rows):
+        corr_keys, first_of = np.unique(ev.corr[launch_rows], return_index=True)
+        want = ev.corr[gpu_idx]
+        pos = np.minimum(np.searchsorted(corr_keys, want), len(corr_keys) - 1)
+        ok = corr_keys[pos] == want
+        launch_row[gpu_idx[ok]] = launch_rows[first_of[pos[ok]]]
     anchor = ts.copy()  # the time that places an event in a step/phase: launch time for GPU
     has_launch = launch_row >= 0
     anchor[has_launch] = ts[launch_row[has_launch]]
@@ -401,18 +726,20 @@ def build_rank(ev: RankEvents, rank_name: str, et_step: int | None = None) -> Ra
     step_of = np.where(valid, steps["step"].to_numpy()[np.maximum(idx, 0)], -1)
 
     # phases from record_function ranges (any CPU thread)
-    phase_mask = annotations & np.array([_phase_of(n) is not None for n in names])
+    name_phase = np.array([_phase_of(n) for n in names], dtype=object)
+    has_phase = np.array([p is not None for p in name_phase], dtype=bool)
+    phase_mask = annotations & has_phase[name_code]
     pr = np.flatnonzero(phase_mask)
-    phase_of = np.full(len(f), "unknown", dtype=object)
+    phase_of = np.full(n_rows, "unknown", dtype=object)
     if len(pr):
         order = pr[np.argsort(ts[pr], kind="stable")]
         p_start, p_end = ts[order], end[order]
-        p_name = np.array([_phase_of(names[i]) for i in order], dtype=object)
+        p_name = name_phase[name_code[order]]
         j = np.searchsorted(p_start, anchor, side="right") - 1
         inside = (j >= 0) & (anchor < p_end[np.maximum(j, 0)])
         phase_of[inside] = p_name[j[inside]]
     else:
-        auto = f["name"].str.startswith("autograd::engine::evaluate_function").to_numpy()
+        auto = ev.name_flags(lambda n: n.startswith("autograd::engine::evaluate_function"))
         phase_of[auto] = "backward"
         notes.append(f"{rank_name}: no forward/backward/optimizer ranges; phases are guessed")
 
@@ -423,7 +750,6 @@ def build_rank(ev: RankEvents, rank_name: str, et_step: int | None = None) -> Ra
     ann_rows = np.flatnonzero(backend & (step_of >= 0))
     # comm kernels launched inside a backend record, per launching lane
     kernel_rows = np.flatnonzero(comm_kernel)
-    lane_arr = f["lane"].to_numpy()
     launched = kernel_rows[launch_row[kernel_rows] >= 0]
     kernel_by_launch = _by_lane(
         launched,
@@ -431,15 +757,14 @@ def build_rank(ev: RankEvents, rank_name: str, et_step: int | None = None) -> Ra
         None,
         key=ts[launch_row[launched]] if len(launched) else None,
     )
-    lane_arr = f["lane"].to_numpy()
     # record_param_comms per lane, for the process group and size
-    rpc_rows = np.flatnonzero(names == "record_param_comms")
-    c10d_rows = np.flatnonzero(f["name"].str.startswith("c10d::").to_numpy() & is_cpu)
+    rpc_rows = np.flatnonzero(ev.name_flags(lambda n: n == "record_param_comms"))
+    c10d_rows = np.flatnonzero(ev.name_flags(lambda n: n.startswith("c10d::")) & is_cpu)
     c10d_by_kind: dict[str, list[int]] = {}
     for r in c10d_rows[np.argsort(ts[c10d_rows], kind="stable")]:
-        kind = collective_kind(names[r].split("::", 1)[1].rstrip("_"))
+        kind = collective_kind(names[name_code[r]].split("::", 1)[1].rstrip("_"))
         c10d_by_kind.setdefault(kind, []).append(int(r))
-    c10d_used: set[int] = set()
+    c10d_next: dict[str, int] = {}  # FIFO per kind: the used ones are always a prefix
 
     rpc_by_lane = _by_lane(rpc_rows, lane_arr, ts)
 
@@ -461,7 +786,7 @@ def build_rank(ev: RankEvents, rank_name: str, et_step: int | None = None) -> Ra
     for a in ann_rows[np.argsort(ts[ann_rows], kind="stable")]:
         a = int(a)
         a_args = ev.args.get(a, {})
-        kind = collective_kind(_BACKEND.match(names[a]).group(2))
+        kind = collective_kind(_BACKEND.match(names[name_code[a]]).group(2))
         rpc = enclosing_rpc(a) if enclosing[a] != a else {}
         kernel = -1
         kstarts, krows = kernel_by_launch.get(int(lane_arr[a]), (None, None))
@@ -479,11 +804,12 @@ def build_rank(ev: RankEvents, rank_name: str, et_step: int | None = None) -> Ra
             launcher = int(enclosing[a])
         else:  # gloo worker-thread record: the c10d op that queued it, FIFO per kind
             launcher = -1
-            for r in c10d_by_kind.get(kind, []):
-                if r not in c10d_used and ts[r] <= ts[a]:
-                    c10d_used.add(r)
-                    launcher = int(enclosing[r]) if enclosing[r] >= 0 else r
-                    break
+            queue = c10d_by_kind.get(kind, [])
+            nxt = c10d_next.get(kind, 0)
+            if nxt < len(queue) and ts[queue[nxt]] <= ts[a]:
+                r = queue[nxt]
+                c10d_next[kind] = nxt + 1
+                launcher = int(enclosing[r]) if enclosing[r] >= 0 else r
         if kernel >= 0:
             kernel_taken.add(kernel)
         coll_rows.append(kernel if kernel >= 0 else a)
@@ -495,7 +821,7 @@ def build_rank(ev: RankEvents, rank_name: str, et_step: int | None = None) -> Ra
         if k in kernel_taken or step_of[k] < 0:
             continue
         k_args = ev.args.get(k, {})
-        raw = _COMM_KERNEL.match(names[k]).group(2)
+        raw = _COMM_KERNEL.match(names[name_code[k]]).group(2)
         kind = collective_kind(str(k_args.get("Collective name") or raw))
         lr = int(launch_row[k])
         coll_rows.append(k)
@@ -510,202 +836,295 @@ def build_rank(ev: RankEvents, rank_name: str, et_step: int | None = None) -> Ra
         )
 
     # ------------------------------------------------------------------ op occurrences
+    # Lanes (thread/stream lanes, then the net lanes) as codes whose order is the label's.
+    net_labels = ["net" if c["pg"] in ("0", "default_pg", "") else f"net:{c['pg']}"
+                  for c in coll_info]  # fmt: skip
+    labels = sorted(set(final_lane.values()) | set(net_labels))
+    label_code = {label: i for i, label in enumerate(labels)}
+    lane_code_of = np.array([label_code[final_lane[i]] for i in range(n_lanes)], dtype=np.int64)
+
     op_mask = ((is_cpu & is_outer) | is_gpu) & (step_of >= 0)
     op_mask[coll_rows] = False
     op_mask[ann_rows] = False
-    op_rows = np.flatnonzero(op_mask)
-    lanes = np.array([final_lane[int(x)] for x in lane_arr[op_rows]], dtype=object)
-    occ = pd.DataFrame(
-        {
-            "row": op_rows,
-            "step": step_of[op_rows],
-            "lane": lanes,
-            "ev": names[op_rows],
-            "start": ts[op_rows],
-            "end": end[op_rows],
-        }
-    ).sort_values(["step", "lane", "start", "row"], kind="stable")
-    k = occ.groupby(["step", "lane", "ev"], sort=False).cumcount().to_numpy()
-    occ["op"] = occ["lane"] + "/" + occ["ev"] + "#" + pd.Series(k, index=occ.index).astype(str)
-    occ["kind"] = "compute"
-    occ["param"] = None
-    occ["nbytes"] = 0
+    o_row = np.flatnonzero(op_mask)
+    o_step, o_lane = step_of[o_row], lane_code_of[lane_arr[o_row]]
+    o_order = np.lexsort((o_row, ts[o_row], o_lane, o_step))
+    o_row, o_step, o_lane = o_row[o_order], o_step[o_order], o_lane[o_order]
+    o_ev = name_code[o_row].astype(np.int64)
+    o_k = _cumcount(o_step, o_lane, o_ev)
+    o_text = np.asarray(names, dtype=object)[o_ev]
+    o_nbytes = np.zeros(len(o_row), dtype=np.int64)
 
-    if coll_rows:
-        crow = np.array(coll_rows, dtype=np.int64)
-        arow = np.array([c["anchor_row"] for c in coll_info], dtype=np.int64)
-        cstep = step_of[np.where(step_of[arow] >= 0, arow, crow)]
-        net = ["net" if c["pg"] in ("0", "default_pg", "") else f"net:{c['pg']}" for c in coll_info]
-        coll = pd.DataFrame(
-            {
-                "row": crow,
-                "step": cstep,
-                "lane": net,
-                "ev": [c["kind"] for c in coll_info],
-                "start": ts[crow],
-                "end": end[crow],
-                "anchor": ts[arow],
-                "nbytes": [int(c["nbytes"]) for c in coll_info],
-                "launcher": [c["launcher"] for c in coll_info],
-            }
-        )
-        coll = coll[coll["step"] >= 0].sort_values(["step", "anchor", "row"], kind="stable")
-        kc = coll.groupby(["step", "lane", "ev"], sort=False).cumcount()
-        coll["op"] = coll["lane"] + "/" + coll["ev"] + "#" + kc.astype(str)
-        coll["kind"] = "collective"
-        coll_phase = phase_of[coll["row"].to_numpy()]
-        bwd = (coll["ev"] == "all_reduce").to_numpy() & (coll_phase == "backward")
-        bucket = coll[bwd].groupby(["step", "lane"], sort=False).cumcount()
-        param = coll["ev"] + "#" + kc.astype(str)
-        param.loc[bucket.index] = "bucket" + bucket.astype(str)
-        coll["param"] = param
+    c_row = np.array(coll_rows, dtype=np.int64)
+    if len(c_row):
+        a_row = np.array([c["anchor_row"] for c in coll_info], dtype=np.int64)
+        c_step = step_of[np.where(step_of[a_row] >= 0, a_row, c_row)]
+        c_lane = np.array([label_code[x] for x in net_labels], dtype=np.int64)
+        c_kind = np.array([c["kind"] for c in coll_info], dtype=object)
+        c_nbytes = np.array([int(c["nbytes"]) for c in coll_info], dtype=np.int64)
+        c_launcher = np.array([c["launcher"] for c in coll_info], dtype=np.int64)
+        keep = np.flatnonzero(c_step >= 0)
+        c_order = keep[np.lexsort((c_row[keep], ts[a_row[keep]], c_step[keep]))]
+        c_row, c_step, c_lane = c_row[c_order], c_step[c_order], c_lane[c_order]
+        c_kind, c_nbytes, c_launcher = c_kind[c_order], c_nbytes[c_order], c_launcher[c_order]
+        kind_codes, kind_names = pd.factorize(c_kind)
+        c_k = _cumcount(c_step, c_lane, kind_codes.astype(np.int64))
+        bwd = np.flatnonzero((c_kind == "all_reduce") & (phase_of[c_row] == "backward"))
+        bucket = _cumcount(c_step[bwd], c_lane[bwd])
+        c_param = np.array([f"{k}#{i}" for k, i in zip(c_kind, c_k, strict=True)], dtype=object)
+        c_param[bwd] = [f"bucket{i}" for i in bucket]
     else:
-        coll = occ.iloc[:0].assign(anchor=np.int64(0), launcher=np.int64(0))
+        c_step = c_lane = c_k = c_nbytes = c_launcher = np.zeros(0, dtype=np.int64)
+        c_kind = c_param = np.zeros(0, dtype=object)
 
-    allocc = pd.concat([occ, coll.drop(columns=["anchor", "launcher"])], ignore_index=True)
-    allocc["row"] = allocc["row"].astype(np.int64)
-    allocc["phase"] = phase_of[allocc["row"].to_numpy()]
-    # GPU events: phase of the launch when the anchor missed
-    allocc["type"] = names[allocc["row"].to_numpy()]
-
-    # op table: first occurrence defines the op; nbytes = max over steps
-    firsts = allocc.drop_duplicates("op")
-    nbytes = allocc.groupby("op")["nbytes"].max()
+    # all occurrences: compute ops, then collectives
+    n_comp = len(o_row)
+    rows_ = np.concatenate([o_row, c_row])
+    step_ = np.concatenate([o_step, c_step])
+    lane_ = np.concatenate([o_lane, c_lane])
+    start_ = ts[rows_]
+    end_ = end[rows_]
+    label_arr = np.asarray(labels, dtype=object)
+    text = np.concatenate([o_text, c_kind])
+    ks = np.concatenate([o_k, c_k])
+    occ_name = label_arr[lane_] + "/" + text + "#" + ks.astype(str).astype(object)
+    op_id, op_names_idx = pd.factorize(occ_name)
+    op_id = op_id.astype(np.int64)
+    op_names = [str(x) for x in op_names_idx]
+    n_ops = len(op_names)
+    first_occ = np.full(n_ops, len(op_id), dtype=np.int64)
+    np.minimum.at(first_occ, op_id, np.arange(len(op_id)))
+    nbytes_ = np.concatenate([o_nbytes, c_nbytes])
+    op_nbytes = np.zeros(n_ops, dtype=np.int64)
+    np.maximum.at(op_nbytes, op_id, nbytes_)
+    phase_ = phase_of[rows_]
     ops: dict[str, Op] = {}
-    resources = allocc.set_index("op")["lane"]
-    resources = resources[~resources.index.duplicated()]
-    for name, kind, param, phase, typ in zip(
-        firsts["op"], firsts["kind"], firsts["param"], firsts["phase"], firsts["type"], strict=False
-    ):
+    for i, occ in enumerate(first_occ.tolist()):
+        name = op_names[i]
+        collective = occ >= n_comp
         ops[name] = Op(
             name=name,
-            kind=kind,
-            resource=str(resources[name]),
-            param=param if kind == "collective" else None,
-            nbytes=int(nbytes[name]),
-            phase=phase,
-            type=typ,
+            kind="collective" if collective else "compute",
+            resource=labels[lane_[occ]],
+            param=c_param[occ - n_comp] if collective else None,
+            nbytes=int(op_nbytes[i]),
+            phase=phase_[occ],
+            type=names[name_code[rows_[occ]]],
         )
 
     # ------------------------------------------------------------------ edges per step
-    op_of_row = pd.Series(allocc["op"].to_numpy(), index=allocc["row"].to_numpy())
-    op_of_row = op_of_row[~op_of_row.index.duplicated()]
-    edges_by_step: dict[int, list[tuple[str, str, str]]] = {}
-    lane_occ = allocc[allocc["kind"] == "compute"].sort_values(["step", "lane", "start", "row"])
-    for step, group in lane_occ.groupby("step", sort=True):
-        e: list[tuple[str, str, str]] = []
-        for _lane, g in group.groupby("lane", sort=False):
-            seq = g["op"].tolist()
-            e.extend((u, v, "control") for u, v in zip(seq, seq[1:], strict=False))
-        edges_by_step[int(step)] = e
+    op_at_row = np.full(n_rows, -1, dtype=np.int64)
+    op_at_row[rows_] = op_id
+    src: list[np.ndarray] = []
+    dst: list[np.ndarray] = []
+    tag: list[np.ndarray] = []  # step of each edge
+    # per-lane program order (o_* are sorted by step, lane, start, row)
+    same = (o_step[1:] == o_step[:-1]) & (o_lane[1:] == o_lane[:-1])
+    src.append(op_id[:n_comp][:-1][same])
+    dst.append(op_id[:n_comp][1:][same])
+    tag.append(o_step[1:][same])
     # launch -> GPU op
-    gpu_occ = allocc[is_gpu[allocc["row"].to_numpy()] & (allocc["kind"] == "compute")]
-    for step, row, op in zip(gpu_occ["step"], gpu_occ["row"], gpu_occ["op"], strict=False):
-        lr = launch_row[row]
-        if lr >= 0 and enclosing[lr] >= 0 and int(enclosing[lr]) in op_of_row.index:
-            edges_by_step[int(step)].append((op_of_row[int(enclosing[lr])], op, "control"))
+    g_occ = np.flatnonzero(is_gpu[o_row])
+    lr = launch_row[o_row[g_occ]]
+    owner = np.where(lr >= 0, enclosing[np.maximum(lr, 0)], -1)
+    launcher_op = np.where(owner >= 0, op_at_row[np.maximum(owner, 0)], -1)
+    hit = launcher_op >= 0
+    src.append(launcher_op[hit])
+    dst.append(op_id[g_occ[hit]])
+    tag.append(o_step[g_occ[hit]])
     # launcher -> collective, collective -> optimizer / next op on the launching thread
-    if len(coll):
-        by_step_lane = {
-            (int(s), ln): g.sort_values("start")
-            for (s, ln), g in lane_occ.groupby(["step", "lane"], sort=False)
-        }
-        opt = lane_occ[lane_occ["phase"] == "optimizer"].sort_values("start")
-        opt_by_step = {int(s): g for s, g in opt.groupby("step", sort=False)}
-        for step, op, launcher, cend in zip(
-            coll["step"], coll["op"], coll["launcher"], coll["end"], strict=False
-        ):
-            step = int(step)
-            e = edges_by_step.setdefault(step, [])
-            if launcher >= 0 and launcher in op_of_row.index:
-                e.append((op_of_row[launcher], op, "control"))
-            g = opt_by_step.get(step)
-            if g is not None and launcher >= 0:  # the optimizer waits for the gradients
-                later = g[g["start"] > ts[launcher]]
-                if len(later):
-                    e.append((op, later["op"].iloc[0], "control"))
-                    continue
-            if launcher >= 0:
-                lane_name = final_lane[int(lane_arr[launcher])]
-                g = by_step_lane.get((step, lane_name))
-                if g is not None:
-                    # a GPU clock can lag the CPU one: never before the launcher itself
-                    after = g[(g["start"] >= cend) & (g["start"] > ts[launcher])]
-                    if len(after):
-                        e.append((op, after["op"].iloc[0], "control"))
+    if len(c_row):
+        c_src, c_dst, c_tag = _collective_edges(
+            op_id, n_comp, o_step, o_lane, start_[:n_comp], phase_[:n_comp], ts, end,
+            c_step, c_row, c_launcher, lane_code_of[lane_arr], op_at_row,
+        )  # fmt: skip
+        src.append(c_src)
+        dst.append(c_dst)
+        tag.append(c_tag)
+    all_src, all_dst, all_tag = np.concatenate(src), np.concatenate(dst), np.concatenate(tag)
+    # group by step, keeping lane edges, then launch edges, then collective edges
+    e_order = np.argsort(all_tag, kind="stable")
+    all_src, all_dst, all_tag = all_src[e_order], all_dst[e_order], all_tag[e_order]
+    edge_steps = np.union1d(np.unique(o_step), np.unique(c_step))
+    cut = np.searchsorted(all_tag, edge_steps)
+    cut_end = np.searchsorted(all_tag, edge_steps, side="right")
+    edges_by_step = {
+        int(s): (all_src[a:b], all_dst[a:b])
+        for s, a, b in zip(edge_steps, cut, cut_end, strict=True)
+    }
 
     # spans: the step range, extended to the last op assigned to it (GPU tails)
-    last_end = allocc.groupby("step")["end"].max()
+    last_end = pd.Series(end_).groupby(step_).max()
     spans = [
         (int(s), int(a), int(max(b, last_end.get(s, b))))
         for s, a, b in zip(steps["step"], steps["start"], steps["end"], strict=False)
         if s in last_end.index
     ]
+    op_name_arr = np.asarray(op_names, dtype=object)
     rows = pd.DataFrame(
         {
             "rank": rank_name,
-            "iteration": allocc["step"].astype(np.int64),
-            "op": allocc["op"],
-            "start": allocc["start"].astype(np.int64),
-            "duration": (allocc["end"] - allocc["start"]).astype(np.int64),
+            "iteration": step_.astype(np.int64),
+            "op": pd.array(op_name_arr[op_id], dtype="str"),
+            "start": start_.astype(np.int64),
+            "duration": (end_ - start_).astype(np.int64),
         }
     )
     # Record function id -> op, for the ET join (any event inside the op maps to it)
     rf_to_op: dict[int, str] = {}
-    rf = f["rf"].to_numpy()
+    rf = ev.rf
     if et_step is not None:
         cand = np.flatnonzero((rf > 0) & (step_of == et_step) & cpu_like)
-        owner = enclosing[cand]
-        for r, o in zip(cand, owner, strict=False):
-            if o in op_of_row.index:
-                rf_to_op[int(rf[r])] = op_of_row[int(o)]
-            elif int(r) in op_of_row.index:
-                rf_to_op[int(rf[r])] = op_of_row[int(r)]
+        for r, o in zip(cand.tolist(), enclosing[cand].tolist(), strict=False):
+            if o >= 0 and op_at_row[o] >= 0:
+                rf_to_op[int(rf[r])] = op_names[op_at_row[o]]
+            elif op_at_row[r] >= 0:
+                rf_to_op[int(rf[r])] = op_names[op_at_row[r]]
         for i, row in enumerate(coll_rows):  # the backend record of a collective -> it
             a = coll_info[i]["anchor_row"]
-            if rf[a] > 0 and row in op_of_row.index:
-                rf_to_op[int(rf[a])] = op_of_row[row]
+            if rf[a] > 0 and op_at_row[row] >= 0:
+                rf_to_op[int(rf[a])] = op_names[op_at_row[row]]
+    per_step = np.unique(c_step, return_counts=True)
     meta = {
-        "lanes": sorted(set(allocc["lane"])),
-        "collectives_per_step": coll.groupby("step").size().to_dict() if len(coll) else {},
+        "lanes": sorted({labels[i] for i in np.unique(lane_).tolist()}),
+        "collectives_per_step": dict(zip(per_step[0].tolist(), per_step[1].tolist(), strict=True)),
         "distributed": ev.distributed,
     }
-    return RankModel(rank_name, ops, rows, spans, edges_by_step, rf_to_op, notes, meta)
+    return RankModel(rank_name, ops, rows, spans, op_names, edges_by_step, rf_to_op, notes, meta)
+
+
+def _collective_edges(
+    op_id: np.ndarray,
+    n_comp: int,
+    o_step: np.ndarray,
+    o_lane: np.ndarray,
+    o_start: np.ndarray,
+    o_phase: np.ndarray,
+    ts: np.ndarray,
+    end: np.ndarray,
+    c_step: np.ndarray,
+    c_row: np.ndarray,
+    c_launcher: np.ndarray,
+    lane_of_row: np.ndarray,
+    op_at_row: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Edges launcher -> collective and collective -> the op that waits for it.
+
+    The waiting op is the step's first optimizer op starting after the launcher, else
+    the first op on the launching thread starting after the collective ends (and after
+    the launcher: a GPU clock can lag the CPU one). Candidates are ordered by a
+    quicksort on start time, so ties resolve as they always have.
+    """
+    comp_op = op_id[:n_comp]
+    opt = np.flatnonzero(o_phase == "optimizer")
+    opt = opt[np.argsort(o_start[opt], kind="quicksort")]
+    opt = opt[np.argsort(o_step[opt], kind="stable")]  # per step, in that start order
+    opt_step = o_step[opt]
+    lane_groups: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+    src: list[int] = []
+    dst: list[int] = []
+    tag: list[int] = []
+    for step, cop, launcher, cend in zip(
+        c_step.tolist(),
+        op_id[n_comp:].tolist(),
+        c_launcher.tolist(),
+        end[c_row].tolist(),
+        strict=True,
+    ):
+        if launcher >= 0 and op_at_row[launcher] >= 0:
+            src.append(int(op_at_row[launcher]))
+            dst.append(cop)
+            tag.append(step)
+        if launcher < 0:
+            continue
+        a = int(np.searchsorted(opt_step, step))
+        b = int(np.searchsorted(opt_step, step, side="right"))
+        if b > a:  # the optimizer waits for the gradients
+            cand = opt[a:b]
+            i = int(np.searchsorted(o_start[cand], ts[launcher], side="right"))
+            if i < len(cand):
+                src.append(cop)
+                dst.append(int(comp_op[cand[i]]))
+                tag.append(step)
+                continue
+        key = (step, int(lane_of_row[launcher]))
+        group = lane_groups.get(key)
+        if group is None:
+            members = np.flatnonzero((o_step == key[0]) & (o_lane == key[1]))
+            members = members[np.argsort(o_start[members], kind="quicksort")]
+            group = lane_groups[key] = (members, o_start[members])
+        members, starts = group
+        i = int(np.searchsorted(starts, max(cend, int(ts[launcher]) + 1), side="left"))
+        if i < len(members):
+            src.append(cop)
+            dst.append(int(comp_op[members[i]]))
+            tag.append(step)
+    return (
+        np.array(src, dtype=np.int64),
+        np.array(dst, dtype=np.int64),
+        np.array(tag, dtype=np.int64),
+    )
 
 
 def _merge_edges(model: RankModel, reference: int) -> list[tuple[str, str, str]]:
     """Reference step's edges, plus edges of ops it lacks from the first step that has them."""
-    edges = list(model.edges_by_step.get(reference, []))
-    covered = {x for u, v, _ in edges for x in (u, v)}
+    names = model.op_names
+    empty = np.zeros(0, dtype=np.int64)
+    ref_src, ref_dst = model.edges_by_step.get(reference, (empty, empty))
+    src, dst = [ref_src], [ref_dst]
+    covered = np.zeros(len(names), dtype=bool)
+    covered[ref_src] = True
+    covered[ref_dst] = True
     for step in sorted(model.edges_by_step):
         if step == reference:
             continue
-        extra = [
-            edge
-            for edge in model.edges_by_step[step]
-            if edge[0] not in covered or edge[1] not in covered
-        ]
-        if not extra:
+        s, d = model.edges_by_step[step]
+        extra = ~covered[s] | ~covered[d]
+        if not extra.any():  # the common case: every step repeats the reference's ops
             continue
-        trial = nx.DiGraph((u, v) for u, v, _ in edges)
-        trial.add_edges_from((u, v) for u, v, _ in extra)
+        s, d = s[extra], d[extra]
+        trial = nx.DiGraph()
+        trial.add_edges_from(zip(np.concatenate([*src, s]).tolist(),
+                                 np.concatenate([*dst, d]).tolist(), strict=True))  # fmt: skip
         if nx.is_directed_acyclic_graph(trial):
-            edges.extend(extra)
-            covered.update(x for u, v, _ in extra for x in (u, v))
+            src.append(s)
+            dst.append(d)
+            covered[s] = True
+            covered[d] = True
         else:
             model.notes.append(
                 f"{model.rank}: step {step} orders some ops differently; "
                 "its extra edges are dropped"
             )
-    return edges
+    return [
+        (names[u], names[v], "control")
+        for u, v in zip(np.concatenate(src).tolist(), np.concatenate(dst).tolist(), strict=True)
+    ]
 
 
 def reference_step(model: RankModel, et_step: int | None = None) -> int:
     """The step whose edges define the DAG: the ET step, else the one with most ops."""
     if et_step is not None and et_step in model.edges_by_step:
         return et_step
-    counts = model.rows.groupby("iteration").size()
-    return int(counts.idxmax())
+    steps, counts = np.unique(model.rows["iteration"].to_numpy(), return_counts=True)
+    return int(steps[np.argmax(counts)])
+
+
+@contextmanager
+def _cycle_gc_paused() -> Iterator[None]:
+    """Pause Python's cycle collector, restoring its state afterwards.
+
+    Ingest allocates millions of short-lived containers that cannot form cycles (JSON
+    trees, the DAG's dicts); the collector would scan them again and again, which
+    costs about half the load time. Reference counting still frees them.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def load_kineto(paths: Sequence[Path], et_paths: Sequence[Path] | None = None) -> Job:
@@ -716,6 +1135,11 @@ def load_kineto(paths: Sequence[Path], et_paths: Sequence[Path] | None = None) -
     of each rank is the ET's data dependencies plus the thread/stream/launch order
     (see `planner.ingest.execution_trace`).
     """
+    with _cycle_gc_paused():
+        return _load_kineto(paths, et_paths)
+
+
+def _load_kineto(paths: Sequence[Path], et_paths: Sequence[Path] | None) -> Job:
     files = expand_paths(paths)
     ranked: list[tuple[str, RankEvents]] = []
     used: set[str] = set()
@@ -782,22 +1206,15 @@ def load_kineto(paths: Sequence[Path], et_paths: Sequence[Path] | None = None) -
 
 def _guess_et_step(ev: RankEvents, et: Any) -> int | None:
     """The step whose Kineto events carry the ET's record-function ids."""
-    rf = ev.frame["rf"].to_numpy()
     ids = np.fromiter(et.rf_ids(), dtype=np.int64)
-    hit = np.isin(rf, ids[ids > 0])
+    hit = np.isin(ev.rf, ids[ids > 0])
     if not hit.any():
         return None
-    starts = ev.frame["ts"].to_numpy()[hit]
-    names = ev.frame["name"].to_numpy()
-    steps = [
-        (int(n.split("#")[1]), s, e)
-        for n, s, e in zip(
-            names, ev.frame["ts"].to_numpy(), ev.frame["end"].to_numpy(), strict=False
-        )
-        if isinstance(n, str) and _STEP.match(n)
-    ]
-    for number, s, e in steps:
-        if ((starts >= s) & (starts < e)).sum() * 2 >= len(starts):
+    starts = ev.ts[hit]
+    step_rows = np.flatnonzero(ev.name_flags(_STEP.match))
+    for r in step_rows.tolist():
+        number = int(ev.names[ev.name_code[r]].split("#")[1])
+        if ((starts >= ev.ts[r]) & (starts < ev.end[r])).sum() * 2 >= len(starts):
             return number
     return None
 
