@@ -61,7 +61,7 @@ def inspect(job: Job) -> dict[str, Any]:
                 "rank": rank,
                 "resources": graph.resources,
                 "ops": len(graph),
-                "edges": graph.dag.number_of_edges(),
+                "edges": graph.edge_count,
                 "ops_by_kind": dict(sorted(Counter(o.kind for o in graph.ops.values()).items())),
                 "ops_by_type": dict(
                     Counter(o.type or o.kind for o in graph.ops.values()).most_common(10)

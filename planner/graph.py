@@ -1,16 +1,21 @@
 """Ops and the op DAG (OpGraph) that every scheduler, metric and simulation reads.
 
 An `OpGraph` is never mutated by an algorithm: schedulers return priorities or new
-edges, so one ingested graph can be planned several ways and compared.
+edges, so one ingested graph can be planned several ways and compared. Edges are kept
+as integer arrays over the op table; the networkx view (`dag`) is built on first use,
+so ingesting many ranks costs no per-edge Python objects until an algorithm walks one.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
 import networkx as nx
+import numpy as np
 
 OpKind = Literal["compute", "recv", "send", "collective"]
 Phase = Literal["forward", "backward", "optimizer", "unknown"]
@@ -25,7 +30,7 @@ class GraphError(ValueError):
     """The ops and edges do not form a valid DAG (unknown op, cycle, bad field)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Op:
     """One node of the DAG: a compute kernel or a network transfer.
 
@@ -46,15 +51,40 @@ class Op:
         return self.kind in TRANSFER_KINDS
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class OpGraph:
-    """A DAG of ops; edges carry ``kind`` = data or control."""
+    """A DAG of ops. Edge i runs from op ``src[i]`` to op ``dst[i]`` (positions in
+    `ops`); ``control[i]`` tells a control edge from a data edge."""
 
     ops: Mapping[str, Op]
-    dag: nx.DiGraph = field(repr=False)
+    src: np.ndarray
+    dst: np.ndarray
+    control: np.ndarray
 
     def __len__(self) -> int:
         return len(self.ops)
+
+    @cached_property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.ops)
+
+    @cached_property
+    def dag(self) -> nx.DiGraph:
+        """The networkx view (edge attribute ``kind``), built once on first use."""
+        dag = nx.DiGraph()
+        dag.add_nodes_from(self.ops)
+        names = self.names
+        dag.add_edges_from(
+            (names[u], names[v], {"kind": "control" if c else "data"})
+            for u, v, c in zip(
+                self.src.tolist(), self.dst.tolist(), self.control.tolist(), strict=True
+            )
+        )
+        return dag
+
+    @property
+    def edge_count(self) -> int:
+        return len(self.src)
 
     @property
     def recvs(self) -> list[str]:
@@ -71,7 +101,13 @@ class OpGraph:
 
     def edges(self) -> list[tuple[str, str, str]]:
         """Edges as (src, dst, kind), sorted for deterministic output."""
-        return sorted((u, v, d.get("kind", "data")) for u, v, d in self.dag.edges(data=True))
+        names = self.names
+        return sorted(
+            (names[u], names[v], "control" if c else "data")
+            for u, v, c in zip(
+                self.src.tolist(), self.dst.tolist(), self.control.tolist(), strict=True
+            )
+        )
 
     def topological_order(self) -> list[str]:
         """A deterministic topological order (lexicographic among ready ops)."""
@@ -82,10 +118,14 @@ class OpGraph:
         return build_graph(self.ops.values(), [*self.edges(), *((u, v, kind) for u, v in extra)])
 
 
-def build_graph(
-    ops: Iterable[Op], edges: Iterable[tuple[str, str, str] | tuple[str, str]]
-) -> OpGraph:
-    """Validate and assemble an OpGraph: unique names, known endpoints, no cycle."""
+Edge = tuple[str, str, str] | tuple[str, str]
+
+
+def build_graph(ops: Iterable[Op], edges: Iterable[Edge]) -> OpGraph:
+    """Validate and assemble an OpGraph: unique names, known endpoints, no cycle.
+
+    A repeated edge is kept once, as a data edge if any copy is one.
+    """
     table: dict[str, Op] = {}
     for op in ops:
         if op.name in table:
@@ -95,23 +135,45 @@ def build_graph(
         if op.nbytes < 0:
             raise GraphError(f"op {op.name!r} has negative size {op.nbytes}")
         table[op.name] = op
-    dag = nx.DiGraph()
-    dag.add_nodes_from(table)
+    index = {name: i for i, name in enumerate(table)}
+    kinds: dict[tuple[int, int], bool] = {}
     for edge in edges:
         u, v = edge[0], edge[1]
         kind = edge[2] if len(edge) > 2 else "data"
         for end in (u, v):
-            if end not in table:
+            if end not in index:
                 raise GraphError(f"edge {u!r} -> {v!r} names unknown op {end!r}")
         if u == v:
             raise GraphError(f"op {u!r} depends on itself")
-        if dag.has_edge(u, v):
-            if kind == "data":
-                dag.edges[u, v]["kind"] = "data"
-            continue
-        dag.add_edge(u, v, kind=kind)
-    if not nx.is_directed_acyclic_graph(dag):
-        cycle = nx.find_cycle(dag)
-        path = " -> ".join([str(cycle[0][0]), *(str(e[1]) for e in cycle)])
-        raise GraphError(f"graph has a cycle: {path}")
-    return OpGraph(ops=table, dag=dag)
+        key = (index[u], index[v])
+        kinds[key] = kinds.get(key, True) and kind == "control"
+    count = len(kinds)
+    src = np.fromiter((k[0] for k in kinds), np.int32, count)
+    dst = np.fromiter((k[1] for k in kinds), np.int32, count)
+    control = np.fromiter(kinds.values(), bool, count)
+    graph = OpGraph(ops=table, src=src, dst=dst, control=control)
+    _check_acyclic(graph)
+    return graph
+
+
+def _check_acyclic(graph: OpGraph) -> None:
+    """Kahn's algorithm over the edge arrays; GraphError naming a cycle if one exists."""
+    n = len(graph.ops)
+    order = np.argsort(graph.src, kind="stable")
+    targets = graph.dst[order].tolist()
+    start = np.searchsorted(graph.src[order], np.arange(n + 1)).tolist()
+    indegree = np.bincount(graph.dst, minlength=n).tolist()
+    ready = deque(i for i in range(n) if indegree[i] == 0)
+    seen = 0
+    while ready:
+        u = ready.popleft()
+        seen += 1
+        for v in targets[start[u] : start[u + 1]]:
+            indegree[v] -= 1
+            if indegree[v] == 0:
+                ready.append(v)
+    if seen == n:
+        return
+    cycle = nx.find_cycle(graph.dag)
+    path = " -> ".join([str(cycle[0][0]), *(str(e[1]) for e in cycle)])
+    raise GraphError(f"graph has a cycle: {path}")

@@ -88,9 +88,8 @@ def compile_graph(graph: OpGraph) -> Compiled:
     resources = tuple(sorted({op.resource for op in graph.ops.values()}))
     rid = {r: i for i, r in enumerate(resources)}
     res = np.fromiter((rid[op.resource] for op in graph.ops.values()), np.int64, len(names))
-    m = graph.dag.number_of_edges()
-    src = np.fromiter((index[u] for u, _ in graph.dag.edges), np.int64, m)
-    dst = np.fromiter((index[v] for _, v in graph.dag.edges), np.int64, m)
+    src = graph.src.astype(np.int64)
+    dst = graph.dst.astype(np.int64)
     transfer = np.fromiter((op.is_transfer for op in graph.ops.values()), bool, len(names))
     return Compiled(graph, names, index, resources, res, src, dst, transfer)
 

@@ -187,7 +187,7 @@ _KEEP_ARGS = re.compile(
 _CCL = re.compile("ccl", re.IGNORECASE)
 _NUMBER, _INT, _STR, _DICT = {int, float}, {int}, {str}, {dict}
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
-STREAM_CHUNK = 1 << 18
+STREAM_CHUNK = 1 << 16
 """Bytes of decompressed JSON parsed at a time by the streaming reader (bounds its memory)."""
 _MAX_PENDING = 64 << 20  # an unsplittable stretch longer than this: parse the file whole
 
