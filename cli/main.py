@@ -25,6 +25,7 @@ from planner.trace import Job
 from planner_cli import caramel as caramel_commands
 from planner_cli import enforce as enforce_commands
 from planner_cli import model as model_commands
+from planner_cli import parallel as parallel_commands
 from planner_cli import render
 from planner_cli import report as report_commands
 from planner_cli import simulate as simulate_commands
@@ -203,7 +204,8 @@ def analyze_command(
     the traced step and the best plan's predicted schedule, per rank).
     """
     job = select_ranks(load(paths or (detect.demo_trace(),), as_json), rank)
-    report = analysis.analyze(job)
+    with render.progress(enabled=not as_json, what="analysing") as advance:
+        report = analysis.analyze(job, progress=advance)
     files = analysis_files(report, job, output) if output is not None else {}
     for path, text in files.items():
         write_atomic(path, text)
@@ -282,5 +284,6 @@ for command in (
     enforce_commands.export_command,
     enforce_commands.verify_command,
     report_commands.report_command,
+    parallel_commands.analyze_ranks_command,
 ):
     cli.add_command(command)

@@ -7,7 +7,7 @@ sizes bytes. The CLI only renders these.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -259,17 +259,28 @@ def observed_orders(job: Job) -> list[dict[str, Any]]:
     return result
 
 
-def analyze(job: Job, samples: int = 100, seed: int = 0) -> dict[str, Any]:
+def analyze(
+    job: Job,
+    samples: int = 100,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """`planner.report/1`: inspect, the plans that apply, metrics and the simulation.
 
     The simulation replays the traced steps (with the replay error) and compares the
     plans against the random-order baseline; its schedules (`timelines`: the traced
     median step and each plan's median sample) are for the timeline export and the
-    HTML report.
+    HTML report. `progress` is told the name of each stage as it starts.
     """
+    step = progress or (lambda _stage: None)
     timed = bool(len(job.trace.timings))
+    step("time oracle")
     oracle = oracles(job) if timed else None
-    plans = {name: schedule(job, name, oracle) for name in algorithms_for(job)}
+    plans = {}
+    for name in algorithms_for(job):
+        step(f"planning {name}")
+        plans[name] = schedule(job, name, oracle)
+    step("metrics")
     report: dict[str, Any] = {
         "schema": "planner.report/1",
         "planner_version": __version__,
@@ -281,6 +292,7 @@ def analyze(job: Job, samples: int = 100, seed: int = 0) -> dict[str, Any]:
         "exports": {},
     }
     if timed:
+        step(f"simulating ({samples} samples per plan)")
         report["simulation"] = simulate.simulation(
             job, plans, samples=samples, seed=seed, timelines=True
         )
