@@ -14,6 +14,7 @@ from typing import Any
 
 from planner.errors import InputError
 from planner.graph import OP_KINDS, PHASES, GraphError, Op, build_graph
+from planner.ingest.files import MAX_NBYTES, MAX_SPAN_S, MAX_TIME_NS
 from planner.trace import Job, make_trace
 
 SCHEMA = "planner.trace/1"
@@ -77,11 +78,19 @@ def _need(value: Any, kind: type | tuple[type, ...], what: str, path: Path) -> A
     return value
 
 
-def _seconds(value: Any, what: str, path: Path) -> int:
+def _seconds(value: Any, what: str, path: Path, limit: float = 1e10) -> int:
     _need(value, (int, float), what, path)
-    if not math.isfinite(value) or value < 0 or value > 1e10:
+    if not math.isfinite(value) or value < 0 or value > limit:
         raise InputError(path, f"{what} is out of range ({value})")
     return round(value * 1e9)
+
+
+def _rank_name(value: Any, where: str, path: Path) -> str:
+    """A rank name; it becomes part of output file names, so no path syntax in it."""
+    name = _need(value, str, f"{where}.rank", path)
+    if not name or name.startswith(".") or any(c in name for c in "/\\") or not name.isprintable():
+        raise InputError(path, f"{where}.rank {name!r} is not usable as a file name part")
+    return name
 
 
 def from_document(doc: Any, path: Path) -> Job:
@@ -93,13 +102,15 @@ def from_document(doc: Any, path: Path) -> Job:
     if schema != SCHEMA:
         raise InputError(path, f"unsupported planner trace version {schema!r} (reads {SCHEMA})")
     origin = _need(doc.get("origin_ns", 0), int, "'origin_ns'", path)
+    if not 0 <= origin < MAX_TIME_NS:
+        raise InputError(path, f"'origin_ns' is out of range ({origin})")
     graphs = {}
     rows: list[tuple[str, int, str, int, int]] = []
     spans: list[tuple[str, int, int, int]] = []
     for i, entry in enumerate(_need(doc.get("ranks"), list, "'ranks'", path)):
         where = f"ranks[{i}]"
         _need(entry, dict, where, path)
-        rank = _need(entry.get("rank"), str, f"{where}.rank", path)
+        rank = _rank_name(entry.get("rank"), where, path)
         if rank in graphs:
             raise InputError(path, f"rank {rank!r} appears twice")
         ops = []
@@ -111,6 +122,8 @@ def from_document(doc: Any, path: Path) -> Job:
             if kind not in OP_KINDS or phase not in PHASES:
                 raise InputError(path, f"op {name!r}: unknown kind or phase ({kind}, {phase})")
             nbytes = _need(raw.get("nbytes", 0), int, f"op {name!r} nbytes", path)
+            if nbytes > MAX_NBYTES:
+                raise InputError(path, f"op {name!r} nbytes is over 1 PiB ({nbytes})")
             param = raw.get("param")
             ops.append(
                 Op(
@@ -146,7 +159,11 @@ def from_document(doc: Any, path: Path) -> Job:
                 raise InputError(path, f"rank {rank}: iteration {number} appears twice")
             seen_iterations.add(number)
             start = origin + _seconds(it.get("start"), f"iteration {number} start", path)
-            length = _seconds(it.get("duration"), f"iteration {number} duration", path)
+            length = _seconds(
+                it.get("duration"), f"iteration {number} duration", path, limit=MAX_SPAN_S
+            )
+            if start + length >= MAX_TIME_NS:
+                raise InputError(path, f"iteration {number} ends out of range (origin_ns + start)")
             for name, timing in _need(
                 it.get("ops", {}), dict, f"iteration {number} ops", path
             ).items():
@@ -158,6 +175,12 @@ def from_document(doc: Any, path: Path) -> Job:
                     )
                 rel = _seconds(timing[0], f"op {name!r} start", path)
                 dur = _seconds(timing[1], f"op {name!r} duration", path)
+                if rel + dur > length + 1000:
+                    raise InputError(
+                        path,
+                        f"iteration {number} op {name!r} ends at {(rel + dur) / 1e9:.6g} s, after "
+                        f"the iteration's {length / 1e9:.6g} s (times must be seconds)",
+                    )
                 rows.append((rank, number, name, start + rel, dur))
             spans.append((rank, number, start, start + length))
     if not graphs:

@@ -80,7 +80,11 @@ def placement(nodes: dict[str, tfpb.NodeDef], default: str) -> dict[str, str]:
         node = nodes[name]
         found = task_of(node.device)
         if not found and depth < 16:
-            colocated = [v.decode() for v in node.attr["_class"].list.s if v.startswith(b"loc:@")]
+            colocated = [
+                v.decode(errors="replace")
+                for v in node.attr["_class"].list.s
+                if v.startswith(b"loc:@")
+            ]
             anchors = [c[len("loc:@") :] for c in colocated if c[len("loc:@") :] in nodes]
             uses_handle = node.op in _RESOURCE_OPS or node.op.startswith("ResourceApply")
             if not anchors and node.input and uses_handle:

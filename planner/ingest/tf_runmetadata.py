@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from google.protobuf import message
 
 from planner.errors import InputError
 from planner.graph import GraphError, Op, OpGraph, build_graph
+from planner.ingest.files import MAX_NBYTES, MAX_SPAN_S, MAX_TIME_NS
 from planner.ingest.proto import tf_subset_pb2 as tfpb
 from planner.ingest.tf_graphdef import device_name, split_input, task_of
 from planner.trace import Job, make_trace
@@ -95,12 +96,25 @@ class _Step:
     records: dict[tuple[str, str, str], _Record] = field(default_factory=dict)
 
 
-def _index_step(run: tfpb.RunMetadata, number: int) -> _Step:
+def _check_stats(stats: tfpb.NodeExecStats, device: str, path: Path) -> tuple[int, int]:
+    """(start, duration) in ns of one node record; InputError when out of range."""
+    start, duration = _start_ns(stats), _duration_ns(stats)
+    what = f"node stats of {stats.node_name!r} on {device}"
+    if not 0 <= start < MAX_TIME_NS:
+        raise InputError(path, f"{what}: start time {start} ns is out of range")
+    if duration < 0:
+        raise InputError(path, f"{what}: negative duration ({duration} ns)")
+    if duration > MAX_SPAN_S * 1e9:
+        raise InputError(path, f"{what}: lasts {duration / 1e9:.3g} s, more than a day")
+    return start, duration
+
+
+def _index_step(run: tfpb.RunMetadata, number: int, path: Path) -> _Step:
     partitions = {_partition_device(g): g for g in run.partition_graphs}
     step = _Step(number=number, partitions=partitions)
     for dev in run.step_stats.dev_stats:
         for stats in dev.node_stats:
-            start, duration = _start_ns(stats), _duration_ns(stats)
+            start, duration = _check_stats(stats, dev.device, path)
             if stats.node_name == "RecvTensor":
                 found = _LABEL.match(stats.timeline_label)
                 if not found:
@@ -110,6 +124,10 @@ def _index_step(run: tfpb.RunMetadata, number: int) -> _Step:
                     if stats.output
                     else 0
                 )
+                if not 0 <= nbytes <= MAX_NBYTES:
+                    raise InputError(
+                        path, f"RecvTensor record of {found['edge']}: size {nbytes} B out of range"
+                    )
                 key = (found["edge"], found["src"], found["dst"])
                 step.records.setdefault(key, _Record(start, start + duration, nbytes))
                 continue
@@ -143,7 +161,11 @@ def _sender_producer(partitions: dict[str, tfpb.GraphDef], device: str, edge: st
     if graph is None:
         return None
     for node in graph.node:
-        if node.op == "_Send" and node.attr["tensor_name"].s.decode() == edge and node.input:
+        if (
+            node.op == "_Send"
+            and node.attr["tensor_name"].s.decode(errors="replace") == edge
+            and node.input
+        ):
             src, kind = split_input(node.input[0])
             return src if kind == "data" else None
     return None
@@ -161,10 +183,10 @@ def _rank_graph(step: _Step, device: str, path: Path) -> tuple[OpGraph, dict[str
         peer_device = ""
         kind = "compute"
         if node.op == "_Recv":
-            peer_device = attr["send_device"].s.decode()
+            peer_device = attr["send_device"].s.decode(errors="replace")
             kind = "recv"
         elif node.op == "_Send":
-            peer_device = attr["recv_device"].s.decode()
+            peer_device = attr["recv_device"].s.decode(errors="replace")
             kind = "send"
         peer = task_of(peer_device)
         if kind != "compute" and (not peer or peer == rank or attr["client_terminated"].b):
@@ -172,16 +194,16 @@ def _rank_graph(step: _Step, device: str, path: Path) -> tuple[OpGraph, dict[str
         if kind == "compute":
             ops.append(Op(node.name, "compute", device_name(device), type=node.op))
         else:
-            edge = attr["tensor_name"].s.decode()
+            edge = attr["tensor_name"].s.decode(errors="replace")
             if kind == "recv":
-                source = attr["_src"].s.decode() or node.name
+                source = attr["_src"].s.decode(errors="replace") or node.name
                 param = _variable_of(step.partitions, peer_device, source)
                 resource = f"{rank}<-{peer}"
                 key = (edge, peer_device, device)
                 producer = (peer_device, _sender_producer(step.partitions, peer_device, edge))
             else:
                 src = split_input(node.input[0])[0] if node.input else ""
-                param = attr["_src"].s.decode() or src
+                param = attr["_src"].s.decode(errors="replace") or src
                 resource = f"{rank}->{peer}"
                 key = (edge, device, peer_device)
                 producer = (device, src or None)
@@ -201,7 +223,7 @@ def load_run_metadata(files: list[tuple[Path, bytes]]) -> Job:
     steps: list[tuple[Path, _Step]] = []
     for index, (path, data) in enumerate(files):
         run = parse_run_metadata(data, path)
-        steps.append((path, _index_step(run, step_number(path, index))))
+        steps.append((path, _index_step(run, step_number(path, index), path)))
     steps.sort(key=lambda item: item[1].number)
 
     graphs: dict[str, OpGraph] = {}
@@ -230,10 +252,16 @@ def load_run_metadata(files: list[tuple[Path, bytes]]) -> Job:
             got = sum(1 for r in step_rows if r[2] in links[rank])
             if got < expected:
                 missing[(rank, step.number)] = expected - got
-            if not step_rows:
-                raise InputError(path, f"no node stats for {rank} in step {step.number}")
+            if all(r[2] in links[rank] for r in step_rows):
+                raise InputError(path, f"no node stats for {rank}'s kernels in step {step.number}")
             start = min(r[3] for r in step_rows)
             end = max(r[3] + r[4] for r in step_rows)
+            if end - start > MAX_SPAN_S * 1e9:
+                raise InputError(
+                    path,
+                    f"step {step.number} of {rank} spans {(end - start) / 1e9:.3g} s, more than "
+                    "a day: its node stats disagree on the clock",
+                )
             rows.extend((rank, step.number, op, s, d) for _, _, op, s, d in step_rows)
             spans.append((rank, step.number, start, end))
     if not graphs:
@@ -284,7 +312,7 @@ def _step_rows(
 
 def _with_sizes(graph: OpGraph, rank: str, nbytes: dict[tuple[str, str], int]) -> OpGraph:
     ops = [
-        Op(**{**op.__dict__, "nbytes": nbytes.get((rank, name), 0)}) if op.is_transfer else op
+        replace(op, nbytes=nbytes.get((rank, name), 0)) if op.is_transfer else op
         for name, op in graph.ops.items()
     ]
     return build_graph(ops, graph.edges())

@@ -1,0 +1,901 @@
+"""Seeded mutation corpus: broken inputs derived from the real traces.
+
+`build_corpus(seed)` returns the cases (in memory); `Case.write(dir)` puts one on disk.
+Each is broken in a way a reader can detect (truncation inside a record,
+a cycle, a negative size, ...); inputs that a mutation would leave valid are built as
+`valid=True` cases, so nothing still valid is counted as broken. Bases: the repo's
+traces/ (always there) and ../shared/traces (used when present).
+
+Rerun with another seed: ``PLANNER_CORPUS_SEED=7 pytest tests/test_corpus.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "traces"
+DEMO = REPO / "traces" / "demo"
+HTA = REPO / "traces" / "torch" / "hta_trace_compare_base.json.gz"
+TF_CNN = SHARED / "generated" / "tf" / "cnn_ps_ingraph"
+TORCH_RESNET = SHARED / "generated" / "torch" / "resnet_ddp"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One corpus input, held in memory: files (relative path -> bytes), what to pass.
+
+    `inputs` and `blame` are relative paths ("." = the case's folder); one of `blame`
+    must be named on stderr. `valid` cases must succeed instead.
+    """
+
+    name: str
+    family: str
+    files: dict[str, bytes]
+    inputs: tuple[str, ...]
+    blame: tuple[str, ...] = ()
+    valid: bool = False
+    xfail: str | None = None
+
+    def write(self, root: Path) -> tuple[list[Path], list[Path]]:
+        """Write the files under `root` (created); the input and culprit paths."""
+        root.mkdir(parents=True, exist_ok=True)
+        for relative, content in self.files.items():
+            path = root / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(content)
+        place = [root if p == "." else root / p for p in self.inputs]
+        return place, [root if p == "." else root / p for p in self.blame]
+
+
+@dataclass
+class Corpus:
+    """Collects cases; names are unique (a numbered prefix keeps the order)."""
+
+    rng: random.Random
+    cases: list[Case] = field(default_factory=list)
+
+    def _add(self, case: Case) -> Case:
+        xfail = case.xfail or KNOWN_KINETO_BUGS.get(case.name)
+        named = Case(
+            f"{len(self.cases):03d}-{case.name}",
+            case.family,
+            case.files,
+            case.inputs,
+            case.blame,
+            case.valid,
+            xfail,
+        )
+        self.cases.append(named)
+        return named
+
+    def file(
+        self,
+        family: str,
+        name: str,
+        filename: str,
+        content: bytes,
+        valid: bool = False,
+        xfail: str | None = None,
+    ) -> Case:
+        """A case of one file."""
+        blame = () if valid else (filename,)
+        return self._add(Case(name, family, {filename: content}, (filename,), blame, valid, xfail))
+
+    def files(
+        self,
+        family: str,
+        name: str,
+        contents: dict[str, bytes],
+        blame: tuple[str, ...],
+        give_dir: bool = False,
+        xfail: str | None = None,
+        valid: bool = False,
+    ) -> Case:
+        """A case of several files (or their folder); `blame` names the acceptable culprits."""
+        inputs = (".",) if give_dir else tuple(contents)
+        return self._add(Case(name, family, dict(contents), inputs, blame, valid, xfail))
+
+
+_NO_VALIDATION = "kineto.py accepts it (no validation of {}); exit 0 with wrong figures"
+KNOWN_KINETO_BUGS: dict[str, str] = {
+    "k-step-no-ts": _NO_VALIDATION.format("a ProfilerStep event without 'ts'"),
+    "k-step-no-dur": _NO_VALIDATION.format("a ProfilerStep event without 'dur'"),
+    "k-step-no-name": _NO_VALIDATION.format("an 'X' event without 'name'; the step vanishes"),
+    "k-event-no-ts": _NO_VALIDATION.format("an 'X' event without 'ts'"),
+    "k-event-no-dur": _NO_VALIDATION.format("an 'X' event without 'dur'"),
+    "k-event-ts-NoneType": _NO_VALIDATION.format("'ts': null (NaN cast to int64)"),
+    "k-event-name-int": _NO_VALIDATION.format("a non-string 'name'"),
+    "k-event-args-str": "kineto.py crashes: AttributeError 'str' object has no attribute 'get' "
+    "in _nbytes when an event's 'args' is not an object (traceback, no exit 2)",
+    "k-step-dur-NoneType": _NO_VALIDATION.format("'dur': null on a ProfilerStep"),
+    "k-step-name-int": _NO_VALIDATION.format("a non-string ProfilerStep 'name'"),
+    "k-event-dur-neg": _NO_VALIDATION.format("a negative 'dur'"),
+    "k-step-dur-neg": _NO_VALIDATION.format("a negative ProfilerStep 'dur'"),
+    "k-event-dur-huge": _NO_VALIDATION.format("'dur' = 1e18 us (overflows in simulate)"),
+    "k-step-dur-huge": _NO_VALIDATION.format("a ProfilerStep 'dur' of 1e18 us"),
+    "k-event-ts-neg": _NO_VALIDATION.format("'ts' = -1e18 us"),
+    "k-event-ts-huge": _NO_VALIDATION.format("'ts' = 1e300 us (NaN cast to int64)"),
+    "k-duplicate-step-marker": _NO_VALIDATION.format("a duplicated ProfilerStep#N"),
+    "k-two-steps-same-number": _NO_VALIDATION.format("two ProfilerStep events with one number"),
+    "k-step-number-not-int": _NO_VALIDATION.format("'ProfilerStep#x'"),
+    "k-with-wrong-et": "kineto.py/execution_trace.py join rank0's Kineto trace with rank1's "
+    "Execution Trace (rf_ids coincide); exit 0 with the wrong dependencies",
+}
+
+
+# ---------------------------------------------------------------- bases (real traces)
+
+
+@cache
+def _demo_bytes() -> bytes:
+    return (DEMO / "run_metadata_step3.pb").read_bytes()
+
+
+@cache
+def _planner_doc() -> str:
+    """The demo's steps 3 and 4 as a planner JSON trace (written by the planner itself)."""
+    from planner.export.files import dumps
+    from planner.ingest import detect, planner_json
+
+    job = detect.load([DEMO / "run_metadata_step3.pb", DEMO / "run_metadata_step4.pb"])
+    return dumps(planner_json.to_document(job))
+
+
+@cache
+def _hta_text() -> str:
+    return gzip.decompress(HTA.read_bytes()).decode()
+
+
+@cache
+def _resnet_text() -> str:
+    return gzip.decompress((TORCH_RESNET / "rank0.json.gz").read_bytes()).decode()
+
+
+def _gz(data: bytes | str) -> bytes:
+    raw = data.encode() if isinstance(data, str) else data
+    return gzip.compress(raw, mtime=0)
+
+
+def _js(doc: Any) -> bytes:
+    return json.dumps(doc).encode()
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, pos
+
+
+def field_boundaries(data: bytes) -> set[int]:
+    """Offsets between the top-level fields of a protobuf message (a cut there parses)."""
+    pos, out = 0, {0}
+    while pos < len(data):
+        key, pos = _varint(data, pos)
+        wire = key & 7
+        if wire == 0:
+            _, pos = _varint(data, pos)
+        elif wire == 1:
+            pos += 8
+        elif wire == 2:
+            size, pos = _varint(data, pos)
+            pos += size
+        elif wire == 5:
+            pos += 4
+        else:
+            break
+        out.add(pos)
+    return out
+
+
+def _cuts(rng: random.Random, data: bytes, count: int, avoid: set[int]) -> list[int]:
+    """`count` distinct cut points strictly inside `data`, none in `avoid`."""
+    cuts: set[int] = {1, len(data) // 2, len(data) - 1} - avoid
+    while len(cuts) < count:
+        cut = rng.randrange(1, len(data))
+        if cut not in avoid:
+            cuts.add(cut)
+    return sorted(cuts)[:count]
+
+
+def _json_cuts(rng: random.Random, text: str, count: int) -> list[int]:
+    """Cut points that leave JSON unparsable (checked, so never a valid prefix)."""
+    cuts: list[int] = []
+    while len(cuts) < count:
+        cut = rng.randrange(1, len(text) - 1)
+        try:
+            json.loads(text[:cut])
+        except ValueError:
+            cuts.append(cut)
+    return cuts
+
+
+# ---------------------------------------------------------------- families
+
+
+def empty_and_garbage(c: Corpus) -> None:
+    """Empty files and folders, whitespace, binary garbage and text with a trace suffix."""
+    for suffix in (".pb", ".pbtxt", ".json", ".json.gz", ".pt.trace.json", ".gz"):
+        c.file("empty", f"empty{suffix}", f"trace{suffix}", b"")
+    c.file("empty", "blank.json", "trace.json", b"  \n\t \n")
+    c.file("empty", "empty-gzip-stream", "rank0.json.gz", _gz(b""))
+    c.file("empty", "gzip-of-blank", "rank0.json.gz", _gz(b"   \n"))
+    c.file("empty", "empty-object", "trace.json", b"{}")
+    c.file("empty", "empty-list", "trace.json", b"[]")
+    c.file("empty", "json-null", "trace.json", b"null")
+    c.files("empty", "empty-dir", {}, blame=(".",), give_dir=True)
+    c.files("empty", "dir-no-traces", {"notes.txt": b"hello"}, blame=(".",), give_dir=True)
+    c.files("empty", "dir-only-meta", {"meta.json": b'{"a": 1}'}, blame=(".",), give_dir=True)
+    c.files(
+        "empty",
+        "dir-empty-pb",
+        {"run_metadata_step3.pb": b""},
+        blame=(".", "run_metadata_step3.pb"),
+        give_dir=True,
+    )
+    for i in range(8):
+        size = c.rng.choice((3, 17, 512, 4096, 65537))
+        junk = c.rng.randbytes(size)
+        suffix = (".pb", ".json", ".json.gz", ".pbtxt")[i % 4]
+        if suffix == ".json":
+            junk = b"{" + junk
+        elif suffix == ".json.gz":
+            junk = b"\x1f\x8b" + junk
+        c.file("garbage", f"random-{i}{suffix}", f"trace{suffix}", junk)
+    c.file("garbage", "gzip-of-garbage", "rank0.json.gz", _gz(c.rng.randbytes(2048)))
+    c.file("garbage", "gzip-of-gzip-garbage", "trace.pb.gz", _gz(_gz(c.rng.randbytes(64))))
+    c.file("garbage", "text-as-pb", "graph.pb", b"this is a README, not a graph\n")
+    c.file("garbage", "html-as-json", "trace.json", b"<html><body>404</body></html>")
+    c.file("garbage", "png-as-pb", "graph.pb", b"\x89PNG\r\n\x1a\n" + c.rng.randbytes(200))
+    c.file("garbage", "zip-as-gz", "rank0.json.gz", b"PK\x03\x04" + c.rng.randbytes(200))
+    c.file("garbage", "nul-bytes.pbtxt", "graph.pbtxt", b"\x00" * 300)
+
+
+def tf_run_metadata(c: Corpus) -> None:
+    """Truncated and semantically broken RunMetadata (the repo's demo, and shared runs)."""
+    from planner.ingest.proto import tf_subset_pb2 as tfpb
+
+    data = _demo_bytes()
+    for cut in _cuts(c.rng, data, 10, field_boundaries(data)):
+        c.file("truncated-protobuf", f"rm-cut-{cut}", "run_metadata_step3.pb", data[:cut])
+    cut = _cuts(c.rng, data, 1, field_boundaries(data))[0]
+    c.file("truncated-gzip", "rm-gz-cut", "run_metadata_step3.pb.gz", _gz(data)[: cut // 3])
+    for i in range(3):  # flipped bytes inside the first top-level field's length prefix region
+        damaged = bytearray(data)
+        damaged[1 + i] = 0xFF
+        c.file("garbage", f"rm-bad-length-{i}", "run_metadata_step3.pb", bytes(damaged))
+
+    def variant(name: str, family: str, edit: Callable[[Any], None]) -> None:
+        run = tfpb.RunMetadata()
+        run.ParseFromString(data)
+        edit(run)
+        c.file(family, name, "run_metadata_step3.pb", run.SerializeToString())
+
+    def worker_stats(run: Any) -> list[Any]:
+        return [
+            ns
+            for dev in run.step_stats.dev_stats
+            if "worker" in dev.device
+            for ns in dev.node_stats
+            if ns.node_name != "RecvTensor"
+        ]
+
+    def recv_records(run: Any) -> list[Any]:
+        stats = [ns for dev in run.step_stats.dev_stats for ns in dev.node_stats]
+        return [ns for ns in stats if ns.node_name == "RecvTensor"]
+
+    def worker_partition(run: Any) -> Any:
+        return next(g for g in run.partition_graphs if "worker" in g.node[0].device)
+
+    variant("rm-no-step-stats", "missing-field", lambda r: r.ClearField("step_stats"))
+    variant("rm-no-partitions", "missing-field", lambda r: r.ClearField("partition_graphs"))
+    variant(
+        "rm-no-worker-partition",
+        "mismatched-ranks",
+        lambda r: r.partition_graphs.remove(worker_partition(r)),
+    )
+
+    def no_worker_stats(run: Any) -> None:
+        for dev in run.step_stats.dev_stats:
+            if "worker" in dev.device:
+                del dev.node_stats[:]
+
+    variant("rm-no-worker-node-stats", "missing-field", no_worker_stats)
+
+    def negative_duration(run: Any) -> None:
+        stats = c.rng.choice(worker_stats(run))
+        stats.all_end_rel_micros, stats.all_end_rel_nanos = -5000, -5_000_000
+
+    for i in range(2):
+        variant(f"rm-negative-duration-{i}", "negative-huge", negative_duration)
+
+    def negative_start(run: Any) -> None:
+        stats = c.rng.choice(worker_stats(run))
+        stats.all_start_micros, stats.all_start_nanos = -(10**12), -(10**15)
+
+    variant("rm-negative-start", "negative-huge", negative_start)
+
+    def huge_duration(run: Any) -> None:
+        stats = c.rng.choice(worker_stats(run))  # 31 years
+        stats.all_end_rel_micros, stats.all_end_rel_nanos = 10**15, 10**18
+
+    variant("rm-huge-duration", "negative-huge", huge_duration)
+
+    def huge_start(run: Any) -> None:
+        stats = c.rng.choice(worker_stats(run))
+        stats.all_start_micros, stats.all_start_nanos = 2**52, 2**62
+
+    variant("rm-huge-start", "negative-huge", huge_start)
+
+    def bytes_to(value: int) -> Callable[[Any], None]:
+        def edit(run: Any) -> None:
+            for ns in recv_records(run):
+                for out in ns.output:
+                    out.tensor_description.allocation_description.requested_bytes = value
+
+        return edit
+
+    variant("rm-negative-bytes", "negative-huge", bytes_to(-4096))
+    variant("rm-huge-bytes", "negative-huge", bytes_to(2**62))
+
+    def cycle(run: Any) -> None:
+        graph = worker_partition(run)
+        names = {n.name for n in graph.node}
+        while True:
+            node = c.rng.choice(list(graph.node))
+            inputs = [i.lstrip("^").split(":")[0] for i in node.input]
+            inputs = [i for i in inputs if i in names]
+            if inputs:
+                break
+        source = next(n for n in graph.node if n.name == inputs[0])
+        source.input.append(f"^{node.name}")
+
+    for i in range(3):
+        variant(f"rm-cycle-{i}", "cycle", cycle)
+
+    def self_loop(run: Any) -> None:
+        node = c.rng.choice(list(worker_partition(run).node))
+        node.input.append(f"^{node.name}")
+
+    variant("rm-self-loop", "cycle", self_loop)
+
+    def dangling(run: Any) -> None:
+        c.rng.choice(list(worker_partition(run).node)).input.append("no/such/node:0")
+
+    variant("rm-unknown-input", "missing-field", dangling)
+
+    def unnamed(run: Any) -> None:
+        c.rng.choice(list(worker_partition(run).node)).name = ""
+
+    variant("rm-unnamed-node", "missing-field", unnamed)
+
+    run = tfpb.RunMetadata()
+    run.ParseFromString(data)
+    for node in worker_partition(run).node:  # bytes that are not UTF-8 (found by fuzzing)
+        if node.op == "_Recv":
+            node.attr["tensor_name"].s = b"\xa6\xff" + node.attr["tensor_name"].s
+            node.attr["send_device"].s = b"\xa6" + node.attr["send_device"].s
+    c.file(
+        "valid", "rm-non-utf8-attrs", "run_metadata_step3.pb", run.SerializeToString(), valid=True
+    )
+
+    step4 = (DEMO / "run_metadata_step4.pb").read_bytes()
+    c.files(
+        "duplicate-steps",
+        "rm-same-step-twice",
+        {"a/run_metadata_step3.pb": data, "b/run_metadata_step3.pb": step4},
+        blame=("a/run_metadata_step3.pb", "b/run_metadata_step3.pb"),
+    )
+    c.files(
+        "duplicate-steps",
+        "rm-same-number-in-dir",
+        {"run_metadata_step3.pb": data, "run_metadata_step03.pb": step4},
+        blame=("run_metadata_step3.pb", "run_metadata_step03.pb"),
+        give_dir=True,
+    )
+    if TF_CNN.exists():
+        other = (TF_CNN / "run_metadata_step4.pb").read_bytes()
+        c.files(
+            "mismatched-ranks",
+            "rm-two-jobs",
+            {"run_metadata_step3.pb": data, "run_metadata_step4.pb": other},
+            blame=("run_metadata_step4.pb", "run_metadata_step3.pb"),
+        )
+        c.files(
+            "mismatched-ranks",
+            "rm-with-planner-json",
+            {"run_metadata_step3.pb": data, "trace.json": _planner_doc().encode()},
+            blame=("run_metadata_step3.pb", "trace.json"),
+        )
+
+
+def tf_graphdef(c: Corpus) -> None:
+    """Truncated, cyclic and dangling client GraphDefs (binary and text)."""
+    if not TF_CNN.exists():
+        return
+    from planner.ingest.proto import tf_subset_pb2 as tfpb
+
+    data = (TF_CNN / "graph.pb").read_bytes()
+    for cut in _cuts(c.rng, data, 6, field_boundaries(data)):
+        c.file("truncated-protobuf", f"graph-cut-{cut}", "graph.pb", data[:cut])
+    text = (TF_CNN / "graph.pbtxt").read_text()
+    cuts = 0
+    while cuts < 6:
+        cut = c.rng.randrange(10, len(text) - 10)
+        if text[:cut].count("{") != text[:cut].count("}"):  # inside a node: never parses
+            c.file("truncated-text", f"pbtxt-cut-{cut}", "graph.pbtxt", text[:cut].encode())
+            cuts += 1
+    c.file(
+        "invalid-text",
+        "pbtxt-bad-token",
+        "graph.pbtxt",
+        text.replace("node {", "node [", 1).encode(),
+    )
+    c.file("invalid-text", "pbtxt-unknown-field", "graph.pbtxt", ("colour: 3\n" + text).encode())
+
+    def variant(name: str, family: str, edit: Callable[[Any], None], text_form: bool) -> None:
+        from google.protobuf import text_format
+
+        graph = tfpb.GraphDef()
+        graph.ParseFromString(data)
+        edit(graph)
+        if text_form:
+            c.file(
+                family, name + "-txt", "graph.pbtxt", text_format.MessageToString(graph).encode()
+            )
+        else:
+            c.file(family, name, "graph.pb", graph.SerializeToString())
+
+    def cycle(graph: Any) -> None:
+        names = {n.name: n for n in graph.node}
+        while True:
+            node = c.rng.choice(list(graph.node))
+            inputs = [i.lstrip("^").split(":")[0] for i in node.input]
+            same = [
+                i
+                for i in inputs
+                if i in names and names[i].device == node.device and "/job:ps" not in node.device
+            ]
+            if same:
+                break
+        names[same[0]].input.append(f"^{node.name}")
+
+    def dangling(graph: Any) -> None:
+        c.rng.choice(list(graph.node)).input.append("missing_node:0")
+
+    def no_op(graph: Any) -> None:
+        c.rng.choice(list(graph.node)).op = ""
+
+    for text_form in (False, True):
+        variant("graph-cycle", "cycle", cycle, text_form)
+        variant("graph-unknown-input", "missing-field", dangling, text_form)
+        variant("graph-node-without-op", "missing-field", no_op, text_form)
+    variant("graph-no-nodes", "missing-field", lambda g: g.ClearField("node"), False)
+
+
+def planner_json(c: Corpus) -> None:
+    """The planner JSON trace: invalid JSON, missing and mistyped fields, bad values."""
+    text = _planner_doc()
+    base = json.loads(text)
+    for cut in _json_cuts(c.rng, text, 6):
+        c.file("invalid-json", f"pj-cut-{cut}", "trace.json", text[:cut].encode())
+    c.file("invalid-json", "pj-trailing-garbage", "trace.json", (text + "}{").encode())
+    c.file("invalid-json", "pj-single-quotes", "trace.json", text.replace('"', "'").encode())
+    c.file("invalid-json", "pj-comment", "trace.json", ("// planner\n" + text).encode())
+    c.file(
+        "invalid-json", "pj-latin1", "trace.json", text.replace("}", "\xe9}", 1).encode("latin-1")
+    )
+    c.file("truncated-gzip", "pj-gz-cut", "trace.json.gz", _gz(text)[:-9])
+    c.file("truncated-gzip", "pj-gz-no-trailer", "trace.json.gz", _gz(text)[:-4])
+
+    def variant(name: str, family: str, edit: Callable[[dict[str, Any]], None]) -> None:
+        doc = copy.deepcopy(base)
+        edit(doc)
+        c.file(family, name, "trace.json", _js(doc))
+
+    rank = base["ranks"][0]
+    ops = [op["name"] for op in rank["ops"]]
+    timed = [name for name in ops if name in rank["iterations"][0]["ops"]]
+
+    def pick_op(doc: dict[str, Any]) -> dict[str, Any]:
+        return c.rng.choice(doc["ranks"][0]["ops"])
+
+    def pick_timing(doc: dict[str, Any]) -> list[float]:
+        return doc["ranks"][0]["iterations"][0]["ops"][c.rng.choice(timed)]
+
+    def first_it(doc: dict[str, Any]) -> dict[str, Any]:
+        return doc["ranks"][0]["iterations"][0]
+
+    def transfer(doc: dict[str, Any]) -> dict[str, Any]:
+        return c.rng.choice([op for op in doc["ranks"][0]["ops"] if op["kind"] == "recv"])
+
+    def setter(target: Callable[[dict[str, Any]], Any], key: Any, value: Any) -> Callable:
+        def edit(doc: dict[str, Any]) -> None:
+            target(doc)[key] = value
+
+        return edit
+
+    def deleter(target: Callable[[dict[str, Any]], Any], key: Any) -> Callable:
+        def edit(doc: dict[str, Any]) -> None:
+            del target(doc)[key]
+
+        return edit
+
+    def rank0(doc: dict[str, Any]) -> dict[str, Any]:
+        return doc["ranks"][0]
+
+    # missing fields
+    variant("pj-no-schema", "missing-field", deleter(lambda d: d, "schema"))
+    variant("pj-no-ranks", "missing-field", deleter(lambda d: d, "ranks"))
+    variant("pj-no-rank-name", "missing-field", deleter(rank0, "rank"))
+    variant("pj-no-ops", "missing-field", deleter(rank0, "ops"))
+    for i in range(3):
+        variant(f"pj-op-no-name-{i}", "missing-field", deleter(pick_op, "name"))
+    for key in ("iteration", "start", "duration"):
+        variant(f"pj-iteration-no-{key}", "missing-field", deleter(first_it, key))
+    variant("pj-timing-one-value", "missing-field", lambda d: pick_timing(d).pop())
+    variant("pj-ranks-empty", "missing-field", setter(lambda d: d, "ranks", []))
+    variant("pj-rank-name-empty", "missing-field", setter(rank0, "rank", ""))
+    variant("pj-op-name-empty", "missing-field", setter(pick_op, "name", ""))
+
+    def drop_op_keep_edges(doc: dict[str, Any]) -> None:
+        edge = c.rng.choice(doc["ranks"][0]["edges"])
+        doc["ranks"][0]["ops"] = [o for o in doc["ranks"][0]["ops"] if o["name"] != edge[0]]
+        for it in doc["ranks"][0]["iterations"]:
+            it["ops"].pop(edge[0], None)
+
+    variant("pj-edge-to-unknown-op", "missing-field", drop_op_keep_edges)
+
+    def time_unknown_op(doc: dict[str, Any]) -> None:
+        first_it(doc)["ops"]["no/such/op"] = [0.0, 0.001]
+
+    variant("pj-times-unknown-op", "missing-field", time_unknown_op)
+    # mistyped fields
+    mistyped: list[tuple[str, Callable[[dict[str, Any]], Any], Any, Any]] = [
+        ("ranks-dict", lambda d: d, "ranks", {}),
+        ("ranks-string", lambda d: d, "ranks", "worker0"),
+        ("schema-number", lambda d: d, "schema", 1),
+        ("schema-version-2", lambda d: d, "schema", "planner.trace/2"),
+        ("origin-float", lambda d: d, "origin_ns", 1.5e18),
+        ("origin-string", lambda d: d, "origin_ns", "1795303818272004225"),
+        ("rank-number", rank0, "rank", 0),
+        ("ops-dict", rank0, "ops", {}),
+        ("edges-string", rank0, "edges", "a->b"),
+        ("iterations-dict", rank0, "iterations", {}),
+        ("op-name-number", pick_op, "name", 7),
+        ("op-kind-unknown", pick_op, "kind", "teleport"),
+        ("op-phase-unknown", pick_op, "phase", "sideways"),
+        ("op-nbytes-string", pick_op, "nbytes", "1024"),
+        ("op-nbytes-float", pick_op, "nbytes", 1024.5),
+        ("op-nbytes-bool", pick_op, "nbytes", True),
+        ("op-resource-list", pick_op, "resource", ["cpu"]),
+        ("op-param-number", transfer, "param", 3),
+        ("op-type-null-dict", pick_op, "type", {"op": "MatMul"}),
+        ("iteration-string", first_it, "iteration", "3"),
+        ("iteration-float", first_it, "iteration", 3.0),
+        ("start-string", first_it, "start", "0.0"),
+        ("duration-null", first_it, "duration", None),
+        ("duration-bool", first_it, "duration", True),
+        ("iteration-ops-list", first_it, "ops", []),
+    ]
+    for name, target, key, value in mistyped:
+        variant(f"pj-{name}", "mistyped-field", setter(target, key, value))
+
+    def timing_to(value: Any) -> Callable[[dict[str, Any]], None]:
+        def edit(doc: dict[str, Any]) -> None:
+            first_it(doc)["ops"][c.rng.choice(timed)] = value
+
+        return edit
+
+    for name, value in (
+        ("string", "0.1"),
+        ("number", 0.1),
+        ("dict", {"start": 0}),
+        ("three", [0, 1, 2]),
+    ):
+        variant(f"pj-timing-{name}", "mistyped-field", timing_to(value))
+
+    def edge_to(value: Any) -> Callable[[dict[str, Any]], None]:
+        def edit(doc: dict[str, Any]) -> None:
+            doc["ranks"][0]["edges"][0] = value
+
+        return edit
+
+    for name, value in (
+        ("number", 5),
+        ("one", ["a"]),
+        ("kind", [ops[0], ops[1], "weak"]),
+        ("nonstr", [ops[0], 1]),
+    ):
+        variant(f"pj-edge-{name}", "mistyped-field", edge_to(value))
+    # negative / huge values
+    for name, value in (
+        ("neg", -0.001),
+        ("huge", 1e300),
+        ("nan", float("nan")),
+        ("inf", float("inf")),
+    ):
+
+        def op_duration(doc: dict[str, Any], value: Any = value) -> None:
+            pick_timing(doc)[1] = value
+
+        variant(f"pj-op-duration-{name}", "negative-huge", op_duration)
+
+        def op_start(doc: dict[str, Any], value: Any = value) -> None:
+            pick_timing(doc)[0] = value
+
+        variant(f"pj-op-start-{name}", "negative-huge", op_start)
+        variant(
+            f"pj-iteration-duration-{name}", "negative-huge", setter(first_it, "duration", value)
+        )
+        variant(f"pj-iteration-start-{name}", "negative-huge", setter(first_it, "start", value))
+    for i, value in enumerate((-1, -(2**40), 2**70, 10**30)):
+        variant(f"pj-nbytes-bad-{i}", "negative-huge", setter(transfer, "nbytes", value))
+    variant("pj-origin-negative", "negative-huge", setter(lambda d: d, "origin_ns", -(2**80)))
+    variant("pj-origin-huge", "negative-huge", setter(lambda d: d, "origin_ns", 2**80))
+    variant("pj-op-duration-years", "negative-huge", lambda d: pick_timing(d).__setitem__(1, 3e8))
+
+    # wrong time units: op times in ns or µs where seconds are wanted
+    for unit, factor in (("ns", 1e9), ("us", 1e6)):
+
+        def op_units(doc: dict[str, Any], factor: float = factor) -> None:
+            for it in doc["ranks"][0]["iterations"]:
+                for timing in it["ops"].values():
+                    timing[0] *= factor
+                    timing[1] *= factor
+
+        variant(f"pj-op-times-in-{unit}", "wrong-units", op_units)
+
+        def all_units(doc: dict[str, Any], factor: float = factor) -> None:
+            op_units(doc, factor)
+            for it in doc["ranks"][0]["iterations"]:
+                it["duration"] *= factor
+                it["start"] *= factor
+
+        variant(f"pj-all-times-in-{unit}", "wrong-units", all_units)
+
+    def iteration_ms(doc: dict[str, Any]) -> None:
+        for it in doc["ranks"][0]["iterations"]:
+            it["duration"] /= 1e3
+
+    variant("pj-iteration-duration-in-ks", "wrong-units", iteration_ms)
+    # duplicate / missing step markers
+    variant(
+        "pj-duplicate-iteration",
+        "duplicate-steps",
+        lambda d: rank0(d)["iterations"].append(copy.deepcopy(first_it(d))),
+    )
+
+    def renumber(doc: dict[str, Any]) -> None:
+        its = rank0(doc)["iterations"]
+        its[1]["iteration"] = its[0]["iteration"]
+
+    variant("pj-two-iterations-same-number", "duplicate-steps", renumber)
+    # cycles
+    for i in range(3):
+
+        def back_edge(doc: dict[str, Any]) -> None:
+            src, dst, _ = c.rng.choice(doc["ranks"][0]["edges"])
+            doc["ranks"][0]["edges"].append([dst, src, "control"])
+
+        variant(f"pj-cycle-{i}", "cycle", back_edge)
+
+    def self_loop(doc: dict[str, Any]) -> None:
+        name = c.rng.choice(ops)
+        doc["ranks"][0]["edges"].append([name, name, "control"])
+
+    variant("pj-self-loop", "cycle", self_loop)
+
+    def long_cycle(doc: dict[str, Any]) -> None:
+        edges = doc["ranks"][0]["edges"]
+        succ: dict[str, list[str]] = {}
+        for src, dst, _ in edges:
+            succ.setdefault(src, []).append(dst)
+        node = next(s for s in succ if s in ops)
+        path = [node]
+        while path[-1] in succ and len(path) < 6:
+            path.append(succ[path[-1]][0])
+        edges.append([path[-1], path[0], "data"])
+
+    variant("pj-long-cycle", "cycle", long_cycle)
+    # mismatched ranks
+    variant(
+        "pj-duplicate-rank",
+        "mismatched-ranks",
+        lambda d: d["ranks"].append(copy.deepcopy(rank0(d))),
+    )
+    c.files(
+        "mismatched-ranks",
+        "pj-two-documents",
+        {"a.json": text.encode(), "b.json": text.encode()},
+        blame=("a.json", "b.json"),
+    )
+    # valid documents that look odd: must be accepted (exit 0), not counted as broken
+    c.file("valid", "pj-as-is", "trace.json", text.encode(), valid=True)
+    c.file("valid", "pj-gzip", "trace.json.gz", _gz(text), valid=True)
+
+    def scaled(doc: dict[str, Any]) -> None:
+        timing = pick_timing(doc)
+        timing[1] *= 0.5
+
+    doc = copy.deepcopy(base)
+    scaled(doc)
+    c.file("valid", "pj-shorter-op", "trace.json", _js(doc), valid=True)
+    doc = copy.deepcopy(base)
+    doc["notes"].append("../../etc/passwd")
+    c.file("valid", "pj-extra-note", "trace.json", _js(doc), valid=True)
+
+
+def kineto(c: Corpus) -> None:
+    """PyTorch profiler traces: the repo's HTA sample, and a shared DDP rank when present."""
+    bases = [("hta", _hta_text())]
+    if TORCH_RESNET.exists():
+        bases.append(("resnet", _resnet_text()))
+    for label, text in bases:
+        packed = _gz(text)
+        for cut in _cuts(c.rng, packed, 4, {0}):
+            c.file(
+                "truncated-gzip", f"k-{label}-gz-cut-{cut}", "rank0.pt.trace.json.gz", packed[:cut]
+            )
+        for cut in _json_cuts(c.rng, text, 3):
+            c.file(
+                "invalid-json", f"k-{label}-cut-{cut}", "rank0.pt.trace.json", text[:cut].encode()
+            )
+    text = _hta_text()
+    base = json.loads(text)
+
+    def variant(
+        name: str, family: str, edit: Callable[[dict[str, Any]], None], xfail: str | None = None
+    ) -> None:
+        doc = copy.deepcopy(base)
+        edit(doc)
+        c.file(family, name, "rank0.pt.trace.json", _js(doc), xfail=xfail)
+
+    events = base["traceEvents"]
+    complete = [i for i, e in enumerate(events) if e.get("ph") == "X"]
+    steps = [i for i, e in enumerate(events) if str(e.get("name", "")).startswith("ProfilerStep#")]
+
+    def on_event(index_pool: list[int], key: str, value: Any) -> Callable[[dict[str, Any]], None]:
+        def edit(doc: dict[str, Any]) -> None:
+            doc["traceEvents"][c.rng.choice(index_pool)][key] = value
+
+        return edit
+
+    def drop_key(index_pool: list[int], key: str) -> Callable[[dict[str, Any]], None]:
+        def edit(doc: dict[str, Any]) -> None:
+            doc["traceEvents"][c.rng.choice(index_pool)].pop(key, None)
+
+        return edit
+
+    variant("k-no-trace-events", "missing-field", lambda d: d.pop("traceEvents"))
+    variant("k-trace-events-dict", "mistyped-field", lambda d: d.__setitem__("traceEvents", {}))
+    variant("k-trace-events-string", "mistyped-field", lambda d: d.__setitem__("traceEvents", "x"))
+    variant(
+        "k-event-number", "mistyped-field", lambda d: d["traceEvents"].__setitem__(complete[0], 5)
+    )
+
+    def no_complete(doc: dict[str, Any]) -> None:
+        doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("ph") != "X"]
+
+    variant("k-no-complete-events", "missing-field", no_complete)
+    for key in ("ts", "dur", "name"):
+        variant(f"k-step-no-{key}", "missing-field", drop_key(steps, key))
+    variant("k-event-no-ts", "missing-field", drop_key(complete, "ts"))
+    variant("k-event-no-dur", "missing-field", drop_key(complete, "dur"))
+    for key, value in (
+        ("ts", "soon"),
+        ("dur", "long"),
+        ("ts", None),
+        ("dur", [1]),
+        ("name", 5),
+        ("args", "x"),
+    ):
+        variant(
+            f"k-event-{key}-{type(value).__name__}",
+            "mistyped-field",
+            on_event(complete, key, value),
+        )
+    for key, value in (("ts", "soon"), ("dur", None), ("name", 3)):
+        variant(
+            f"k-step-{key}-{type(value).__name__}", "mistyped-field", on_event(steps, key, value)
+        )
+    for name, value in (
+        ("neg", -1500),
+        ("nan", float("nan")),
+        ("inf", float("inf")),
+        ("huge", 1e18),
+    ):
+        variant(f"k-event-dur-{name}", "negative-huge", on_event(complete, "dur", value))
+        variant(f"k-step-dur-{name}", "negative-huge", on_event(steps, "dur", value))
+    variant("k-event-ts-neg", "negative-huge", on_event(complete, "ts", -1e18))
+    variant("k-event-ts-huge", "negative-huge", on_event(complete, "ts", 1e300))
+
+    def no_steps(doc: dict[str, Any]) -> None:
+        doc["traceEvents"] = [
+            e for e in doc["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep#")
+        ]
+
+    variant("k-no-step-markers", "missing-steps", no_steps)
+
+    def duplicate_step(doc: dict[str, Any]) -> None:
+        doc["traceEvents"].append(copy.deepcopy(doc["traceEvents"][steps[0]]))
+
+    variant("k-duplicate-step-marker", "duplicate-steps", duplicate_step)
+
+    def renumber_step(doc: dict[str, Any]) -> None:
+        doc["traceEvents"][steps[1]]["name"] = doc["traceEvents"][steps[0]]["name"]
+
+    variant("k-two-steps-same-number", "duplicate-steps", renumber_step)
+
+    def bad_step_number(doc: dict[str, Any]) -> None:
+        doc["traceEvents"][steps[0]]["name"] = "ProfilerStep#x"
+
+    variant("k-step-number-not-int", "mistyped-field", bad_step_number)
+    if TORCH_RESNET.exists():
+        rank0 = (TORCH_RESNET / "rank0.json.gz").read_bytes()
+        rank1 = (TORCH_RESNET / "rank1.json.gz").read_bytes()
+        et1 = (TORCH_RESNET / "et_rank1.json.gz").read_bytes()
+        c.files(
+            "mismatched-ranks",
+            "k-same-rank-twice",
+            {"rank0.json.gz": rank0, "rank0-copy.json.gz": rank0},
+            blame=("rank0.json.gz", "rank0-copy.json.gz"),
+        )
+        c.files(
+            "mismatched-ranks",
+            "k-with-wrong-et",
+            {"rank0.json.gz": rank0, "et_rank1.json.gz": et1},
+            blame=("rank0.json.gz", "et_rank1.json.gz"),
+        )
+        c.files(
+            "mismatched-ranks",
+            "k-with-run-metadata",
+            {"rank0.json.gz": rank0, "run_metadata_step3.pb": _demo_bytes()},
+            blame=("rank0.json.gz", "run_metadata_step3.pb"),
+        )
+        c.files(
+            "mismatched-ranks",
+            "k-et-alone",
+            {"et_rank1.json.gz": et1},
+            blame=("et_rank1.json.gz",),
+        )
+        et_text = gzip.decompress(et1)
+        for cut in _cuts(c.rng, _gz(et_text), 2, {0}):
+            c.files(
+                "truncated-gzip",
+                f"k-et-gz-cut-{cut}",
+                {"rank1.json.gz": rank1, "et_rank1.json.gz": _gz(et_text)[:cut]},
+                blame=("et_rank1.json.gz",),
+            )
+        c.files(
+            "valid",
+            "k-ddp-ranks",
+            {"rank0.json.gz": rank0, "rank1.json.gz": rank1},
+            blame=(),
+            valid=True,
+        )
+    c.file("valid", "k-hta-as-is", "rank0.pt.trace.json", text.encode(), valid=True)
+
+
+FAMILIES = (empty_and_garbage, tf_run_metadata, tf_graphdef, planner_json, kineto)
+
+
+def build_corpus(seed: int = 0) -> list[Case]:
+    """The corpus for a seed (deterministic), in memory; `Case.write` puts one on disk."""
+    corpus = Corpus(random.Random(seed))
+    for family in FAMILIES:
+        family(corpus)
+    return corpus.cases
