@@ -8,6 +8,7 @@ times inside a step (``ready``, ``window_end``) are offsets from the step's star
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -86,7 +87,45 @@ def rank_windows(job: Job, rank: str) -> pd.DataFrame:
     if not first_read:  # no phase ranges: the next step's start is the earliest read
         spans = job.trace.spans[job.trace.spans["rank"] == rank]
         first_read = dict(zip(spans["iteration"], spans["start"], strict=False))
-    return transfer_windows(coll, ready, first_read)
+    return transfer_windows(coll, ready, first_read, collective_first_reads(job, rank))
+
+
+def rank_parameters(job: Job, rank: str) -> list[dict[str, Any]]:
+    """The rank's parameters (``Job.meta["parameters"]``): name, nbytes, collective, ..."""
+    table = job.meta.get("parameters")
+    rows = table.get(rank) if isinstance(table, dict) else None
+    return list(rows) if isinstance(rows, list) else []
+
+
+def collective_first_reads(job: Job, rank: str) -> dict[str, dict[int, int]]:
+    """Collective -> iteration -> ns of the earliest first read among its parameters.
+
+    Only collectives whose parameters are known (`rank_parameters`) and all have a
+    first-read op appear; the others keep the conservative end (first forward op).
+    """
+    params = rank_parameters(job, rank)
+    if not params:
+        return {}
+    readers: dict[str, set[str]] = {}
+    unknown: set[str] = set()
+    for p in params:
+        coll, op = p.get("collective"), p.get("first_read_op")
+        if coll is None:
+            continue
+        if op is None:
+            unknown.add(coll)
+        else:
+            readers.setdefault(coll, set()).add(op)
+    rows = job.trace.of(rank)
+    starts = rows.groupby(["op", "iteration"])["start"].min()
+    out: dict[str, dict[int, int]] = {}
+    for coll, ops in readers.items():
+        if coll in unknown:
+            continue
+        picked = starts[starts.index.get_level_values("op").isin(list(ops))]
+        per_step = picked.groupby(level="iteration").min()
+        out[coll] = {int(k): int(v) for k, v in per_step.items()}
+    return out
 
 
 def transfer_orders(job: Job, rank: str) -> int:
@@ -119,6 +158,7 @@ def allreduce_metrics(job: Job) -> dict[str, Any]:
         steps.extend(_step_dict(s) for s in per_step)
         spans = job.trace.spans[job.trace.spans["rank"] == rank].set_index("iteration")["start"]
         windows = rank_windows(job, rank)
+        counts = Counter(p.get("collective") for p in rank_parameters(job, rank))
         for row in windows.itertuples(index=False):
             base = spans.get(row.iteration, row.start)
             op = graph.ops[row.op]
@@ -131,6 +171,7 @@ def allreduce_metrics(job: Job) -> dict[str, Any]:
                     "collective": op.type,
                     "resource": op.resource,
                     "nbytes": op.nbytes,
+                    "parameters": counts.get(row.op),
                     "ready": float(row.ready - base) / 1e9,
                     "start": float(row.start - base) / 1e9,
                     "duration": float(row.duration) / 1e9,

@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from planner import __version__, simulate
-from planner.allreduce import allreduce_metrics
+from planner.allreduce import allreduce_metrics, rank_parameters
 from planner.errors import InputError
 from planner.export.caramel_files import bucket_plan_document, control_deps_document
 from planner.graph import OpGraph
@@ -44,6 +44,7 @@ def inspect(job: Job) -> dict[str, Any]:
     for rank in job.ranks:
         graph = job.graphs[rank]
         times = oracle.get(rank)
+        carried = Counter(p.get("collective") for p in rank_parameters(job, rank))
         transfers = [
             {
                 "name": name,
@@ -51,6 +52,7 @@ def inspect(job: Job) -> dict[str, Any]:
                 "resource": graph.ops[name].resource,
                 "param": graph.ops[name].param,
                 "nbytes": graph.ops[name].nbytes,
+                "parameters": carried.get(name),
                 "time": times.time(name) if times else None,
                 "observed_in": times.observed_in.get(name, 0) if times else 0,
             }

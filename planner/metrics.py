@@ -217,7 +217,10 @@ def straggler_times(durations: pd.DataFrame) -> pd.DataFrame:
 
 
 def transfer_windows(
-    collectives: pd.DataFrame, ready: pd.Series, first_read: Mapping[int, int]
+    collectives: pd.DataFrame,
+    ready: pd.Series,
+    first_read: Mapping[int, int],
+    op_first_read: Mapping[str, Mapping[int, int]] | None = None,
 ) -> pd.DataFrame:
     """Per collective: the window from gradient ready to its first read in the next step.
 
@@ -226,11 +229,17 @@ def transfer_windows(
     `first_read`: iteration -> ns time of the first read of the parameters in that
     iteration (the window of step s ends at ``first_read[s + 1]``). Returns the rows
     with `ready`, `window_end`, `window` and `slack` (window less the time from ready
-    to transfer end), in ns; windows of the last step are NaN.
+    to transfer end), in ns; windows of the last step are NaN. `op_first_read`, where
+    known (op -> iteration -> ns: the first read of that collective's own parameters),
+    overrides `first_read` for that op.
     """
     frame = collectives.copy()
     frame["ready"] = np.minimum(ready.to_numpy(), frame["start"].to_numpy())
-    frame["window_end"] = [first_read.get(int(s) + 1, np.nan) for s in frame["iteration"]]
+    own = op_first_read or {}
+    frame["window_end"] = [
+        own[op].get(int(s) + 1, np.nan) if op in own else first_read.get(int(s) + 1, np.nan)
+        for s, op in zip(frame["iteration"], frame["op"], strict=True)
+    ]
     frame["window"] = frame["window_end"] - frame["ready"]
     frame["slack"] = frame["window"] - (frame["start"] + frame["duration"] - frame["ready"])
     return frame

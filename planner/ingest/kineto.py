@@ -37,7 +37,7 @@ import zlib
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -180,8 +180,22 @@ class _Irregular(Exception):
     """The file leaves the layout the streaming reader handles; parse it whole instead."""
 
 
+#: Layer ops whose (argument position, name) inputs are parameters; with Input Dims these
+#: give the parameter sizes when no Execution Trace is at hand.
+LAYER_PARAMS: dict[str, tuple[tuple[int, str], ...]] = {
+    "aten::conv1d": ((1, "weight"), (2, "bias")),
+    "aten::conv2d": ((1, "weight"), (2, "bias")),
+    "aten::conv3d": ((1, "weight"), (2, "bias")),
+    "aten::linear": ((1, "weight"), (2, "bias")),
+    "aten::batch_norm": ((1, "weight"), (2, "bias")),
+    "aten::layer_norm": ((2, "weight"), (3, "bias")),
+    "aten::group_norm": ((2, "weight"), (3, "bias")),
+    "aten::embedding": ((0, "weight"),),
+    "aten::embedding_bag": ((0, "weight"),),
+}
 _KEEP_ARGS = re.compile(
-    r"^(?:nccl|gloo|rccl|hccl|mpi|ucc|xccl|mccl|c10d)[:_]|record_param_comms|ProfilerStep",
+    r"^(?:nccl|gloo|rccl|hccl|mpi|ucc|xccl|mccl|c10d)[:_]|record_param_comms|ProfilerStep"
+    r"|^aten::(?:conv[123]d|linear|batch_norm|layer_norm|group_norm|embedding(?:_bag)?)$",
     re.IGNORECASE,
 )
 _CCL = re.compile("ccl", re.IGNORECASE)
@@ -552,6 +566,8 @@ class RankModel:
     rf_to_op: dict[int, str]  # Record function id (ET step) -> op name
     notes: list[str]
     meta: dict[str, Any]
+    #: step -> forward layer-op parameter reads in time order: (op, label, nbytes)
+    layer_reads: dict[int, list[tuple[str, str, int]]] = field(default_factory=dict)
 
 
 def _phase_of(name: str) -> str | None:
@@ -990,7 +1006,99 @@ def build_rank(ev: RankEvents, rank_name: str, et_step: int | None = None) -> Ra
         "collectives_per_step": dict(zip(per_step[0].tolist(), per_step[1].tolist(), strict=True)),
         "distributed": ev.distributed,
     }
-    return RankModel(rank_name, ops, rows, spans, op_names, edges_by_step, rf_to_op, notes, meta)
+    layer_reads: dict[int, list[tuple[str, str, int]]] = {}
+    layer_rows = np.flatnonzero(
+        ev.name_flags(LAYER_PARAMS.__contains__) & is_cpu & (step_of >= 0) & (phase_of == "forward")
+    )
+    for r in layer_rows[np.argsort(ts[layer_rows], kind="stable")].tolist():
+        o = int(enclosing[r]) if enclosing[r] >= 0 else r
+        if op_at_row[o] < 0:
+            continue
+        args = ev.args.get(r, {})
+        dims, types = args.get("Input Dims") or [], args.get("Input type") or []
+        for pos, label in LAYER_PARAMS[names[name_code[r]]]:
+            if pos >= len(dims) or pos >= len(types) or not dims[pos]:
+                continue
+            size = DTYPE_BYTES.get(str(types[pos]).lower())
+            if size is None or not all(isinstance(d, int) for d in dims[pos]):
+                continue
+            nbytes = int(np.prod(dims[pos])) * size
+            layer_reads.setdefault(int(step_of[r]), []).append(
+                (op_names[op_at_row[o]], label, nbytes)
+            )
+    return RankModel(
+        rank_name, ops, rows, spans, op_names, edges_by_step, rf_to_op, notes, meta,
+        layer_reads=layer_reads,
+    )  # fmt: skip
+
+
+def parameters_from_sizes(
+    model: RankModel, reference: int
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Parameters of one rank from the layer ops' Input Dims and the DDP bucket sizes.
+
+    Used without an Execution Trace. The candidates are the weight/bias inputs of the
+    forward layer ops (`LAYER_PARAMS`) of the reference step. They are assigned to the
+    gradient all-reduces (``bucket<k>``, in launch order) only when that is unambiguous:
+    one bucket holding exactly their bytes, or several whose cumulative sizes each fall
+    on a boundary between two layer ops of the reverse forward order (the order DDP
+    fills its buckets in). Otherwise nothing is assigned and a note says the windows
+    stay per bucket.
+    """
+    rows = model.rows[model.rows["iteration"] == reference].sort_values(["start", "op"])
+    buckets = [
+        op
+        for op in dict.fromkeys(rows["op"])
+        if model.ops[op].kind == "collective" and (model.ops[op].param or "").startswith("bucket")
+    ]
+    buckets.sort(key=lambda op: int(str(model.ops[op].param)[len("bucket") :]))
+    if not buckets:
+        return [], []
+    sizes = [model.ops[op].nbytes for op in buckets]
+    cands = list(reversed(model.layer_reads.get(reference, [])))
+    total = sum(n for _, _, n in cands)
+    per_bucket = f"{model.rank}: parameters stay per DDP bucket ({len(buckets)} buckets)"
+    if not cands:
+        return [], [f"{per_bucket}: no layer-op input shapes (profile with record_shapes=True)"]
+    if total != sum(sizes):
+        return [], [
+            f"{per_bucket}: the forward layer ops read {total} parameter bytes, the buckets "
+            f"carry {sum(sizes)}; an Execution Trace would tell them apart"
+        ]
+    owner: list[str] = []
+    done, k, ambiguous = 0, 0, False
+    for i, (op, _, nbytes) in enumerate(cands):
+        if done == sizes[k] and k + 1 < len(sizes):  # a bucket ends before this one
+            ambiguous |= i > 0 and cands[i - 1][0] == op
+            done, k = 0, k + 1
+        owner.append(buckets[k])
+        done += nbytes
+        if done > sizes[k]:
+            ambiguous = True
+            break
+    if ambiguous or k != len(sizes) - 1:
+        return [], [f"{per_bucket}: bucket sizes do not split the layers unambiguously"]
+    out: list[dict[str, Any]] = []
+    used: dict[str, int] = {}
+    for (op, label, nbytes), bucket in zip(cands, owner, strict=True):
+        base = f"{op.split('/', 1)[-1]}:{label}"
+        used[base] = used.get(base, 0) + 1
+        out.append(
+            {
+                "name": base if used[base] == 1 else f"{base}~{used[base]}",
+                "shape": None,
+                "nbytes": nbytes,
+                "collective": bucket,
+                "bucket_offset": None,
+                "first_read_op": op,
+            }
+        )
+    out.sort(key=lambda r: (r["collective"], r["name"]))
+    return out, [
+        f"{model.rank}: {len(out)} parameters assigned to {len(buckets)} DDP bucket(s) from "
+        "their sizes (layer-op input shapes, reverse forward order); no names without an "
+        "Execution Trace"
+    ]
 
 
 def _collective_edges(
@@ -1159,7 +1267,7 @@ def _load_kineto(paths: Sequence[Path], et_paths: Sequence[Path] | None) -> Job:
     rows: list[pd.DataFrame] = []
     spans: list[tuple[str, int, int, int]] = []
     notes: list[str] = []
-    meta: dict[str, Any] = {"ranks": {}}
+    meta: dict[str, Any] = {"ranks": {}, "parameters": {}, "parameter_source": {}}
     for name, ev in ranked:
         et = ets.get(name)
         step = None
@@ -1170,11 +1278,26 @@ def _load_kineto(paths: Sequence[Path], et_paths: Sequence[Path] | None) -> Job:
         model = build_rank(ev, name, et_step=step)
         ref = reference_step(model, step)
         edges = _merge_edges(model, ref)
+        params: list[dict[str, Any]] = []
+        p_notes: list[str] = []
+        source = "bucket"
         if et is not None:
             from planner.ingest import execution_trace
 
             edges, et_notes = execution_trace.dag_edges(et, model, edges, ref)
             notes.extend(et_notes)
+            if et.parameters:
+                params, p_notes = execution_trace.resolve_parameters(et, model)
+                source = "execution_trace"
+            else:
+                p_notes = [f"{name}: the Execution Trace has no DDP bucket copies"]
+        if not params:
+            params, size_notes = parameters_from_sizes(model, ref)
+            p_notes += size_notes
+            source = "bucket_sizes" if params else "bucket"
+        notes.extend(p_notes)
+        meta["parameters"][name] = params
+        meta["parameter_source"][name] = source
         try:
             graphs[name] = build_graph(model.ops.values(), edges)
         except GraphError as exc:  # a cycle means the trace contradicts itself
