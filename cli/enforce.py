@@ -72,10 +72,6 @@ def verify_command(
         sys.exit(1)
 
 
-def _seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1e3:.2f} ms"
-
-
 def _verify_view(document: dict[str, Any]) -> None:
     console = render.out()
     table = Table(title=f"Plan {document['plan']} ({document['transfers']} transfers)")
@@ -96,8 +92,8 @@ def _verify_view(document: dict[str, Any]) -> None:
             str(r["steps"]),
             f"{r['compliant_steps']}/{r['steps']} ({r['compliance']:.0%})",
             where,
-            _seconds(r["measured_iteration_time"]),
-            _seconds(r["predicted_iteration_time"]),
+            render.seconds_text(r["measured_iteration_time"]),
+            render.seconds_text(r["predicted_iteration_time"]),
         )
     console.print(table)
     for line in document["notes"]:

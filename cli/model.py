@@ -152,16 +152,6 @@ def read_network(path: Path) -> NetworkModel:
     return fitted
 
 
-def _seconds(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value >= 1:
-        return f"{value:.3f} s"
-    if value >= 1e-3:
-        return f"{value * 1e3:.2f} ms"
-    return f"{value * 1e6:.1f} µs"
-
-
 def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
@@ -173,10 +163,11 @@ def model_view(document: dict[str, Any]) -> None:
     bw = assume["bandwidth"]
     console.print(
         f"[bold]Calibration[/bold] ({document['framework']}, {cal['workers']} worker(s), "
-        f"{cal['ps']} PS): processing {_seconds(cal['processing_time'])}, update "
-        f"{_seconds(cal['update_time'])}, W = {cal['model_bytes']} B, "
-        f"bandwidth {bw / 1e9:.3g} GB/s, latency {_seconds(assume['latency'])} "
-        f"({net['source']}), measured iteration {_seconds(cal['measured_iteration_time'])}"
+        f"{cal['ps']} PS): processing {render.seconds_text(cal['processing_time'])}, update "
+        f"{render.seconds_text(cal['update_time'])}, W = {cal['model_bytes']} B, "
+        f"bandwidth {bw / 1e9:.3g} GB/s, latency {render.seconds_text(assume['latency'])} "
+        f"({net['source']}), measured iteration "
+        f"{render.seconds_text(cal['measured_iteration_time'])}"
         if bw
         else "[bold]Calibration[/bold]: no bandwidth"
     )
@@ -191,7 +182,7 @@ def model_view(document: dict[str, Any]) -> None:
     }
     by_label = {c["label"]: {p["workers"]: p for p in c["points"]} for c in curves}
     for title, key, fmt in (
-        ("Iteration time vs workers (§III)", "iteration_time", _seconds),
+        ("Iteration time vs workers (§III)", "iteration_time", render.seconds_text),
         (f"Throughput ({assume['throughput_unit']}) vs workers (§III)", "throughput", _rate),
     ):
         table = Table(title=title)
@@ -220,7 +211,7 @@ def model_view(document: dict[str, Any]) -> None:
     if rec:
         console.print(
             f"[bold]recommendation:[/bold] {rec['label']} with {rec['workers']} workers: "
-            f"{_seconds(rec['iteration_time'])} per iteration, {rec['throughput']:.4g} "
+            f"{render.seconds_text(rec['iteration_time'])} per iteration, {rec['throughput']:.4g} "
             f"{assume['throughput_unit']}, scaling efficiency {rec['scaling_efficiency']:.2f} "
             f"({rec['reason']})"
         )
@@ -233,8 +224,8 @@ def model_view(document: dict[str, Any]) -> None:
             groups.add_row(
                 str(g["groups"]),
                 str(g["group_size"]),
-                _seconds(g["t_conv"]),
-                _seconds(g["hardware_efficiency"]),
+                render.seconds_text(g["t_conv"]),
+                render.seconds_text(g["hardware_efficiency"]),
                 "yes" if g["fc_saturated"] else "no",
                 f"{g['implicit_momentum']:.3f}",
                 f"{g['explicit_momentum']:.3f}",
@@ -248,8 +239,8 @@ def model_view(document: dict[str, Any]) -> None:
     if val["model_error"] is not None:
         console.print(
             f"model vs trace ({val['arch']}, {val['workers']} worker(s)): "
-            f"{_seconds(val['model_iteration_time'])} vs measured "
-            f"{_seconds(val['measured_iteration_time'])} ({val['model_error']:+.1%})"
+            f"{render.seconds_text(val['model_iteration_time'])} vs measured "
+            f"{render.seconds_text(val['measured_iteration_time'])} ({val['model_error']:+.1%})"
         )
     check = document["cross_check"]
     if "gap" in check:

@@ -77,7 +77,8 @@ def progress(enabled: bool, what: str) -> Iterator[Callable[[str], None]]:
         yield advance
 
 
-def _seconds(value: float | None) -> str:
+def seconds_text(value: float | None) -> str:
+    """A duration for a table cell: s, ms or µs; "-" when unknown."""
     if value is None:
         return "-"
     if value >= 1:
@@ -87,7 +88,7 @@ def _seconds(value: float | None) -> str:
     return f"{value * 1e6:.1f} µs"
 
 
-def _bytes(value: int) -> str:
+def bytes_text(value: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if value < 1024 or unit == "GiB":
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
@@ -108,7 +109,7 @@ def inspect_view(document: dict[str, Any]) -> None:
             str(r["ops"]),
             kinds,
             str(len(r["transfers"])),
-            _bytes(r["transfer_bytes"]),
+            bytes_text(r["transfer_bytes"]),
             ",".join(map(str, r["iterations"])) or "-",
             ", ".join(r["resources"]),
         )
@@ -123,8 +124,8 @@ def inspect_view(document: dict[str, Any]) -> None:
                 t["kind"],
                 t["resource"],
                 t["param"] or "-",
-                _bytes(t["nbytes"]),
-                _seconds(t["time"]),
+                bytes_text(t["nbytes"]),
+                seconds_text(t["time"]),
                 f"{t['observed_in']}/{len(r['iterations'])}",
             )
         console.print(transfers)
@@ -145,7 +146,7 @@ def plan_view(document: dict[str, Any]) -> None:
                 str(t["priority"]),
                 t["name"],
                 t["param"] or "-",
-                _bytes(t["nbytes"]),
+                bytes_text(t["nbytes"]),
                 "inf" if m_plus is None else f"{m_plus:.6g}",
             )
         console.print(table)
@@ -160,10 +161,10 @@ def metrics_view(document: dict[str, Any]) -> None:
         table.add_row(
             s["rank"],
             str(s["iteration"]),
-            _seconds(s["makespan"]),
-            _seconds(s["idle"]),
-            _seconds(s["umax"]),
-            _seconds(s["lmin"]),
+            seconds_text(s["makespan"]),
+            seconds_text(s["idle"]),
+            seconds_text(s["umax"]),
+            seconds_text(s["lmin"]),
             f"{s['efficiency']:.3f}",
             f"{s['speedup_bound']:.3f}",
         )
@@ -176,7 +177,7 @@ def metrics_view(document: dict[str, Any]) -> None:
             r["rank"],
             f"{r.get('efficiency_mean', float('nan')):.3f}",
             f"{r.get('efficiency_min', float('nan')):.3f}",
-            _seconds(r.get("makespan_mean")),
+            seconds_text(r.get("makespan_mean")),
             f"{r['oracle_speedup_bound']:.3f}",
             str(r.get("distinct_transfer_orders", 0)),
         )
@@ -195,12 +196,12 @@ def allreduce_view(document: dict[str, Any]) -> None:
         table.add_row(
             s["rank"],
             str(s["iteration"]),
-            _seconds(s["compute"]),
-            _seconds(s["network"]),
-            _seconds(s["iteration_time"]),
-            _ratio(s["rho"]),
-            _ratio(s["alpha"]),
-            _ratio(s["utilization"]),
+            seconds_text(s["compute"]),
+            seconds_text(s["network"]),
+            seconds_text(s["iteration_time"]),
+            ratio_text(s["rho"]),
+            ratio_text(s["alpha"]),
+            ratio_text(s["utilization"]),
         )
     console.print(table)
     if document["stragglers"]:
@@ -210,14 +211,14 @@ def allreduce_view(document: dict[str, Any]) -> None:
         for s in document["stragglers"]:
             stragglers.add_row(
                 str(s["iteration"]),
-                _seconds(s["straggler_time"]),
+                seconds_text(s["straggler_time"]),
                 str(s["fastest_rank"]),
                 str(s["slowest_rank"]),
             )
         console.print(stragglers)
 
 
-def _ratio(value: float | None) -> str:
+def ratio_text(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 

@@ -174,11 +174,11 @@ def simulation_view(document: dict[str, Any]) -> None:
             replay.add_row(
                 r["rank"],
                 str(s["iteration"]),
-                render._seconds(s["measured"]),
-                render._seconds(s["predicted"]),
+                render.seconds_text(s["measured"]),
+                render.seconds_text(s["predicted"]),
                 _pct(s["replay_error"]),
-                render._seconds(s["span"]),
-                render._seconds(s["idle"]),
+                render.seconds_text(s["span"]),
+                render.seconds_text(s["idle"]),
             )
     console.print(replay)
     comparison = document["comparison"]
@@ -191,8 +191,8 @@ def simulation_view(document: dict[str, Any]) -> None:
             ),
             caption=(
                 f"replay error on the observed run: median {_pct(r['replay_error_median'])}, "
-                f"worst {_pct(r['replay_error_max'])}; Umax {render._seconds(r['umax'])}, "
-                f"Lmin {render._seconds(r['lmin'])}"
+                f"worst {_pct(r['replay_error_max'])}; Umax {render.seconds_text(r['umax'])}, "
+                f"Lmin {render.seconds_text(r['lmin'])}"
             ),
         )
         unit, scale = _unit(r["plans"][0]["predicted"])
@@ -226,7 +226,7 @@ def simulation_view(document: dict[str, Any]) -> None:
                     f"{point['value']:g}",
                     _num(point["rho"]),
                     *(
-                        f"{render._seconds(point['plans'][n]['predicted'])} "
+                        f"{render.seconds_text(point['plans'][n]['predicted'])} "
                         f"({_pct(point['plans'][n]['speedup_vs_baseline'])})"
                         for n in names
                     ),

@@ -333,14 +333,21 @@ def _meta_batch_size(meta: Mapping[str, object]) -> int | None:
 
 
 def _meta_conv_bytes(meta: Mapping[str, object]) -> int | None:
-    """Bytes of the conv parameters (4-D shapes) listed in torch metadata, if any."""
+    """Bytes of the conv parameters (4-D shapes), if any are listed.
+
+    From the parameters the ingest found in the trace (`Job.meta["parameters"]`, per
+    rank), or from a torch metadata file's parameter table.
+    """
     params = meta.get("parameters")
+    if isinstance(params, dict):  # per rank, from the ingest: all ranks hold the model
+        params = next((v for _, v in sorted(params.items()) if isinstance(v, list)), None)
     if not isinstance(params, list) or not params:
         return None
     total = 0
     for p in params:
         if isinstance(p, dict) and len(p.get("shape") or ()) == 4:
-            total += int(p.get("bytes") or 4 * int(p.get("numel") or 0))
+            size = p.get("nbytes") or p.get("bytes") or 4 * int(p.get("numel") or 0)
+            total += int(size)
     return total
 
 

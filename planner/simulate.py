@@ -41,11 +41,10 @@ from planner.graph import OpGraph
 from planner.metrics import caramel_figures, efficiency
 from planner.oracle import TimeOracle, median_of_runs, min_of_runs
 from planner.plan import Plan
+from planner.schedule.ticks import TICKS_PER_SECOND
 from planner.trace import Job, busy_time, with_dedicated
 
 SCHEMA = "planner.simulation/1"
-TICKS_PER_SECOND = 10**12
-"""Simulated times are integer picoseconds, so equal finish times are exactly equal."""
 
 KNOBS: dict[str, float] = {
     "bandwidth_scale": 1.0,

@@ -43,9 +43,7 @@ from planner.oracle import NetworkModel, TimeOracle, fit_network_model
 from planner.plan import Plan
 from planner.schedule import batching, packing
 from planner.schedule.depth import depth, depth_table
-
-TICKS_PER_SECOND = 10**12
-"""Costs are summed on this integer grid (1 ps), far below trace resolution."""
+from planner.schedule.ticks import TICKS_PER_SECOND, set_bit_pairs, to_ticks
 
 
 @dataclass(frozen=True)
@@ -107,29 +105,7 @@ def _compute_ticks(graph: OpGraph, names: Sequence[str], time: Mapping[str, floa
         [float(time.get(n, 0.0)) if not graph.ops[n].is_transfer else 0.0 for n in names],
         dtype=np.float64,
     )
-    bad = ~np.isfinite(seconds) | (seconds < 0)
-    if bad.any():
-        name = names[int(np.flatnonzero(bad)[0])]
-        raise ValueError(f"time of op {name!r} is {seconds[bad][0]!r}, not a finite >= 0")
-    return np.rint(seconds * TICKS_PER_SECOND).astype(np.int64)
-
-
-def _pairs(class_bits: list[int], n_param: int) -> tuple[np.ndarray, np.ndarray]:
-    """(class, param) index pairs of the set bits, in bounded chunks."""
-    width = max((n_param + 7) // 8, 1)
-    step = max(1, (1 << 24) // max(n_param, 1))
-    rows_parts, cols_parts = [], []
-    for start in range(0, len(class_bits), step):
-        chunk = class_bits[start : start + step]
-        raw = b"".join(b.to_bytes(width, "little") for b in chunk)
-        packed = np.frombuffer(raw, dtype=np.uint8).reshape(len(chunk), width)
-        dense = np.unpackbits(packed, axis=1, count=n_param, bitorder="little")
-        r, c = np.nonzero(dense)
-        rows_parts.append(r.astype(np.int64) + start)
-        cols_parts.append(c.astype(np.int64))
-    if not rows_parts:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    return np.concatenate(rows_parts), np.concatenate(cols_parts)
+    return to_ticks(names, seconds)
 
 
 def _csr(keys: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -194,7 +170,7 @@ def _stage1(graph: OpGraph, ticks_of: Mapping[str, float], params: Sequence[str]
     np.add.at(weight, op_class, ticks)
     size = np.bincount(op_class[~is_param_op], minlength=n_class).astype(np.int64)
 
-    rows, cols = _pairs(class_bits, n_param)
+    rows, cols = set_bit_pairs(class_bits, n_param)
     del class_bits
     row_ptr, row_params = _csr(rows, cols, n_class)  # class -> params below it
     col_ptr, col_classes = _csr(cols, rows, n_param)  # param -> classes above it

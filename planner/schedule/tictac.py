@@ -38,9 +38,7 @@ import numpy as np
 from planner.graph import OpGraph
 from planner.oracle import TimeOracle
 from planner.plan import Plan, dense_priorities
-
-TICKS_PER_SECOND = 10**12
-"""Times are summed as integers on this grid (1 ps) so that every sum is exact."""
+from planner.schedule.ticks import TICKS_PER_SECOND, set_bit_pairs, to_ticks
 
 _NO_M_PLUS = np.iinfo(np.int64).max
 _MAX_TOTAL_TICKS = 2**62
@@ -145,14 +143,10 @@ def _time_map(time: TimeInput) -> Mapping[str, float]:
 def _ticks(graph: OpGraph, time: Mapping[str, float]) -> np.ndarray:
     """Integer picoseconds per op, in graph order; rejects negative or non-finite times."""
     seconds = np.array([float(time.get(name, 0.0)) for name in graph.ops], dtype=np.float64)
-    if seconds.size:
-        bad = ~np.isfinite(seconds) | (seconds < 0)
-        if bad.any():
-            name = list(graph.ops)[int(np.flatnonzero(bad)[0])]
-            raise ValueError(f"time of op {name!r} is {seconds[bad][0]!r}, not a finite >= 0")
-        if float(seconds.sum()) * TICKS_PER_SECOND >= _MAX_TOTAL_TICKS:
-            raise ValueError("the times sum to more than the 1 ps grid can hold (~4.6e6 s)")
-    return np.rint(seconds * TICKS_PER_SECOND).astype(np.int64)
+    ticks = to_ticks(list(graph.ops), seconds)
+    if seconds.size and float(seconds.sum()) * TICKS_PER_SECOND >= _MAX_TOTAL_TICKS:
+        raise ValueError("the times sum to more than the 1 ps grid can hold (~4.6e6 s)")
+    return ticks
 
 
 def _seconds(value: Number) -> float:
@@ -292,7 +286,7 @@ class _Classes:
         del bits
         n_class = len(class_of_bits)
 
-        rows, cols = _unpack(list(class_of_bits), n_recv)
+        rows, cols = set_bit_pairs(list(class_of_bits), n_recv)
         recv_ticks = ticks[[index[r] for r in self.recvs]].astype(np.int64)
         self.recv_ticks = recv_ticks
         self.recv_class = op_class[[index[r] for r in self.recvs]]
@@ -347,24 +341,6 @@ class _Classes:
         self.idxsum[cls] -= r
         single = cls[(self.count[cls] == 1) & self.active[cls]]
         np.add.at(self.P, self.idxsum[single], self.weight[single])
-
-
-def _unpack(class_bits: list[int], n_recv: int) -> tuple[np.ndarray, np.ndarray]:
-    """(class, recv) index pairs of the set bits, row-major, in bounded chunks."""
-    width = max((n_recv + 7) // 8, 1)
-    step = max(1, (1 << 24) // max(n_recv, 1))
-    rows_parts, cols_parts = [], []
-    for start in range(0, len(class_bits), step):
-        chunk = class_bits[start : start + step]
-        raw = b"".join(b.to_bytes(width, "little") for b in chunk)
-        packed = np.frombuffer(raw, dtype=np.uint8).reshape(len(chunk), width)
-        dense = np.unpackbits(packed, axis=1, count=n_recv, bitorder="little")
-        r, c = np.nonzero(dense)
-        rows_parts.append(r.astype(np.int64) + start)
-        cols_parts.append(c.astype(np.int64))
-    if not rows_parts:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    return np.concatenate(rows_parts), np.concatenate(cols_parts)
 
 
 def _py(value: np.integer) -> Number:
