@@ -231,12 +231,30 @@ def parse_plan(text: str, rank: str | None = None, where: str = "<plan>") -> Tra
     return _from_text(text, rank, where)
 
 
-def load_plan(path: str | Path, rank: str | None = None) -> TransferPlan:
-    """Read a plan file (priorities JSON, bucket plan JSON, TicTac text or CSV)."""
+def read_plan_file(path: str | Path) -> tuple[str, Any]:
+    """A plan file's text, and its parsed JSON document (None when it is text or CSV)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(path, f"cannot read plan ({exc})") from None
+    if not text.lstrip().startswith("{"):
+        return text, None
+    try:
+        return text, json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(path, f"invalid JSON ({exc})") from None
+
+
+def is_control_deps(doc: Any) -> bool:
+    """True for a document of explicit edges (`planner.control_deps/1`)."""
+    return isinstance(doc, dict) and (
+        str(doc.get("schema", "")).startswith("planner.control_deps/") or "edges" in doc
+    )
+
+
+def load_plan(path: str | Path, rank: str | None = None) -> TransferPlan:
+    """Read a plan file (priorities JSON, bucket plan JSON, TicTac text or CSV)."""
+    text, _doc = read_plan_file(path)
     return parse_plan(text, rank, str(path))
 
 
@@ -248,16 +266,9 @@ def load_control_edges(path: str | Path, rank: str | None = None) -> list[tuple[
     bucket plan, TicTac text) gives the chain of consecutive transfers in its order.
     """
     where = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(path, f"cannot read plan ({exc})") from None
-    if text.lstrip().startswith("{"):
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(where, f"invalid JSON ({exc})") from None
-        if str(doc.get("schema", "")).startswith("planner.control_deps/") or "edges" in doc:
+    text, doc = read_plan_file(path)
+    if isinstance(doc, dict):
+        if is_control_deps(doc):
             holder = doc
             if "edges" not in doc and isinstance(doc.get("ranks"), list):
                 entries = doc["ranks"]

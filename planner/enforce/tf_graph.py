@@ -28,7 +28,6 @@ same read): a rank's chain keeps each read at its first place in the plan.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +36,12 @@ from pathlib import Path
 import networkx as nx
 from google.protobuf import text_format
 
-from planner.enforce.plan_file import load_control_edges, load_plan
+from planner.enforce.plan_file import (
+    is_control_deps,
+    load_control_edges,
+    load_plan,
+    read_plan_file,
+)
 from planner.errors import InputError
 from planner.ingest.proto import tf_subset_pb2 as tfpb
 from planner.ingest.tf_graphdef import parse_graphdef, split_input, task_of
@@ -217,18 +221,10 @@ def chain_edges(
 def plan_orders(path: str | Path, rank: str | None = None) -> dict[str, list[str]] | None:
     """Rank -> transfer names in plan order from an ordered plan file (``*`` for a plan
     that names no rank); None for a ``planner.control_deps`` file of explicit edges."""
-    where = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(path, f"cannot read plan ({exc})") from None
+    _text, doc = read_plan_file(path)
     ranks: list[str | None] = [rank]
-    if text.lstrip().startswith("{"):
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(where, f"invalid JSON ({exc})") from None
-        if str(doc.get("schema", "")).startswith("planner.control_deps/") or "edges" in doc:
+    if doc is not None:
+        if is_control_deps(doc):
             return None
         entries = doc.get("ranks") if isinstance(doc, dict) else None
         if rank is None and isinstance(entries, list) and len(entries) > 1:
