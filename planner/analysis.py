@@ -105,8 +105,8 @@ def schedule(
 ) -> dict[str, Plan]:
     """One plan per rank: TIC (graph only), TAC or Caramel (need timings).
 
-    Caramel plans the ranks with collectives; its network model is fitted to every
-    collective occurrence of the rank's trace.
+    TIC and TAC use the min-of-runs oracle (TicTac §5); Caramel plans the ranks with
+    collectives, one order for the job (`caramel_job_plan`).
     """
     if algorithm not in ALGORITHMS:
         raise InputError(None, f"unknown algorithm {algorithm!r} (choose from {ALGORITHMS})")
@@ -117,9 +117,12 @@ def schedule(
         raise InputError(_first_source(job), problem)
     oracle = oracle or oracles(job)
     if algorithm == "tac":
-        return {
-            rank: tictac.tac(g, oracle[rank].times, rank=rank) for rank, g in job.graphs.items()
-        }
+        try:
+            return {
+                rank: tictac.tac(g, oracle[rank].times, rank=rank) for rank, g in job.graphs.items()
+            }
+        except ValueError as exc:  # op times no real trace holds (e.g. years): bad input
+            raise InputError(_first_source(job), f"cannot plan with TAC: {exc}") from None
     ranks = sorted(rank for rank, g in job.graphs.items() if has_collectives(g))
     if not ranks:
         problem = "Caramel plans all-reduce collectives; input has none"
