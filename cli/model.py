@@ -135,7 +135,7 @@ def model_command(
         overlap=overlap,
         dataset_size=dataset_size,
         target_momentum=momentum,
-        simulator=models.replay_simulator if cal.ps == 0 else None,
+        simulator=models.calibrated_simulator if cal.ps == 0 else None,
     )
     render.emit(document, as_json, model_view)
 

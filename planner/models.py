@@ -780,8 +780,9 @@ def ring_cross_check(
 ) -> dict[str, Any] | None:
     """Ring model vs the simulator at the trace's own worker count; gap = model/sim - 1.
 
-    `simulator` is the hook; without one (the default until `planner.simulate` offers
-    a ring what-if on a calibration) the result is None and the document says so.
+    `simulator` is the hook (`calibrated_simulator`: the same calibration in the
+    simulator; `replay_simulator`: the traced steps as they ran); without one the
+    result is None and the document says so.
     """
     if simulator is None:
         return None
@@ -811,6 +812,38 @@ def replay_simulator(job: Job, cal: Calibration, workers: int) -> float | None:
         return None
     steps = [s["predicted"] for r in simulate.replay(job)["ranks"] for s in r["steps"]]
     return float(statistics.median(steps)) if steps else None
+
+
+def calibrated_simulator(job: Job, cal: Calibration, workers: int) -> float | None:
+    """A `RingSimulator` on the calibration: the traced DAG of each all-reduce rank, its
+    compute ops at their median traced time, every collective re-priced as a ring
+    all-reduce of its bytes over `workers` (Eq. 20 with the calibration's f(d)), list
+    scheduled by `planner.simulate` in the traced order. The median over ranks.
+
+    Unlike the model, the simulator keeps the DAG: a collective overlaps only the
+    compute that does not depend on it, and collectives queue on the network.
+    """
+    from planner import simulate  # late: the simulator is optional for the models
+    from planner.oracle import median_of_runs
+
+    if cal.network is None or cal.network.b <= 0:
+        return None
+    frame = with_dedicated(job.trace, job.graphs)
+    results = []
+    for rank, graph in sorted(job.graphs.items()):
+        if not any(op.kind == "collective" for op in graph.ops.values()):
+            continue
+        rows = frame[frame["rank"] == rank]
+        times = dict(median_of_runs(graph, rows).times)
+        for name, op in graph.ops.items():
+            if op.kind == "collective":
+                times[name] = ring_network(op.nbytes, workers, cal.bandwidth, cal.network.a)
+        compiled = simulate.compile_graph(graph)
+        step = rows[rows["iteration"] == simulate.median_step(job, rank)]
+        priority = simulate.observed_priority(compiled, step)
+        result = simulate.run(compiled, simulate.op_seconds(compiled, times), priority)
+        results.append(float(result.makespan.mean()))
+    return float(statistics.median(results)) if results else None
 
 
 # --------------------------------------------------------------------------------------

@@ -281,3 +281,24 @@ def test_ring_cross_check_with_the_simulator(resnet):
         check["model_iteration_time"] / check["simulated_iteration_time"] - 1
     )
     assert doc["validation"]["arch"] == "ring"
+
+
+def test_ring_cross_check_on_the_same_calibration(resnet):
+    """The simulator re-prices each collective as a ring all-reduce from the calibration:
+    more workers or a slower link can only lengthen its iteration, and the gap to the
+    model is reported."""
+    from dataclasses import replace
+
+    _, job = resnet
+    cal = models.calibrate(job)
+    two = models.calibrated_simulator(job, cal, 2)
+    eight = models.calibrated_simulator(job, cal, 8)
+    slow = models.calibrated_simulator(
+        job, replace(cal, network=replace(cal.network, b=cal.network.b * 1000)), 2
+    )
+    assert 0 < two <= eight  # 2(w-1) steps of W/w: more time per collective with w
+    assert slow > two
+    doc = models.model_document(job, cal, [1, 2, 4], simulator=models.calibrated_simulator)
+    check = doc["cross_check"]
+    assert check["simulated_iteration_time"] == pytest.approx(two)
+    assert check["gap"] == pytest.approx(check["model_iteration_time"] / two - 1)
