@@ -318,14 +318,33 @@ def _ddp_parameters(
 
 
 def match_ranks(et_paths: Sequence[Path], ranked: Sequence[tuple[str, Any]]) -> dict[str, Any]:
-    """ET per rank name: by process id (ET ``pid`` = the Kineto pid), else by order."""
+    """ET per rank name: by process id (ET ``pid`` = the Kineto pid), else by order.
+
+    The profiler and the ET observer run in one process, so an ET whose ``pid`` is no
+    process of the Kineto trace it would join belongs to another rank or run: refused
+    (its record-function ids would still coincide, joining the wrong dependencies).
+    """
     ets = [read_execution_trace(Path(p)) for p in et_paths]
     if len(ets) != len(ranked):
         raise InputError(et_paths[0], f"{len(ets)} Execution Traces for {len(ranked)} ranks")
-    by_pid: dict[int, ExecutionTrace] = {et.pid: et for et in ets if et.pid is not None}
+    by_pid: dict[int, ExecutionTrace] = {}
+    for et in ets:
+        if et.pid is not None:
+            if et.pid in by_pid:
+                raise InputError(
+                    et.path, f"process {et.pid} also has {by_pid[et.pid].path.name}: give one "
+                    "Execution Trace per rank"
+                )  # fmt: skip
+            by_pid[et.pid] = et
     out: dict[str, Any] = {}
     for (name, ev), et in zip(ranked, ets, strict=False):
-        match = next((by_pid[p] for p in ev.pids if p in by_pid), None)
+        match = next((by_pid[p] for p in sorted(ev.pids) if p in by_pid), None)
+        if match is None and et.pid is not None and ev.pids:
+            pids = ", ".join(map(str, sorted(ev.pids)[:4]))
+            raise InputError(
+                et.path, f"Execution Trace of process {et.pid} does not belong to {ev.path.name} "
+                f"(processes {pids}): give the ET of the same run and rank"
+            )  # fmt: skip
         out[name] = match or et
     return out
 

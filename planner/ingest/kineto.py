@@ -48,7 +48,7 @@ import pandas as pd
 from planner.errors import InputError
 from planner.graph import GraphError, Op, OpGraph, build_graph
 from planner.ingest import files as _files
-from planner.ingest.files import GZIP_MAGIC, MAX_DECOMPRESSED, read_bytes
+from planner.ingest.files import GZIP_MAGIC, MAX_SPAN_S, MAX_TIME_NS, read_bytes
 from planner.trace import SPAN_COLUMNS, TIMING_COLUMNS, Job, Trace
 
 try:  # orjson parses Kineto JSON ~2-3x faster with less peak memory than json
@@ -154,7 +154,7 @@ class RankEvents:
     name_code: np.ndarray  # int32 per row
     cat_code: np.ndarray  # int32 per row
     ts: np.ndarray  # int64 ns
-    end: np.ndarray  # int64 ns (ts + max(dur, 0))
+    end: np.ndarray  # int64 ns (ts + dur; both readers refuse a negative dur)
     corr: np.ndarray  # int64 `correlation` arg, -1 without
     rf: np.ndarray  # int64 `Record function id` arg, 0 without
     lane: np.ndarray  # int32 (pid, tid) code, in order of first event
@@ -213,6 +213,87 @@ def _ns(values: Any) -> np.ndarray:
     return whole.astype(np.int64) * 1000 + np.rint((arr - whole) * 1000).astype(np.int64)
 
 
+def _a(value: Any) -> str:
+    """'a str', 'an int', ...: the JSON value's Python type, for messages."""
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def _event(index: int, name: Any) -> str:
+    """``event 12 (aten::mm)``: an event by its index in ``traceEvents`` (and its name)."""
+    if not isinstance(name, str):
+        return f"event {index}"
+    shown = name if name.isprintable() else repr(name)  # the message stays one line
+    return f"event {index} ({shown if len(shown) <= 80 else shown[:77] + '...'})"
+
+
+_MAX_TS_US = MAX_TIME_NS / 1000  # event times (us) must end below this
+_MAX_DUR_US = MAX_SPAN_S * 1e6
+_MAX_STEP = 1 << 62
+
+
+def _time_problem(ts: float, dur: float) -> str:
+    """What is wrong with the times (us, NaN = absent) of a complete event."""
+    if np.isnan(ts):
+        return "has no 'ts'"
+    if np.isnan(dur):
+        return "has no 'dur'"
+    if ts < 0:
+        return f"starts at a negative time ({ts:g} us)"
+    if dur < 0:
+        return f"has a negative duration ({dur:g} us)"
+    if dur > _MAX_DUR_US:
+        return f"lasts {dur:g} us, more than a day (wrong units or a broken clock)"
+    if ts >= _MAX_TS_US:
+        return f"starts at {ts:g} us, out of range (times must stay below 2**62 ns)"
+    return f"ends at {ts + dur:g} us, out of range (times must stay below 2**62 ns)"
+
+
+def _column_problem(
+    names: Sequence[str],
+    name_code: np.ndarray,
+    cats: Sequence[str],
+    cat_code: np.ndarray,
+    ts_us: np.ndarray,
+    dur_us: np.ndarray,
+    index: Callable[[int], int],
+) -> str | None:
+    """What makes the columns of complete events invalid, or None when they are sound.
+
+    Checked on the columns both readers produce (times in us, NaN where absent): every
+    time present, not negative, in range (`MAX_SPAN_S`, `MAX_TIME_NS`); every
+    ``ProfilerStep#`` name a step number; no step number twice (the GPU mirrors of the
+    step ranges, ``gpu_user_annotation``, repeat them by design and are not counted).
+    `index` maps a row to the event's index in ``traceEvents``, for the message.
+    """
+
+    def event(row: int) -> str:
+        return _event(index(row), names[name_code[row]])
+
+    ok = (ts_us >= 0) & (dur_us >= 0) & (dur_us <= _MAX_DUR_US) & (ts_us + dur_us < _MAX_TS_US)
+    if not ok.all():
+        row = int(np.argmin(ok))
+        return f"{event(row)} {_time_problem(float(ts_us[row]), float(dur_us[row]))}"
+    step_of_name = np.full(len(names), -1, dtype=np.int64)
+    for code, name in enumerate(names):
+        if name.startswith("ProfilerStep#"):
+            found = _STEP.match(name)
+            if found is None or int(found.group(1)) >= _MAX_STEP:
+                row = int(np.argmax(name_code == code))
+                return f"{event(row)} is no step marker (ProfilerStep#<integer below 2**62>)"
+            step_of_name[code] = int(found.group(1))
+    rows = np.flatnonzero(step_of_name[name_code] >= 0)
+    gpu_side = np.array([c.startswith("gpu") for c in cats], dtype=bool)
+    rows = rows[~gpu_side[cat_code[rows]]]
+    numbers = step_of_name[name_code[rows]]
+    unique, counts = np.unique(numbers, return_counts=True)
+    if (counts > 1).any():
+        number = int(unique[np.argmax(counts > 1)])
+        first, second = rows[numbers == number][:2].tolist()
+        return f"ProfilerStep#{number} appears twice (events {index(first)} and {index(second)})"
+    return None
+
+
 def _lane_label(raw: str) -> str:
     found = _THREAD_LABEL.match(raw.strip())
     label = found.group(1) if found else raw.strip()
@@ -257,21 +338,21 @@ class _Columns:
         for e, ph in zip(events, phs, strict=True):
             if ph == "M" and e.get("name") == "thread_name":
                 key = (e.get("pid"), e.get("tid"))
+                if type(key[0]) in _UNHASHABLE or type(key[1]) in _UNHASHABLE:
+                    raise _Irregular
                 if key not in self.meta_names:
                     meta = e.get("args") or {}
                     if meta.__class__ is not dict:
                         raise _Irregular
                     self.meta_names[key] = str(meta.get("name", ""))
-        xs = [
-            e for e, ph in zip(events, phs, strict=True) if ph == "X" and "dur" in e and "ts" in e
-        ]
+        xs = [e for e, ph in zip(events, phs, strict=True) if ph == "X"]
         if not xs:
             return
         row0 = len(self.ts)
-        names = [e.get("name", "") for e in xs]
+        names = [e.get("name") for e in xs]  # None (no name) fails the type test below
         cats = [e.get("cat", "") for e in xs]
-        ts = [e["ts"] for e in xs]
-        dur = [e["dur"] for e in xs]
+        ts = [e.get("ts") for e in xs]
+        dur = [e.get("dur") for e in xs]
         args = [e.get("args") or {} for e in xs]
         if not (
             set(map(type, ts)) <= _NUMBER
@@ -338,8 +419,12 @@ class _Columns:
         cats = list(dict.fromkeys(self.cats))
         remap = np.array([cats.index(c) for c in self.cats], dtype=np.int32)
         cat_code = remap[np.frombuffer(self.cat_code, dtype=np.int32)]
-        ts = _ns(np.frombuffer(self.ts, dtype=np.float64))
-        dur = _ns(np.frombuffer(self.dur, dtype=np.float64))
+        ts_us = np.frombuffer(self.ts, dtype=np.float64)
+        dur_us = np.frombuffer(self.dur, dtype=np.float64)
+        name_code = np.frombuffer(self.name_code, dtype=np.int32).copy()
+        if _column_problem(self.names, name_code, cats, cat_code, ts_us, dur_us, int) is not None:
+            raise _Irregular  # the whole-document reader words it, with the event's index
+        ts, dur = _ns(ts_us), _ns(dur_us)
         lane_names: dict[int, str] = {}
         for lane, (row, pid, tid, a) in enumerate(self.lane_first):
             if cats[cat_code[row]] in GPU_CATS:
@@ -352,10 +437,10 @@ class _Columns:
             doc,
             names=self.names,
             cats=cats,
-            name_code=np.frombuffer(self.name_code, dtype=np.int32).copy(),
+            name_code=name_code,
             cat_code=cat_code,
             ts=ts,
-            end=ts + np.maximum(dur, 0),
+            end=ts + dur,
             corr=np.frombuffer(self.corr, dtype=np.int64).copy(),
             rf=np.frombuffer(self.rf, dtype=np.int64).copy(),
             lane=np.frombuffer(self.lane, dtype=np.int32).copy(),
@@ -375,9 +460,9 @@ def _rank_events(path: Path, doc: dict[str, Any], **columns: Any) -> RankEvents:
 def _chunks(path: Path) -> Iterator[bytes]:
     """The decompressed content in pieces of about STREAM_CHUNK bytes (`_Irregular` if broken)."""
     total = 0
-    # read_bytes' limit (an environment override where files.py has one): past it, the
-    # whole-document reader refuses the file with its own message
-    limit = getattr(_files, "max_decompressed", lambda: MAX_DECOMPRESSED)()
+    # read_bytes' limit, read now (PLANNER_MAX_DECOMPRESSED): past it, the whole-document
+    # reader refuses the file with its own message
+    limit = _files.max_decompressed()
     try:
         with path.open("rb") as handle:
             stream: Any = handle
@@ -471,13 +556,68 @@ def read_rank(path: Path, document: Any | None = None) -> RankEvents:
     if document is None:
         cols = _Columns()
         try:
-            doc = _stream_columns(path, cols)
+            return cols.finish(path, _stream_columns(path, cols))
         except _Irregular:
             pass
-        else:
-            return cols.finish(path, doc)
         del cols
     return read_rank_generic(path, document)
+
+
+_TIME_TYPES = {int, float, str, type(None)}  # numeric strings are read as numbers
+_UNHASHABLE = {list, dict}
+
+
+def _int_arg(values: np.ndarray, default: int) -> np.ndarray:
+    """An integer arg column (ids) as int64: `default` where it is no number or out of range."""
+    number = pd.to_numeric(pd.Series(values), errors="coerce")
+    if number.dtype.kind == "i":
+        return number.to_numpy(np.int64)
+    as_float = number.astype(np.float64).to_numpy()
+    return np.where(np.abs(as_float) < 2.0**62, as_float, default).astype(np.int64)
+
+
+def _times(
+    path: Path, x_index: Sequence[int], names: Sequence[Any], values: list[Any], key: str
+) -> np.ndarray:
+    """One time field (us) of the complete events as float64, NaN where it is absent or null."""
+    if set(map(type, values)) <= _TIME_TYPES:
+        try:
+            return np.array(values, dtype=np.float64)
+        except (ValueError, OverflowError):
+            pass
+    for row, value in enumerate(values):  # the first value that is no number, for the message
+        if type(value) not in _TIME_TYPES:
+            problem = f"'{key}' is {_a(value)}, not a number"
+        elif isinstance(value, str) and not _is_number(value):
+            problem = f"'{key}' is not a number ({value[:40]!r})"
+        else:
+            continue
+        raise InputError(path, f"malformed {_event(x_index[row], names[row])}: {problem}")
+    raise InputError(path, f"malformed event: '{key}' values out of range")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _meta_names(path: Path, events: list[Any]) -> dict[tuple[Any, Any], str]:
+    """(pid, tid) -> thread name from the ``thread_name`` metadata events (first one wins)."""
+    meta_names: dict[tuple[Any, Any], str] = {}
+    for i, e in enumerate(events):
+        if e.get("ph") == "M" and e.get("name") == "thread_name":
+            meta = e.get("args") or {}
+            if not isinstance(meta, dict):
+                problem = f"'args' is {_a(meta)}, not an object"
+                raise InputError(path, f"malformed {_event(i, 'thread_name')}: {problem}")
+            try:
+                meta_names.setdefault((e.get("pid"), e.get("tid")), str(meta.get("name", "")))
+            except TypeError:  # an unhashable pid or tid
+                raise InputError(path, f"malformed {_event(i, 'thread_name')}: pid/tid") from None
+    return meta_names
 
 
 def read_rank_generic(path: Path, document: Any | None = None) -> RankEvents:
@@ -490,34 +630,45 @@ def read_rank_generic(path: Path, document: Any | None = None) -> RankEvents:
     events = doc.get("traceEvents")
     if not isinstance(events, list):
         raise InputError(path, "not a Kineto trace: no traceEvents list")
-    meta_names: dict[tuple[Any, Any], str] = {}
-    for e in events:
-        if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "thread_name":
-            key = (e.get("pid"), e.get("tid"))
-            if key not in meta_names:
-                meta_names[key] = str((e.get("args") or {}).get("name", ""))
     try:
-        xs = [e for e in events if e.get("ph") == "X" and "dur" in e and "ts" in e]
+        x_index = [i for i, e in enumerate(events) if e.get("ph") == "X"]
     except AttributeError:
         raise InputError(path, "traceEvents holds something that is not an event object") from None
-    del events
-    if not xs:
+    meta_names = _meta_names(path, events)
+    if not x_index:
         raise InputError(path, "Kineto trace has no complete ('X') events")
-    try:
-        names = [str(e.get("name", "")) for e in xs]
-        cats = [str(e.get("cat", "")).lower() for e in xs]
-        ts = _ns([e["ts"] for e in xs])
-        dur = _ns([e["dur"] for e in xs])
-        args = [e.get("args") or {} for e in xs]
-        pids = [e.get("pid") for e in xs]
-        tids = [e.get("tid") for e in xs]
-    except (TypeError, ValueError) as exc:
-        raise InputError(path, f"malformed event ({exc})") from None
+    xs = [events[i] for i in x_index]
+    names = [e.get("name") for e in xs]
+    cats = [str(e.get("cat", "")).lower() for e in xs]
+    args = [e.get("args") or {} for e in xs]
+    pids = [e.get("pid") for e in xs]
+    tids = [e.get("tid") for e in xs]
+    ts_us = _times(path, x_index, names, [e.get("ts") for e in xs], "ts")
+    dur_us = _times(path, x_index, names, [e.get("dur") for e in xs], "dur")
     del xs
-    corr = np.array([a.get("correlation", -1) if isinstance(a, dict) else -1 for a in args])
-    rf = np.array([a.get("Record function id", 0) if isinstance(a, dict) else 0 for a in args])
+    fields = (("name", names, _STR, "a string"), ("args", args, _DICT, "an object"))
+    for key, values, wanted, what in fields:
+        if not set(map(type, values)) <= wanted:
+            row = next(i for i, v in enumerate(values) if type(v) not in wanted)
+            value = values[row]
+            problem = f"no '{key}'" if value is None else f"'{key}' is {_a(value)}, not {what}"
+            raise InputError(path, f"malformed {_event(x_index[row], names[row])}: {problem}")
+    for key, values in (("pid", pids), ("tid", tids)):
+        if set(map(type, values)) & _UNHASHABLE:
+            row = next(i for i, v in enumerate(values) if type(v) in _UNHASHABLE)
+            problem = f"'{key}' is {_a(values[row])}, not a number"
+            raise InputError(path, f"malformed {_event(x_index[row], names[row])}: {problem}")
     name_code, name_list = pd.factorize(pd.Series(names, dtype=object))
     cat_code, cat_list = pd.factorize(pd.Series(cats, dtype=object))
+    problem = _column_problem(
+        [str(n) for n in name_list], name_code, [str(c) for c in cat_list], cat_code,
+        ts_us, dur_us, x_index.__getitem__,
+    )  # fmt: skip
+    if problem is not None:
+        raise InputError(path, problem)
+    ts, dur = _ns(ts_us), _ns(dur_us)
+    corr = np.array([a.get("correlation", -1) if isinstance(a, dict) else -1 for a in args])
+    rf = np.array([a.get("Record function id", 0) if isinstance(a, dict) else 0 for a in args])
     lane_key = pd.Series([f"{p}|{t}" for p, t in zip(pids, tids, strict=False)], dtype=object)
     lane_code = pd.factorize(lane_key)[0].astype(np.int32)
     keep_name = np.array([bool(_KEEP_ARGS.search(n)) for n in name_list], dtype=bool)
@@ -540,9 +691,9 @@ def read_rank_generic(path: Path, document: Any | None = None) -> RankEvents:
         name_code=name_code.astype(np.int32),
         cat_code=cat_code.astype(np.int32),
         ts=ts,
-        end=ts + np.maximum(dur, 0),
-        corr=pd.to_numeric(pd.Series(corr), errors="coerce").fillna(-1).to_numpy(np.int64),
-        rf=pd.to_numeric(pd.Series(rf), errors="coerce").fillna(0).to_numpy(np.int64),
+        end=ts + dur,
+        corr=_int_arg(corr, -1),
+        rf=_int_arg(rf, 0),
         lane=lane_code,
         args={int(i): args[i] for i in np.flatnonzero(keep)},
         lane_names=lane_names,
@@ -892,6 +1043,10 @@ def build_rank(ev: RankEvents, rank_name: str, et_step: int | None = None) -> Ra
     else:
         c_step = c_lane = c_k = c_nbytes = c_launcher = np.zeros(0, dtype=np.int64)
         c_kind = c_param = np.zeros(0, dtype=object)
+
+    if len(o_row) + len(c_row) == 0:
+        raise InputError(path, f"no CPU or GPU op falls inside a ProfilerStep#N range "
+                         f"({len(steps)} step(s) found, all empty)")  # fmt: skip
 
     # all occurrences: compute ops, then collectives
     n_comp = len(o_row)
