@@ -201,3 +201,11 @@ def test_usage_errors_exit_2_with_one_line(capsys):
         code, out, err = run_cli(args, capsys)
         assert code == 2
         assert len(err.strip().splitlines()) == 1, err
+
+
+def test_demo_trace_is_found_as_a_directory_of_run_metadata():
+    from planner.ingest import detect
+
+    demo = detect.demo_trace()
+    assert demo.is_dir()
+    assert len(list(demo.glob("run_metadata_step*.pb"))) == 5

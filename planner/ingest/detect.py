@@ -108,15 +108,18 @@ def expand(paths: Iterable[Path]) -> list[tuple[Path, bool]]:
 def demo_trace() -> Path:
     """The bundled demo: RunMetadata of one worker of a real TF parameter-server job.
 
-    Installed as package data `planner.demo_trace`; in a source checkout it is the
+    Installed as the data package `planner.demo_trace`; in a source checkout it is the
     repository's traces/demo.
     """
-    from importlib.resources import files
+    from importlib.util import find_spec
 
     try:
-        return Path(str(files("planner.demo_trace")))
+        spec = find_spec("planner.demo_trace")
     except ModuleNotFoundError:
-        return Path(__file__).resolve().parents[2] / "traces" / "demo"
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations)))
+    return Path(__file__).resolve().parents[2] / "traces" / "demo"
 
 
 Progress = Callable[[str], None]
