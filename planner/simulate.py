@@ -39,7 +39,7 @@ from planner import _simkernel
 from planner.errors import InputError
 from planner.graph import OpGraph
 from planner.metrics import caramel_figures, efficiency
-from planner.oracle import TimeOracle, median_of_runs, min_of_runs
+from planner.oracle import TimeOracle, median_of_runs
 from planner.plan import Plan
 from planner.schedule.ticks import TICKS_PER_SECOND
 from planner.trace import Job, busy_time, with_dedicated
@@ -437,9 +437,14 @@ def replay(job: Job, *, seed: int = 0, frame: pd.DataFrame | None = None) -> dic
         graph = job.graphs[rank]
         compiled = compile_graph(graph)
         rows = frame[frame["rank"] == rank]
-        steps = _replay_rank(compiled, rows, min_of_runs(graph, rows), seed)
+        steps = _replay_rank(compiled, rows, median_of_runs(graph, rows), seed)
         ranks.append({"rank": rank, **_error_summary(steps), "steps": steps})
     return {"schema": SCHEMA, "kind": "replay", "ranks": ranks, **_all_errors(ranks)}
+
+
+def replayed_steps(document: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Rank -> steps of a `replay` document, for `compare`/`sweep` to reuse."""
+    return {r["rank"]: r["steps"] for r in document["ranks"]}
 
 
 def _all_errors(ranks: Sequence[dict[str, Any]]) -> dict[str, float | None]:
@@ -585,6 +590,7 @@ def compare(
     timelines: bool = False,
     oracles: Mapping[str, TimeOracle] | None = None,
     frame: pd.DataFrame | None = None,
+    replayed: Mapping[str, Sequence[dict[str, Any]]] | None = None,
     **knobs: float,
 ) -> dict[str, Any]:
     """Baseline, observed and the given plans ({name: {rank: Plan}}) on each rank.
@@ -594,7 +600,8 @@ def compare(
     vs the baseline mean and vs observed, efficiency E (TicTac §3.2) and Caramel's
     overlap alpha (of the median sample). `timelines` adds that sample's schedule per
     plan (see `planner.export.chrome_trace`). `knobs`: see `KNOBS`. `oracles` and
-    `frame` (`with_dedicated` timings) default to the median-of-runs oracle of the trace.
+    `frame` (`with_dedicated` timings) default to the median-of-runs oracle of the trace;
+    `replayed` (rank -> the steps of a `replay`) saves replaying the traced steps again.
     """
     plans = plans or {}
     for name in plans:
@@ -608,7 +615,10 @@ def compare(
         compiled = compile_graph(graph)
         rows = frame[frame["rank"] == rank]
         oracle = oracles[rank] if oracles is not None else median_of_runs(graph, rows)
-        steps = _replay_rank(compiled, rows, oracle, seed)
+        if replayed is not None and rank in replayed:
+            steps = replayed[rank]
+        else:
+            steps = _replay_rank(compiled, rows, oracle, seed)
         of_rank = {name: p[rank] for name, p in plans.items() if rank in p}
         seconds = op_seconds(
             compiled,
@@ -660,6 +670,7 @@ def sweep(
     seed: int = 0,
     oracles: Mapping[str, TimeOracle] | None = None,
     frame: pd.DataFrame | None = None,
+    replayed: Mapping[str, Sequence[dict[str, Any]]] | None = None,
     **knobs: float,
 ) -> dict[str, Any]:
     """`compare` at each value of one knob: the gain curve per rank and plan.
@@ -672,10 +683,15 @@ def sweep(
     if not len(values):
         raise InputError(None, "a sweep needs at least one value")
     frame = _frame(job) if frame is None else frame
+    if replayed is None:
+        replayed = replayed_steps(replay(job, seed=seed, frame=frame))
     points: dict[str, list[dict[str, Any]]] = {}
     for value in values:
         v = int(round(value)) if knob == "channels" else float(value)
-        doc = compare(job, plans, samples=samples, seed=seed, oracles=oracles, **{**knobs, knob: v})
+        doc = compare(
+            job, plans, samples=samples, seed=seed, oracles=oracles, frame=frame,
+            replayed=replayed, **{**knobs, knob: v},
+        )  # fmt: skip
         for entry in doc["ranks"]:
             points.setdefault(entry["rank"], []).append(
                 {
@@ -783,23 +799,25 @@ def simulation(
         rank: median_of_runs(graph, frame[frame["rank"] == rank])
         for rank, graph in job.graphs.items()
     }
+    replayed = replay(job, seed=seed, frame=frame)
+    steps = replayed_steps(replayed)
     comparison = compare(
         job, plans, samples=samples, seed=seed, timelines=timelines, oracles=oracles,
-        frame=frame, **knobs,
+        frame=frame, replayed=steps, **knobs,
     )  # fmt: skip
     document: dict[str, Any] = {
         "schema": SCHEMA,
         "kind": "simulation",
         "framework": job.framework,
         "sources": list(job.sources),
-        "replay": replay(job, seed=seed, frame=frame),
+        "replay": replayed,
         "comparison": comparison,
         "sweep": None,
     }
     if sweep_knob is not None:
         document["sweep"] = sweep(
             job, sweep_knob, sweep_values, plans, samples=samples, seed=seed, oracles=oracles,
-            frame=frame, **knobs,
+            frame=frame, replayed=steps, **knobs,
         )  # fmt: skip
     if timelines:
         document["timelines"] = timelines_of(job, comparison)
