@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
@@ -90,20 +91,23 @@ def test_transfer_sizes_match_recvtensor_labels(tf_run):
     assert labelled > 0
 
 
-def _edge_of(paths, rank, name, _cache={}):  # noqa: B006 - a per-test-session memo
-    key = (tuple(paths), rank)
-    if key not in _cache:
-        edges = {}
-        for directory in paths:
-            run = tfpb.RunMetadata()
-            run.ParseFromString((directory / "run_metadata_step3.pb").read_bytes())
-            for graph in run.partition_graphs:
-                if task_of(graph.node[0].device) == rank:
-                    for n in graph.node:
-                        if n.op == "_Recv":
-                            edges[n.name] = n.attr["tensor_name"].s.decode()
-        _cache[key] = edges
-    return _cache[key].get(name)
+def _edge_of(paths, rank, name):
+    return _recv_edges(tuple(paths), rank).get(name)
+
+
+@functools.cache
+def _recv_edges(paths: tuple, rank: str) -> dict[str, str]:
+    """`_Recv` node -> its `tensor_name`, read straight from step 3's partition graphs."""
+    edges = {}
+    for directory in paths:
+        run = tfpb.RunMetadata()
+        run.ParseFromString((directory / "run_metadata_step3.pb").read_bytes())
+        for graph in run.partition_graphs:
+            if task_of(graph.node[0].device) == rank:
+                for n in graph.node:
+                    if n.op == "_Recv":
+                        edges[n.name] = n.attr["tensor_name"].s.decode()
+    return edges
 
 
 def test_oracle_is_minimum_over_steps(tf_run):
