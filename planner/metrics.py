@@ -76,7 +76,8 @@ def step_metrics(graph: OpGraph, rank: str, iteration: int, rows: pd.DataFrame) 
     lmin = float(per_resource.max()) / 1e9
     m = busy / 1e9
     ordered = ("recv", "collective")
-    recvs = rows[[n in graph.ops and graph.ops[n].kind in ordered for n in rows["op"]]]
+    kinds = rows["op"].map({name: op.kind for name, op in graph.ops.items()})
+    recvs = rows[kinds.isin(ordered).to_numpy()]
     order = tuple(
         recvs.assign(end=recvs["start"] + recvs["duration"])
         .sort_values(["end", "op"], kind="stable")["op"]

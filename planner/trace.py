@@ -125,7 +125,7 @@ def with_dedicated(trace: Trace, graphs: Mapping[str, OpGraph]) -> pd.DataFrame:
         mask = (frame["rank"] == rank).to_numpy()
         if mask.any():
             lookup = {name: op.resource for name, op in graph.ops.items()}
-            resource[mask] = [lookup.get(n, "?") for n in frame.loc[mask, "op"]]
+            resource[mask] = frame.loc[mask, "op"].map(lookup).fillna("?").to_numpy()
     frame["resource"] = resource
     dedicated = np.zeros(len(frame), dtype=np.float64)
     for _, idx in frame.groupby(["rank", "iteration", "resource"], sort=False).indices.items():
