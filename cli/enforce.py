@@ -10,7 +10,7 @@ import click
 from rich.table import Table
 
 from planner import verify as verify_lib
-from planner.enforce.tf_graph import rewrite_file
+from planner.enforce.tf_graph import MODES, rewrite_file
 from planner.export.files import write_atomic
 from planner_cli import render
 from planner_cli.options import json_option
@@ -26,27 +26,50 @@ _file = click.Path(exists=True, dir_okay=False, path_type=Path)
 @click.option(
     "--drop-cyclic", is_flag=True, help="Leave out (and list) edges that would close a cycle."
 )
+@click.option(
+    "--enforce",
+    "mode",
+    type=click.Choice(MODES),
+    default="arrival",
+    show_default=True,
+    help="arrival: each transfer leaves the PS after the previous one arrived (the plan's "
+    "recv order; one small Identity per transfer on the worker). sender: chain the PS-side "
+    "reads (send order only; no new nodes).",
+)
 @json_option
 def export_command(
-    graphdef: Path, plan: Path, output: Path, rank: str | None, drop_cyclic: bool, as_json: bool
+    graphdef: Path,
+    plan: Path,
+    output: Path,
+    rank: str | None,
+    drop_cyclic: bool,
+    mode: str,
+    as_json: bool,
 ) -> None:
-    """Add a plan's control edges to a GraphDef as ^name inputs (same nodes, acyclic).
+    """Add a plan's control edges to a GraphDef as ^name inputs (acyclic; every node kept).
 
-    An ordered plan becomes, per rank, the chain of the PS-side reads that feed that
-    rank's transfers, so the PS sends them in plan order."""
-    data, rewrite = rewrite_file(graphdef, plan, rank, drop_cyclic)
+    An ordered plan orders, per rank, the PS-side reads that feed that rank's transfers:
+    by default each read waits until the previous transfer has arrived on the worker."""
+    data, rewrite = rewrite_file(graphdef, plan, rank, drop_cyclic, mode)
     write_atomic(output, data)
     document = {**rewrite.as_dict(), "graphdef": str(graphdef), "plan": str(plan),
-                "output": str(output)}  # fmt: skip
+                "output": str(output), "enforce": mode}  # fmt: skip
     render.emit(document, as_json, _export_view)
 
 
 def _export_view(document: dict[str, Any]) -> None:
-    render.out().print(
+    console = render.out()
+    console.print(
         f"{len(document['added'])} control edge(s) added, {len(document['implied'])} already "
-        f"implied by the graph, {len(document['dropped'])} left out (cycle); "
-        f"wrote {document['output']}"
+        f"implied by the graph, {len(document['dropped'])} left out (cycle), "
+        f"{len(document['markers'])} arrival marker(s); wrote {document['output']}"
     )
+    for rank, pairs in document["together"].items():
+        name, earlier = pairs[0]
+        console.print(
+            f"{rank}: {len(pairs)} transfer(s) leave the PS with an earlier one from the same "
+            f"read (e.g. {name} with {earlier}); the graph moves them up to it"
+        )
 
 
 @click.command("verify")

@@ -12,13 +12,17 @@ import networkx as nx
 import pytest
 
 from planner.enforce.tf_graph import (
+    MARKER_SCOPE,
+    MODES,
     add_control_edges,
     node_dag,
     read_graphdef,
     transfer_nodes,
 )
 from planner.errors import InputError
-from planner.ingest.tf_graphdef import split_input
+from planner.ingest.proto import tf_subset_pb2 as tfpb
+from planner.ingest.tf_graphdef import split_input, task_of
+from planner.verify import verify
 from planner_cli.main import main
 
 TF = Path(__file__).resolve().parents[2] / "shared" / "traces" / "generated" / "tf"
@@ -42,42 +46,67 @@ def _cli(*argv: str) -> int:
     return 0
 
 
+def _orders(plan: Path, graph: tfpb.GraphDef) -> dict[str, list[str]]:
+    """Rank -> the PS-side reads of its planned transfers, each at its first place."""
+    out: dict[str, list[str]] = {}
+    for rank in json.loads(plan.read_text())["ranks"]:
+        names = out.setdefault(rank["rank"], [])
+        for t in rank["transfers"]:
+            names.extend(
+                n for n in transfer_nodes(graph, t["name"], rank["rank"]) if n not in names
+            )
+    return out
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("graph", GRAPHS, ids=lambda p: p.parent.name)
-def test_export_adds_caret_inputs_and_keeps_the_graph_valid(graph: Path, tmp_path: Path) -> None:
+def test_export_adds_caret_inputs_and_keeps_the_graph_valid(
+    graph: Path, mode: str, tmp_path: Path
+) -> None:
     _need(graph)
     plan, out = tmp_path / "tic.json", tmp_path / "out.pb"
     assert _cli("schedule", "-a", "tic", str(graph), "-o", str(plan), "--json") == 0
     argv = ["export", "--graphdef", str(graph), "--plan", str(plan), "-o", str(out)]
+    argv += ["--enforce", mode]
     if _cli(*argv) == 2:  # the PS-side update ops make some recv pairs unorderable
         assert "mlp" in str(graph)
         assert _cli(*argv, "--drop-cyclic", "--json") == 0
     before, _ = read_graphdef(graph)
     after, _ = read_graphdef(out)
-    assert [n.name for n in after.node] == [n.name for n in before.node]
-    assert [n.op for n in after.node] == [n.op for n in before.node]
-    assert nx.is_directed_acyclic_graph(node_dag(after))
     old = {n.name: list(n.input) for n in before.node}
-    added = [(i[1:], n.name) for n in after.node for i in n.input[len(old[n.name]) :]]
-    assert added and all(n.input[: len(old[n.name])] == old[n.name] for n in after.node)
-    assert all(split_input(f"^{u}")[1] == "control" for u, _ in added)
-    # the sender-side nodes of consecutive transfers are now ordered in the graph: the
+    kept = [n for n in after.node if n.name in old]
+    markers = [n for n in after.node if n.name not in old]
+    assert [(n.name, n.op) for n in kept] == [(n.name, n.op) for n in before.node]
+    assert all(n.input[: len(old[n.name])] == old[n.name] for n in kept)
+    assert nx.is_directed_acyclic_graph(node_dag(after))
+    added = [(i, n.name) for n in kept for i in n.input[len(old[n.name]) :]]
+    assert added and all(split_input(u)[1] == "control" for u, _ in added)
+    # consecutive transfers of a rank are now ordered in the graph through their
     # PS-side reads (never the variable handles, whose order moves no data)
-    doc = json.loads(plan.read_text())
     dag = node_dag(after)
     ops = {n.name: n.op for n in after.node}
-    for rank in doc["ranks"]:
-        names: list[str] = []
-        for t in rank["transfers"]:
-            for n in transfer_nodes(before, t["name"], rank["rank"]):
-                if n not in names:
-                    names.append(n)
+    for rank, reads in _orders(plan, before).items():
         if "cnn" in str(graph):
-            reads = [n for n in names if not n.startswith("global_step")]  # not read on a worker
-            assert all(ops[n] == "ReadVariableOp" for n in reads), names
-        for u, v in zip(names[:-1], names[1:], strict=True):
+            assert all(ops[n] == "ReadVariableOp" for n in reads if "global_step" not in n)
+        for u, v in zip(reads[:-1], reads[1:], strict=True):
             assert nx.has_path(dag, u, v) or nx.has_path(dag, v, u), (u, v)
             if "cnn" in str(graph):
                 assert nx.has_path(dag, u, v), (u, v)
+                if mode == "arrival":  # through an Identity of u on the receiving rank
+                    (marker,) = [m for m in dag.successors(u) if m.startswith(MARKER_SCOPE)
+                                 and dag.has_edge(m, v)]  # fmt: skip
+                    assert task_of(after.node[_index(after, marker)].device) == rank
+    if mode == "sender":
+        assert not markers
+    else:
+        assert markers
+        for n in markers:
+            assert n.op == "Identity" and n.name.startswith(MARKER_SCOPE), n.name
+            assert len(n.input) == 1 and n.attr["T"].type, n
+
+
+def _index(graph: tfpb.GraphDef, name: str) -> int:
+    return next(i for i, n in enumerate(graph.node) if n.name == name)
 
 
 def test_a_cycle_or_an_unknown_node_is_refused(tmp_path: Path) -> None:
@@ -126,3 +155,48 @@ with tf.Graph().as_default() as g:
                           timeout=120, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert "ran True" in done.stdout
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tf_ps_job.py"
+
+
+def test_ps_cluster_receives_in_plan_order_with_arrival_enforcement(tmp_path: Path) -> None:
+    """The generated PS job (1 ps + 2 workers as tf.distribute.Server on 127.0.0.1) runs
+    the client graph as is and rewritten with a TIC plan: with the arrival edges every
+    traced step of both workers receives the plan's transfers in plan order; without
+    them it does not."""
+    pytest.importorskip("tensorflow")
+    graph = _need(GRAPHS[0])
+    plan, planned = tmp_path / "tic.json", tmp_path / "planned.pb"
+    assert _cli("schedule", "-a", "tic", str(graph), "-o", str(plan), "--json") == 0
+    assert _cli("export", "--graphdef", str(graph), "--plan", str(plan), "-o", str(planned)) == 0
+    runs = tmp_path / "runs"
+    argv = [sys.executable, str(EXAMPLE), "--graph", f"base={graph}"]
+    argv += ["--graph", f"planned={planned}", "--steps", "4", "--out", str(runs)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    print(done.stdout)  # the measured step times of both runs
+
+    def checked(label: str) -> dict:
+        files = sorted(str(p) for p in (runs / label).glob("run_metadata_step*.pb"))
+        assert len(files) == 4
+        return verify(plan, files)
+
+    enforced, free = checked("planned"), checked("base")
+    for doc in (enforced, free):
+        assert [r["rank"] for r in doc["ranks"]] == ["worker0", "worker1"]
+        assert all(r["checked_transfers"] == 20 and r["steps"] == 4 for r in doc["ranks"])
+    assert enforced["compliance"] == 1.0, enforced["ranks"]
+    assert free["compliance"] < 1.0  # TF's own order is not the plan's
+    # the markers ran as Identity nodes on their workers (grappler kept them); the PS got
+    # one control message from each
+    added = {n.name for n in read_graphdef(planned)[0].node if n.name.startswith(MARKER_SCOPE)}
+    run = tfpb.RunMetadata()
+    run.ParseFromString((runs / "planned" / "run_metadata_step0.pb").read_bytes())
+    ran = {
+        n.name: task_of(n.device)
+        for g in run.partition_graphs
+        for n in g.node
+        if n.name in added and n.op == "Identity"
+    }
+    assert set(ran) == added and set(ran.values()) == {"worker0", "worker1"}

@@ -1,29 +1,42 @@
 """TensorFlow: apply a plan's control edges to a GraphDef as ``^name`` inputs.
 
-TicTac §5.1 notes that a DAG dependency is the conservative way to enforce an order;
-Caramel (Stage 2) enforces its activation order exactly so. An edge (src, dst) becomes
-the control input ``^src`` of node ``dst``. The rewrite keeps the graph valid: the same
-nodes, no cycle (an edge that would close one is refused with its path), and an edge the
-graph already implies is dropped. Uses the project's TF protobuf subset; no TensorFlow.
+An edge (src, dst) becomes the control input ``^src`` of node ``dst``. The rewrite keeps
+the graph valid: every node with its inputs, no cycle (an edge that would close one is
+refused with its path), and an edge the graph already implies is dropped. Uses the
+project's TF protobuf subset; no TensorFlow.
 
 Which client-graph nodes order a transfer (`transfer_nodes`). A PS worker's recv of
 variable v is the value of a PS-side read of v (``ReadVariableOp``, or ``Identity`` of a
 ref variable; placed with v) that a node of that worker consumes: TensorFlow runs the
 read on the PS, and the PS's ``_Send`` hands the tensor to the worker's pending
-``RecvTensor`` request as soon as the read is done. Chaining those reads with control
-edges in plan order (``^prev_read``) therefore makes the PS produce, and send, the
-worker's tensors in plan order: TicTac's enforcement at the sender. A plan names a
-transfer as `planner` ingested it:
+``RecvTensor`` request as soon as the read is done. An ordered plan is applied per rank
+to those reads, each at its first place in the plan, in one of two modes (`MODES`):
 
-- a worker-partition ``_Recv`` from RunMetadata (``tower0/MatMul/ReadVariableOp_S3``):
+- ``arrival`` (default): TicTac §5.1's "direct dependency in the DAG". Read k+1 waits
+  for an `Identity` of read k placed on the receiving rank, which TensorFlow feeds from
+  that rank's one `_Recv` of the tensor; its control edge back to the PS is a tiny
+  control message. Transfer k+1 therefore leaves only after transfer k has arrived: the
+  worker sees the plan's recv order exactly, at one round trip per transfer (the paper's
+  "conservative" choice: no two transfers of a rank overlap). Adds one node per
+  transfer but the last, under `MARKER_SCOPE`.
+- ``sender``: the reads chained directly (``^prev_read``): the PS produces and sends
+  the tensors in plan order, pipelined, with no new node; but the receiver pulls them
+  over concurrent RPCs, so their arrival order is not enforced.
+
+A plan names a transfer as `planner` ingested it:
+
+- a RunMetadata transfer ``recv:<tensor>`` / ``recv:^<node>``
+  (`planner.ingest.tf_runmetadata`) or a client-GraphDef recv ``recv:<node>``
+  (`planner.ingest.tf_graphdef`): the node; when it is a variable (handle), the reads
+  of it whose consumers run on the plan's rank, or nothing: an edge on the handle would
+  order no transfer and would make the variable's initializer wait for the chain;
+- a partition ``_Recv`` name of older plans (``tower0/MatMul/ReadVariableOp_S3``):
   TensorFlow names it after its source node plus ``_S<n>``; the source is the read;
-- a client-GraphDef recv ``recv:<node>`` (`planner.ingest.tf_graphdef`): when the node
-  is a variable (handle), the reads of it whose consumers run on the plan's rank; an
-  edge on the handle itself would only order when handles are produced;
 - any other name: the node of that name.
 
-Several transfers can map to one read (a grappler control recv and the data recv of the
-same read): a rank's chain keeps each read at its first place in the plan.
+Several transfers can map to one read (grappler turns a static ``ShapeN`` of a read into
+a control message beside the data): they leave the PS together, so a rank's chain keeps
+each read at the first place any of them has in the plan (`Rewrite.together`).
 """
 
 from __future__ import annotations
@@ -49,6 +62,9 @@ from planner.ingest.tf_graphdef import parse_graphdef, split_input, task_of
 _VARIABLE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable", "_VarHandlesOp"})
 _READ_OPS = frozenset({"ReadVariableOp", "Identity"})
 _PARTITION_NAME = re.compile(r"^(?P<src>.+)_S\d+$")
+_RANK = re.compile(r"^(?P<job>[A-Za-z_]+?)(?P<task>\d+)$")
+MARKER_SCOPE = "planner/arrived"
+MODES = ("arrival", "sender")
 
 
 @dataclass
@@ -58,6 +74,8 @@ class Rewrite:
     added: list[tuple[str, str]] = field(default_factory=list)
     implied: list[tuple[str, str]] = field(default_factory=list)
     dropped: list[tuple[str, str]] = field(default_factory=list)  # would close a cycle
+    markers: list[str] = field(default_factory=list)  # arrival nodes added (mode arrival)
+    together: dict[str, list[list[str]]] = field(default_factory=dict)  # rank: [t, leaves with]
     nodes: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # rank: transfer: nodes
 
     def as_dict(self) -> dict[str, object]:
@@ -67,6 +85,8 @@ class Rewrite:
             "added": [list(e) for e in self.added],
             "implied": [list(e) for e in self.implied],
             "dropped": [list(e) for e in self.dropped],
+            "markers": self.markers,
+            "together": self.together,
         }
 
 
@@ -146,7 +166,8 @@ class _Index:
 
     def node_of(self, name: str) -> str | None:
         """The GraphDef node a plan name stands for (see the module docstring)."""
-        candidates = (name, name.removeprefix("^"), name.removeprefix("recv:"))
+        bare = name.removeprefix("recv:").removeprefix("send:").removeprefix("^")
+        candidates = (name, name.removeprefix("^"), bare)
         for candidate in candidates:
             if candidate in self.nodes:
                 return candidate
@@ -190,32 +211,105 @@ def _transfer_nodes(index: _Index, name: str, rank: str | None, where: str) -> t
     node = index.node_of(name)
     if node is None:
         raise InputError(where, f"transfer {name!r}: no node {name!r} in the GraphDef")
-    if index.nodes[node].op in _VARIABLE_OPS:
-        reads = index.reads(node, rank)
-        if reads:
-            return tuple(reads)
+    if index.nodes[node].op in _VARIABLE_OPS:  # the handle moves no data; its reads do
+        return tuple(index.reads(node, rank))
     return (node,)
+
+
+@dataclass
+class _Chains:
+    """Per rank: the sender-side nodes in plan order, the nodes of every transfer, and
+    the transfers that leave with an earlier one ([transfer, earlier transfer])."""
+
+    reads: dict[str, list[str]] = field(default_factory=dict)
+    found: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    together: dict[str, list[list[str]]] = field(default_factory=dict)
+
+
+def _chains(index: _Index, orders: Mapping[str, Sequence[str]], where: str) -> _Chains:
+    out = _Chains()
+    for rank, names in orders.items():
+        task = rank if rank and rank != "*" else None
+        chain: list[str] = []
+        owner: dict[str, str] = {}
+        out.found[rank], out.together[rank] = {}, []
+        for name in names:
+            nodes = _transfer_nodes(index, name, task, where)
+            out.found[rank][name] = list(nodes)
+            new = [n for n in nodes if n not in owner]
+            if nodes and not new:
+                out.together[rank].append([name, owner[nodes[0]]])
+            for n in new:
+                owner[n] = name
+                chain.append(n)
+        out.reads[rank] = chain
+    return out
 
 
 def chain_edges(
     graph: tfpb.GraphDef, orders: Mapping[str, Sequence[str]], where: str = "<plan>"
-) -> tuple[list[tuple[str, str]], dict[str, dict[str, list[str]]]]:
-    """Control edges that make each rank's transfers (rank -> names in plan order) leave
-    the sender in that order: the chain of their nodes, each at its first place; and the
-    nodes found for every transfer."""
+) -> tuple[list[tuple[str, str]], _Chains]:
+    """Mode ``sender``: control edges that make each rank's transfers (rank -> names in
+    plan order) leave the sender in that order: the chain of their reads."""
+    chains = _chains(_Index(graph), orders, where)
+    edges = [e for chain in chains.reads.values() for e in zip(chain[:-1], chain[1:], strict=True)]
+    return edges, chains
+
+
+def _rank_device(index: _Index, read: str, rank: str) -> str:
+    """The device to place a marker on: that of a consumer of `read` on `rank`, else the
+    rank's task (``worker1`` -> ``/job:worker/task:1``)."""
+    for user in index.consumers.get(read, []):
+        device = index.nodes[user].device
+        if device and task_of(device) == rank:
+            return device
+    found = _RANK.match(rank)
+    return f"/job:{found['job']}/task:{found['task']}" if found else ""
+
+
+def _dtype_attr(node: tfpb.NodeDef) -> tfpb.AttrValue | None:
+    for key in ("dtype", "T"):
+        if key in node.attr and node.attr[key].type:
+            return node.attr[key]
+    return None
+
+
+def arrival_markers(
+    graph: tfpb.GraphDef, orders: Mapping[str, Sequence[str]], where: str = "<plan>"
+) -> tuple[list[tfpb.NodeDef], list[tuple[str, str]], _Chains]:
+    """Mode ``arrival``: per rank, the read of each transfer waits until the previous
+    transfer has arrived (see the module docstring). The marker nodes, the control
+    edges (marker -> next read), and the chains."""
     index = _Index(graph)
+    chains = _chains(index, orders, where)
+    taken = set(index.nodes)
+    markers: list[tfpb.NodeDef] = []
     edges: list[tuple[str, str]] = []
-    found: dict[str, dict[str, list[str]]] = {}
-    for rank, names in orders.items():
-        task = rank if rank and rank != "*" else None
-        chain: list[str] = []
-        found[rank] = {}
-        for name in names:
-            nodes = _transfer_nodes(index, name, task, where)
-            found[rank][name] = list(nodes)
-            chain.extend(n for n in nodes if n not in chain)
-        edges.extend(zip(chain[:-1], chain[1:], strict=True))
-    return edges, found
+    for rank, chain in chains.reads.items():
+        task = rank if rank and rank != "*" else index.default_task
+        for position, (read, following) in enumerate(zip(chain[:-1], chain[1:], strict=True)):
+            dtype = _dtype_attr(index.nodes[read])
+            if dtype is None:  # no typed output to receive: order the reads themselves
+                edges.append((read, following))
+                continue
+            marker = tfpb.NodeDef(
+                name=_unique(f"{MARKER_SCOPE}/{task}/{position}", taken),
+                op="Identity",
+                input=[read],
+                device=_rank_device(index, read, task),
+            )
+            marker.attr["T"].CopyFrom(dtype)
+            markers.append(marker)
+            edges.append((marker.name, following))
+    return markers, edges, chains
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    out, n = name, 1
+    while out in taken:
+        out, n = f"{name}_{n}", n + 1
+    taken.add(out)
+    return out
 
 
 def plan_orders(path: str | Path, rank: str | None = None) -> dict[str, list[str]] | None:
@@ -237,24 +331,55 @@ def plan_orders(path: str | Path, rank: str | None = None) -> dict[str, list[str
 
 
 def rewrite_with_plan(
-    graph: tfpb.GraphDef, plan: str | Path, rank: str | None = None, drop_cyclic: bool = False
+    graph: tfpb.GraphDef,
+    plan: str | Path,
+    rank: str | None = None,
+    drop_cyclic: bool = False,
+    mode: str = "arrival",
 ) -> tuple[tfpb.GraphDef, Rewrite]:
-    """`graph` with a plan applied: an ordered plan as each rank's chain of sender-side
-    nodes (`chain_edges`); a control_deps file's edges between the nodes of their ends."""
+    """`graph` with a plan applied. An ordered plan, per rank: with mode ``arrival``,
+    each transfer's read waits for the previous transfer's arrival on the rank
+    (`arrival_markers`; the plan's recv order, at one round trip per transfer); with
+    ``sender``, the chain of sender-side reads (`chain_edges`; the PS's send order, no
+    new nodes, pipelined). A control_deps file: its edges between the nodes of their
+    ends."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     where = str(plan)
     orders = plan_orders(plan, rank)
-    if orders is not None:
-        edges, found = chain_edges(graph, orders, where)
+    markers: list[tfpb.NodeDef] = []
+    chains = _Chains()
+    if orders is not None and mode == "arrival":
+        markers, edges, chains = arrival_markers(graph, orders, where)
+    elif orders is not None:
+        edges, chains = chain_edges(graph, orders, where)
     else:
         index = _Index(graph)
-        edges, found = [], {}
+        edges = []
         for u, v in load_control_edges(plan, rank):
             us = _transfer_nodes(index, u, rank, where)
             vs = _transfer_nodes(index, v, rank, where)
             edges.extend((a, b) for a in us for b in vs)
+    if markers:
+        graph = _with_nodes(graph, markers)
     out, rewrite = add_control_edges(graph, edges, where, drop_cyclic)
-    rewrite.nodes = found
+    used = {u for u, _ in rewrite.added}
+    rewrite.markers = [m.name for m in markers if m.name in used]
+    if len(rewrite.markers) < len(markers):  # a marker whose edge was implied or dropped
+        keep = set(rewrite.markers) | {n.name for n in graph.node} - {m.name for m in markers}
+        kept = [n for n in out.node if n.name in keep]
+        del out.node[:]
+        out.node.extend(kept)
+    rewrite.nodes = chains.found
+    rewrite.together = {r: pairs for r, pairs in chains.together.items() if pairs}
     return out, rewrite
+
+
+def _with_nodes(graph: tfpb.GraphDef, nodes: Sequence[tfpb.NodeDef]) -> tfpb.GraphDef:
+    out = tfpb.GraphDef()
+    out.CopyFrom(graph)
+    out.node.extend(nodes)
+    return out
 
 
 def read_graphdef(path: str | Path) -> tuple[tfpb.GraphDef, bool]:
@@ -273,10 +398,11 @@ def rewrite_file(
     plan: str | Path,
     rank: str | None = None,
     drop_cyclic: bool = False,
+    mode: str = "arrival",
 ) -> tuple[bytes, Rewrite]:
     """Rewrite a GraphDef file with a plan file (`rewrite_with_plan`); the serialized
     result, in the input's text or binary form."""
     graph, text = read_graphdef(graphdef)
-    out, rewrite = rewrite_with_plan(graph, plan, rank, drop_cyclic)
+    out, rewrite = rewrite_with_plan(graph, plan, rank, drop_cyclic, mode)
     data = text_format.MessageToString(out).encode() if text else out.SerializeToString()
     return data, rewrite

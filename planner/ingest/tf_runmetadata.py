@@ -155,8 +155,8 @@ def _variable_of(partitions: dict[str, tfpb.GraphDef], device: str, node_name: s
     return node_name
 
 
-def _sender_producer(partitions: dict[str, tfpb.GraphDef], device: str, edge: str) -> str | None:
-    """The node whose output the `_Send` of tensor `edge` on `device` carries."""
+def _sent_input(partitions: dict[str, tfpb.GraphDef], device: str, edge: str) -> str | None:
+    """The input of the `_Send` of tensor `edge` on `device` (None when not found)."""
     graph = partitions.get(device)
     if graph is None:
         return None
@@ -166,18 +166,34 @@ def _sender_producer(partitions: dict[str, tfpb.GraphDef], device: str, edge: st
             and node.attr["tensor_name"].s.decode(errors="replace") == edge
             and node.input
         ):
-            src, kind = split_input(node.input[0])
-            return src if kind == "data" else None
+            return node.input[0]
     return None
 
 
+def transfer_name(kind: str, sent: str | None, source: str) -> str | None:
+    """A transfer's name that survives re-partitioning: ``recv:`` or ``send:`` and the
+    tensor sent (``recv:fc1/read``, ``recv:split:1``), or ``recv:^src`` for the control
+    message of a control edge from `source`, which TensorFlow sends as a dummy constant.
+    None when the `_Send` input is unknown. TensorFlow's own `_Recv`/`_Send` names (``
+    fc1/read_S7``) number the partition's edges and change whenever the graph does, so a
+    plan could not name the same transfer in a run taken after enforcement."""
+    if not sent or not source:
+        return None
+    node, _kind = split_input(sent)
+    tensor = sent.removesuffix(":0") if node == source else f"^{source}"
+    return f"{kind}:{tensor}"
+
+
 def _rank_graph(step: _Step, device: str, path: Path) -> tuple[OpGraph, dict[str, tuple]]:
-    """The worker partition as an OpGraph, and each transfer's record key + producer."""
+    """The worker partition as an OpGraph, and each transfer's record key + producer.
+    Transfers are named by `transfer_name` (TensorFlow's node name when that fails or
+    repeats)."""
     graph = step.partitions[device]
     rank = task_of(device)
     ops: list[Op] = []
     edges: list[tuple[str, str, str]] = []
     links: dict[str, tuple] = {}
+    renamed: dict[str, str] = {}
     for node in graph.node:
         attr = node.attr
         peer_device = ""
@@ -193,25 +209,36 @@ def _rank_graph(step: _Step, device: str, path: Path) -> tuple[OpGraph, dict[str
             kind = "compute"
         if kind == "compute":
             ops.append(Op(node.name, "compute", device_name(device), type=node.op))
+            continue
+        edge = attr["tensor_name"].s.decode(errors="replace")
+        if kind == "recv":
+            source = attr["_src"].s.decode(errors="replace")
+            sent = _sent_input(step.partitions, peer_device, edge)
+            resource = f"{rank}<-{peer}"
+            key = (edge, peer_device, device)
+            data = sent is not None and split_input(sent)[0] == source
+            producer = (peer_device, split_input(sent)[0] if sent and data else None)
+            param = _variable_of(step.partitions, peer_device, source) if data else ""
         else:
-            edge = attr["tensor_name"].s.decode(errors="replace")
-            if kind == "recv":
-                source = attr["_src"].s.decode(errors="replace") or node.name
-                param = _variable_of(step.partitions, peer_device, source)
-                resource = f"{rank}<-{peer}"
-                key = (edge, peer_device, device)
-                producer = (peer_device, _sender_producer(step.partitions, peer_device, edge))
-            else:
-                src = split_input(node.input[0])[0] if node.input else ""
-                param = attr["_src"].s.decode(errors="replace") or src
-                resource = f"{rank}->{peer}"
-                key = (edge, device, peer_device)
-                producer = (device, src or None)
-            ops.append(Op(node.name, kind, resource, param=param, type=node.op))
-            links[node.name] = (key, producer)
+            sent = node.input[0] if node.input else None
+            source = attr["_src"].s.decode(errors="replace") or (
+                split_input(sent)[0] if sent else ""
+            )
+            resource = f"{rank}->{peer}"
+            key = (edge, device, peer_device)
+            producer = (device, split_input(sent)[0] if sent else None)
+            param = source if sent and split_input(sent)[0] == source else ""
+        name = transfer_name(kind, sent, source)
+        if name is None or name in renamed.values():
+            name = node.name
+        renamed[node.name] = name
+        ops.append(Op(name, kind, resource, param=param, type=node.op))
+        links[name] = (key, producer)
+    for node in graph.node:
+        dst = renamed.get(node.name, node.name)
         for raw in node.input:
             src, edge_kind = split_input(raw)
-            edges.append((src, node.name, edge_kind))
+            edges.append((renamed.get(src, src), dst, edge_kind))
     try:
         return build_graph(ops, edges), links
     except GraphError as exc:
@@ -229,6 +256,7 @@ def load_run_metadata(files: list[tuple[Path, bytes]]) -> Job:
     graphs: dict[str, OpGraph] = {}
     links: dict[str, dict[str, tuple]] = {}
     devices: dict[str, str] = {}
+    partition_nodes: dict[str, set[str]] = {}
     rows: list[tuple[str, int, str, int, int]] = []
     spans: list[tuple[str, int, int, int]] = []
     nbytes: dict[tuple[str, str], int] = {}
@@ -239,10 +267,12 @@ def load_run_metadata(files: list[tuple[Path, bytes]]) -> Job:
             rank = task_of(device)
             if not rank or rank.startswith("ps"):
                 continue
+            node_names = {n.name for n in step.partitions[device].node}
             if rank not in graphs:
                 graphs[rank], links[rank] = _rank_graph(step, device, path)
                 devices[rank] = device
-            elif set(n.name for n in step.partitions[device].node) != set(graphs[rank].ops):
+                partition_nodes[rank] = node_names
+            elif node_names != partition_nodes[rank]:
                 raise InputError(path, f"partition graph of {rank} differs from the other steps")
             if (rank, step.number) in seen:
                 raise InputError(path, f"step {step.number} of {rank} is given twice")
