@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 
 from planner.errors import InputError
-from planner.graph import GraphError, Op, OpGraph, build_graph
+from planner.graph import PHASES, GraphError, Op, OpGraph, build_graph
 from planner.ingest import files as _files
 from planner.ingest.files import GZIP_MAGIC, MAX_SPAN_S, MAX_TIME_NS, read_bytes
 from planner.trace import SPAN_COLUMNS, TIMING_COLUMNS, Job, Trace
@@ -199,6 +199,19 @@ _KEEP_ARGS = re.compile(
     re.IGNORECASE,
 )
 _CCL = re.compile("ccl", re.IGNORECASE)
+ArgFlags = dict[str, tuple[bool, bool]]
+"""Event name -> (keep its args whatever the category, keep them for GPU events)."""
+
+
+def _arg_flags(name: str, memo: ArgFlags) -> tuple[bool, bool]:
+    """The `ArgFlags` of one name, through `memo`: the ranks of a job share their names,
+    and the case-blind searches through long kernel names cost more than the rest."""
+    flags = memo.get(name)
+    if flags is None:
+        flags = memo[name] = (_KEEP_ARGS.search(name) is not None, _CCL.search(name) is not None)
+    return flags
+
+
 _NUMBER, _INT, _STR, _DICT = {int, float}, {int}, {str}, {dict}
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 STREAM_CHUNK = 1 << 16
@@ -303,7 +316,8 @@ def _lane_label(raw: str) -> str:
 class _Columns:
     """Column buffers filled block by block (regular events only; see `_Irregular`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, memo: ArgFlags | None = None) -> None:
+        self.memo: ArgFlags = {} if memo is None else memo
         self.name_ids: dict[str, int] = {}
         self.names: list[str] = []
         self.keep_name: list[bool] = []  # args kept whatever the category
@@ -335,16 +349,17 @@ class _Columns:
             phs = [e.get("ph") for e in events]
         except AttributeError:  # not an event object
             raise _Irregular from None
-        for e, ph in zip(events, phs, strict=True):
-            if ph == "M" and e.get("name") == "thread_name":
-                key = (e.get("pid"), e.get("tid"))
-                if type(key[0]) in _UNHASHABLE or type(key[1]) in _UNHASHABLE:
-                    raise _Irregular
-                if key not in self.meta_names:
-                    meta = e.get("args") or {}
-                    if meta.__class__ is not dict:
+        if "M" in phs:  # the metadata: Kineto writes it last, so most blocks have none
+            for e, ph in zip(events, phs, strict=True):
+                if ph == "M" and e.get("name") == "thread_name":
+                    key = (e.get("pid"), e.get("tid"))
+                    if type(key[0]) in _UNHASHABLE or type(key[1]) in _UNHASHABLE:
                         raise _Irregular
-                    self.meta_names[key] = str(meta.get("name", ""))
+                    if key not in self.meta_names:
+                        meta = e.get("args") or {}
+                        if meta.__class__ is not dict:
+                            raise _Irregular
+                        self.meta_names[key] = str(meta.get("name", ""))
         xs = [e for e, ph in zip(events, phs, strict=True) if ph == "X"]
         if not xs:
             return
@@ -383,8 +398,9 @@ class _Columns:
         name_code = np.array([ids.setdefault(n, len(ids)) for n in names], dtype=np.int32)
         for name in itertools.islice(ids, known, None):
             self.names.append(name)
-            self.keep_name.append(_KEEP_ARGS.search(name) is not None)
-            self.ccl_name.append(_CCL.search(name) is not None)
+            keep, ccl = _arg_flags(name, self.memo)
+            self.keep_name.append(keep)
+            self.ccl_name.append(ccl)
         cat_ids = self.cat_ids
         known = len(cat_ids)
         cat_code = np.array([cat_ids.setdefault(c, len(cat_ids)) for c in cats], dtype=np.int32)
@@ -546,15 +562,16 @@ def _stream_columns(path: Path, cols: _Columns) -> dict[str, Any]:
     raise _Irregular
 
 
-def read_rank(path: Path, document: Any | None = None) -> RankEvents:
+def read_rank(path: Path, document: Any | None = None, memo: ArgFlags | None = None) -> RankEvents:
     """Columnar events of one Kineto file.
 
     Streams the file (bounded memory, no event object graph) when it has Kineto's
     layout; otherwise, or given the parsed `document`, reads the whole document with
-    the generic reader, which also words every error.
+    the generic reader, which also words every error. `memo` is shared by the ranks
+    of one job.
     """
     if document is None:
-        cols = _Columns()
+        cols = _Columns(memo)
         try:
             return cols.finish(path, _stream_columns(path, cols))
         except _Irregular:
@@ -705,12 +722,25 @@ def read_rank_generic(path: Path, document: Any | None = None) -> RankEvents:
 
 
 @dataclass
+class Occurrences:
+    """The op occurrences of one rank, one entry each (columns of the timings table)."""
+
+    iteration: np.ndarray  # int64 step
+    op: np.ndarray  # int64 op id (index into RankModel.op_names)
+    start: np.ndarray  # int64 ns
+    duration: np.ndarray  # int64 ns
+
+    def __len__(self) -> int:
+        return len(self.op)
+
+
+@dataclass
 class RankModel:
-    """One rank, reduced to ops: rows of op occurrences plus the edge candidates."""
+    """One rank, reduced to ops: the op occurrences plus the edge candidates."""
 
     rank: str
     ops: dict[str, Op]
-    rows: pd.DataFrame  # rank iteration op start duration, one row per op occurrence
+    occurrences: Occurrences
     spans: list[tuple[int, int, int]]  # (step, start, end)
     op_names: list[str]  # op id -> name (the keys of `ops`, in order)
     edges_by_step: dict[int, tuple[np.ndarray, np.ndarray]]  # step -> (src ids, dst ids)
@@ -721,15 +751,21 @@ class RankModel:
     layer_reads: dict[int, list[tuple[str, str, int]]] = field(default_factory=dict)
 
 
-def _phase_of(name: str) -> str | None:
+_FORWARD, _BACKWARD, _OPTIMIZER, _UNKNOWN = map(
+    PHASES.index, ("forward", "backward", "optimizer", "unknown")
+)  # phase codes: indexes into PHASES
+
+
+def _phase_code(name: str) -> int:
+    """The phase (its index in `PHASES`) a record_function range of this name marks."""
     key = name.strip("# ").lower()
     if key == "forward" or key.startswith("forward_"):
-        return "forward"
+        return _FORWARD
     if key == "backward" or key.startswith("backward_"):
-        return "backward"
+        return _BACKWARD
     if key.startswith("optimizer") and "zero_grad" not in key:
-        return "optimizer"
-    return None
+        return _OPTIMIZER
+    return _UNKNOWN
 
 
 def _nbytes(args: dict[str, Any]) -> int:
@@ -827,20 +863,13 @@ def build_rank(ev: RankEvents, rank_name: str, et_step: int | None = None) -> Ra
     if len(step_rows) == 0:
         raise InputError(path, "no ProfilerStep#N events: profile with torch.profiler.schedule "
                          "and call prof.step() each iteration")  # fmt: skip
-    steps = (
-        pd.DataFrame(
-            {
-                "step": [int(names[name_code[i]].split("#")[1]) for i in step_rows],
-                "start": ts[step_rows],
-                "end": end[step_rows],
-                "lane": lane_arr[step_rows],
-            }
-        )
-        .sort_values("start")
-        .drop_duplicates("step")
-        .reset_index(drop=True)
-    )
-    main_lane = int(steps["lane"].mode().iloc[0])
+    # the step ranges by start (a quicksort, as ever), the first of each number kept
+    numbers = np.array([int(names[name_code[i]].split("#")[1]) for i in step_rows], np.int64)
+    by_start = np.argsort(ts[step_rows], kind="quicksort")
+    first_of_number = np.sort(np.unique(numbers[by_start], return_index=True)[1])
+    s_rows = step_rows[by_start[first_of_number]]
+    s_step, s_start, s_end = numbers[by_start[first_of_number]], ts[s_rows], end[s_rows]
+    main_lane = int(np.bincount(lane_arr[s_rows]).argmax())  # the most common; lowest on ties
     notes: list[str] = []
 
     is_cpu = ev.cat_flags(CPU_OP_CATS)
@@ -860,9 +889,9 @@ def build_rank(ev: RankEvents, rank_name: str, et_step: int | None = None) -> Ra
     seen_labels: dict[str, int] = {}
     first = np.full(n_lanes, np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(first, lane_arr, ts)
-    first_ts = pd.Series(first[np.unique(lane_arr)], index=np.unique(lane_arr)).sort_values()
+    lanes_used = np.unique(lane_arr)
     final_lane: dict[int, str] = {}
-    for lane in first_ts.index:
+    for lane in lanes_used[np.argsort(first[lanes_used], kind="quicksort")].tolist():
         label = lane_names.get(int(lane), f"lane{lane}")
         if int(lane) == main_lane or label.startswith("gpu"):
             final_lane[int(lane)] = label
@@ -886,28 +915,25 @@ def build_rank(ev: RankEvents, rank_name: str, et_step: int | None = None) -> Ra
     anchor[has_launch] = ts[launch_row[has_launch]]
 
     # step of every event
-    idx = np.searchsorted(steps["start"].to_numpy(), anchor, side="right") - 1
+    idx = np.searchsorted(s_start, anchor, side="right") - 1
     valid = idx >= 0
-    step_end = steps["end"].to_numpy()
-    valid[valid] &= anchor[valid] < step_end[idx[valid]]
-    step_of = np.where(valid, steps["step"].to_numpy()[np.maximum(idx, 0)], -1)
+    valid[valid] &= anchor[valid] < s_end[idx[valid]]
+    step_of = np.where(valid, s_step[np.maximum(idx, 0)], -1)
 
-    # phases from record_function ranges (any CPU thread)
-    name_phase = np.array([_phase_of(n) for n in names], dtype=object)
-    has_phase = np.array([p is not None for p in name_phase], dtype=bool)
-    phase_mask = annotations & has_phase[name_code]
-    pr = np.flatnonzero(phase_mask)
-    phase_of = np.full(n_rows, "unknown", dtype=object)
+    # phases (codes into PHASES) from record_function ranges (any CPU thread)
+    name_phase = np.array([_phase_code(n) for n in names], dtype=np.int8)
+    pr = np.flatnonzero(annotations & (name_phase[name_code] != _UNKNOWN))
+    phase_of = np.full(n_rows, _UNKNOWN, dtype=np.int8)
     if len(pr):
         order = pr[np.argsort(ts[pr], kind="stable")]
         p_start, p_end = ts[order], end[order]
-        p_name = name_phase[name_code[order]]
+        p_code = name_phase[name_code[order]]
         j = np.searchsorted(p_start, anchor, side="right") - 1
         inside = (j >= 0) & (anchor < p_end[np.maximum(j, 0)])
-        phase_of[inside] = p_name[j[inside]]
+        phase_of[inside] = p_code[j[inside]]
     else:
         auto = ev.name_flags(lambda n: n.startswith("autograd::engine::evaluate_function"))
-        phase_of[auto] = "backward"
+        phase_of[auto] = _BACKWARD
         notes.append(f"{rank_name}: no forward/backward/optimizer ranges; phases are guessed")
 
     # ------------------------------------------------------------------ collectives
@@ -1017,70 +1043,77 @@ def build_rank(ev: RankEvents, rank_name: str, et_step: int | None = None) -> Ra
     o_step, o_lane = step_of[o_row], lane_code_of[lane_arr[o_row]]
     o_order = np.lexsort((o_row, ts[o_row], o_lane, o_step))
     o_row, o_step, o_lane = o_row[o_order], o_step[o_order], o_lane[o_order]
-    o_ev = name_code[o_row].astype(np.int64)
+    o_ev = name_code[o_row]
     o_k = _cumcount(o_step, o_lane, o_ev)
-    o_text = np.asarray(names, dtype=object)[o_ev]
-    o_nbytes = np.zeros(len(o_row), dtype=np.int64)
 
     c_row = np.array(coll_rows, dtype=np.int64)
+    c_kind: list[str] = []
+    c_param: list[str] = []
     if len(c_row):
         a_row = np.array([c["anchor_row"] for c in coll_info], dtype=np.int64)
         c_step = step_of[np.where(step_of[a_row] >= 0, a_row, c_row)]
         c_lane = np.array([label_code[x] for x in net_labels], dtype=np.int64)
-        c_kind = np.array([c["kind"] for c in coll_info], dtype=object)
         c_nbytes = np.array([int(c["nbytes"]) for c in coll_info], dtype=np.int64)
         c_launcher = np.array([c["launcher"] for c in coll_info], dtype=np.int64)
         keep = np.flatnonzero(c_step >= 0)
         c_order = keep[np.lexsort((c_row[keep], ts[a_row[keep]], c_step[keep]))]
         c_row, c_step, c_lane = c_row[c_order], c_step[c_order], c_lane[c_order]
-        c_kind, c_nbytes, c_launcher = c_kind[c_order], c_nbytes[c_order], c_launcher[c_order]
-        kind_codes, kind_names = pd.factorize(c_kind)
-        c_k = _cumcount(c_step, c_lane, kind_codes.astype(np.int64))
-        bwd = np.flatnonzero((c_kind == "all_reduce") & (phase_of[c_row] == "backward"))
+        c_nbytes, c_launcher = c_nbytes[c_order], c_launcher[c_order]
+        c_kind = [coll_info[i]["kind"] for i in c_order.tolist()]
+        kind_ids: dict[str, int] = {}
+        kind_code = np.array([kind_ids.setdefault(k, len(kind_ids)) for k in c_kind], np.int64)
+        c_k = _cumcount(c_step, c_lane, kind_code)
+        all_reduce = np.array([k == "all_reduce" for k in c_kind], dtype=bool)
+        bwd = np.flatnonzero(all_reduce & (phase_of[c_row] == _BACKWARD))
         bucket = _cumcount(c_step[bwd], c_lane[bwd])
-        c_param = np.array([f"{k}#{i}" for k, i in zip(c_kind, c_k, strict=True)], dtype=object)
-        c_param[bwd] = [f"bucket{i}" for i in bucket]
+        c_param = [f"{k}#{i}" for k, i in zip(c_kind, c_k.tolist(), strict=True)]
+        for j, i in zip(bwd.tolist(), bucket.tolist(), strict=True):
+            c_param[j] = f"bucket{i}"
     else:
         c_step = c_lane = c_k = c_nbytes = c_launcher = np.zeros(0, dtype=np.int64)
-        c_kind = c_param = np.zeros(0, dtype=object)
 
     if len(o_row) + len(c_row) == 0:
         raise InputError(path, f"no CPU or GPU op falls inside a ProfilerStep#N range "
-                         f"({len(steps)} step(s) found, all empty)")  # fmt: skip
+                         f"({len(s_step)} step(s) found, all empty)")  # fmt: skip
 
-    # all occurrences: compute ops, then collectives
+    # all occurrences: compute ops, then collectives; op ids in order of first occurrence
     n_comp = len(o_row)
     rows_ = np.concatenate([o_row, c_row])
     step_ = np.concatenate([o_step, c_step])
     lane_ = np.concatenate([o_lane, c_lane])
     start_ = ts[rows_]
     end_ = end[rows_]
-    label_arr = np.asarray(labels, dtype=object)
-    text = np.concatenate([o_text, c_kind])
-    ks = np.concatenate([o_k, c_k])
-    occ_name = label_arr[lane_] + "/" + text + "#" + ks.astype(str).astype(object)
-    op_id, op_names_idx = pd.factorize(occ_name)
-    op_id = op_id.astype(np.int64)
-    op_names = [str(x) for x in op_names_idx]
-    n_ops = len(op_names)
-    first_occ = np.full(n_ops, len(op_id), dtype=np.int64)
-    np.minimum.at(first_occ, op_id, np.arange(len(op_id)))
-    nbytes_ = np.concatenate([o_nbytes, c_nbytes])
-    op_nbytes = np.zeros(n_ops, dtype=np.int64)
-    np.maximum.at(op_nbytes, op_id, nbytes_)
+    text = [names[c] for c in o_ev.tolist()] + c_kind
+    ks = np.concatenate([o_k, c_k]).tolist()
+    lanes_ = lane_.tolist()
+    op_ids: dict[str, int] = {}
+    op_id = np.array(
+        [op_ids.setdefault(f"{labels[la]}/{t}#{k}", len(op_ids))
+         for la, t, k in zip(lanes_, text, ks, strict=True)],
+        dtype=np.int64,
+    )  # fmt: skip
+    del text, ks
+    op_names = list(op_ids)
+    del op_ids
+    first_occ = np.unique(op_id, return_index=True)[1].tolist()
+    op_nbytes = np.zeros(len(op_names), dtype=np.int64)
+    np.maximum.at(op_nbytes, op_id[n_comp:], c_nbytes)
     phase_ = phase_of[rows_]
+    phases = phase_.tolist()
+    types = name_code[rows_[first_occ]].tolist()
     ops: dict[str, Op] = {}
-    for i, occ in enumerate(first_occ.tolist()):
-        name = op_names[i]
+    for name, occ, nbytes, type_code in zip(
+        op_names, first_occ, op_nbytes.tolist(), types, strict=True
+    ):
         collective = occ >= n_comp
         ops[name] = Op(
             name=name,
             kind="collective" if collective else "compute",
-            resource=labels[lane_[occ]],
+            resource=labels[lanes_[occ]],
             param=c_param[occ - n_comp] if collective else None,
-            nbytes=int(op_nbytes[i]),
-            phase=phase_[occ],
-            type=names[name_code[rows_[occ]]],
+            nbytes=nbytes,
+            phase=PHASES[phases[occ]],
+            type=names[type_code],
         )
 
     # ------------------------------------------------------------------ edges per step
@@ -1125,22 +1158,16 @@ def build_rank(ev: RankEvents, rank_name: str, et_step: int | None = None) -> Ra
     }
 
     # spans: the step range, extended to the last op assigned to it (GPU tails)
-    last_end = pd.Series(end_).groupby(step_).max()
+    occ_steps, step_at = np.unique(step_, return_inverse=True)
+    last_end = np.full(len(occ_steps), np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(last_end, step_at, end_)
+    last = dict(zip(occ_steps.tolist(), last_end.tolist(), strict=True))
     spans = [
-        (int(s), int(a), int(max(b, last_end.get(s, b))))
-        for s, a, b in zip(steps["step"], steps["start"], steps["end"], strict=False)
-        if s in last_end.index
+        (s, a, max(b, last[s]))
+        for s, a, b in zip(s_step.tolist(), s_start.tolist(), s_end.tolist(), strict=True)
+        if s in last
     ]
-    op_name_arr = np.asarray(op_names, dtype=object)
-    rows = pd.DataFrame(
-        {
-            "rank": rank_name,
-            "iteration": step_.astype(np.int64),
-            "op": pd.array(op_name_arr[op_id], dtype="str"),
-            "start": start_.astype(np.int64),
-            "duration": (end_ - start_).astype(np.int64),
-        }
-    )
+    occurrences = Occurrences(step_.astype(np.int64), op_id, start_, end_ - start_)
     # Record function id -> op, for the ET join (any event inside the op maps to it)
     rf_to_op: dict[int, str] = {}
     rf = ev.rf
@@ -1163,7 +1190,7 @@ def build_rank(ev: RankEvents, rank_name: str, et_step: int | None = None) -> Ra
     }
     layer_reads: dict[int, list[tuple[str, str, int]]] = {}
     layer_rows = np.flatnonzero(
-        ev.name_flags(LAYER_PARAMS.__contains__) & is_cpu & (step_of >= 0) & (phase_of == "forward")
+        ev.name_flags(LAYER_PARAMS.__contains__) & is_cpu & (step_of >= 0) & (phase_of == _FORWARD)
     )
     for r in layer_rows[np.argsort(ts[layer_rows], kind="stable")].tolist():
         o = int(enclosing[r]) if enclosing[r] >= 0 else r
@@ -1182,7 +1209,7 @@ def build_rank(ev: RankEvents, rank_name: str, et_step: int | None = None) -> Ra
                 (op_names[op_at_row[o]], label, nbytes)
             )
     return RankModel(
-        rank_name, ops, rows, spans, op_names, edges_by_step, rf_to_op, notes, meta,
+        rank_name, ops, occurrences, spans, op_names, edges_by_step, rf_to_op, notes, meta,
         layer_reads=layer_reads,
     )  # fmt: skip
 
@@ -1200,12 +1227,15 @@ def parameters_from_sizes(
     fills its buckets in). Otherwise nothing is assigned and a note says the windows
     stay per bucket.
     """
-    rows = model.rows[model.rows["iteration"] == reference].sort_values(["start", "op"])
-    buckets = [
-        op
-        for op in dict.fromkeys(rows["op"])
-        if model.ops[op].kind == "collective" and (model.ops[op].param or "").startswith("bucket")
-    ]
+    occ = model.occurrences
+    sel = np.flatnonzero(occ.iteration == reference)
+    found: list[tuple[int, str]] = []  # (start, op) of the step's bucket all-reduces
+    for start, op_id in zip(occ.start[sel].tolist(), occ.op[sel].tolist(), strict=True):
+        op = model.ops[model.op_names[op_id]]
+        if op.kind == "collective" and (op.param or "").startswith("bucket"):
+            found.append((start, op.name))
+    found.sort()
+    buckets = list(dict.fromkeys(op for _, op in found))  # in order of first start
     buckets.sort(key=lambda op: int(str(model.ops[op].param)[len("bucket") :]))
     if not buckets:
         return [], []
@@ -1262,7 +1292,7 @@ def _collective_edges(
     o_step: np.ndarray,
     o_lane: np.ndarray,
     o_start: np.ndarray,
-    o_phase: np.ndarray,
+    o_phase: np.ndarray,  # codes into PHASES
     ts: np.ndarray,
     end: np.ndarray,
     c_step: np.ndarray,
@@ -1279,7 +1309,7 @@ def _collective_edges(
     quicksort on start time, so ties resolve as they always have.
     """
     comp_op = op_id[:n_comp]
-    opt = np.flatnonzero(o_phase == "optimizer")
+    opt = np.flatnonzero(o_phase == _OPTIMIZER)
     opt = opt[np.argsort(o_start[opt], kind="quicksort")]
     opt = opt[np.argsort(o_step[opt], kind="stable")]  # per step, in that start order
     opt_step = o_step[opt]
@@ -1369,7 +1399,7 @@ def reference_step(model: RankModel, et_step: int | None = None) -> int:
     """The step whose edges define the DAG: the ET step, else the one with most ops."""
     if et_step is not None and et_step in model.edges_by_step:
         return et_step
-    steps, counts = np.unique(model.rows["iteration"].to_numpy(), return_counts=True)
+    steps, counts = np.unique(model.occurrences.iteration, return_counts=True)
     return int(steps[np.argmax(counts)])
 
 
@@ -1405,9 +1435,10 @@ def load_kineto(paths: Sequence[Path], et_paths: Sequence[Path] | None = None) -
 def _load_kineto(paths: Sequence[Path], et_paths: Sequence[Path] | None) -> Job:
     files = expand_paths(paths)
     ranked: list[tuple[str, RankEvents]] = []
+    memo: ArgFlags = {}
     used: set[str] = set()
     for order, path in enumerate(files):
-        ev = read_rank(path)
+        ev = read_rank(path, memo=memo)
         name = f"rank{ev.rank}" if ev.rank is not None else f"rank{order}"
         if name in used:
             raise InputError(path, f"{name} is given twice (distributedInfo.rank repeats)")
@@ -1419,7 +1450,7 @@ def _load_kineto(paths: Sequence[Path], et_paths: Sequence[Path] | None) -> Job:
 
         ets = execution_trace.match_ranks(et_paths, ranked)
     graphs: dict[str, OpGraph] = {}
-    rows: list[pd.DataFrame] = []
+    rows: list[tuple[str, Occurrences, list[str]]] = []
     spans: list[tuple[str, int, int, int]] = []
     notes: list[str] = []
     meta: dict[str, Any] = {"ranks": {}, "parameters": {}, "parameter_source": {}}
@@ -1459,7 +1490,7 @@ def _load_kineto(paths: Sequence[Path], et_paths: Sequence[Path] | None) -> Job:
             text = str(exc)
             text = text if len(text) < 300 else text[:300] + " ..."
             raise InputError(ev.path, f"cannot build the op DAG ({text})") from None
-        rows.append(model.rows)
+        rows.append((name, model.occurrences, model.op_names))
         spans.extend((name, s, a, b) for s, a, b in model.spans)
         notes.extend(model.notes)
         meta["ranks"][name] = {
@@ -1468,18 +1499,45 @@ def _load_kineto(paths: Sequence[Path], et_paths: Sequence[Path] | None) -> Job:
             "world_size": ev.world_size,
             **model.meta,
         }
-    timings = pd.concat(rows, ignore_index=True)[list(TIMING_COLUMNS)]
-    span_frame = pd.DataFrame(spans, columns=list(SPAN_COLUMNS)).astype(
-        {"iteration": "int64", "start": "int64", "end": "int64"}
-    )
     return Job(
         framework="pytorch",
         graphs=graphs,
-        trace=Trace(timings=timings, spans=span_frame),
+        trace=Trace(timings=_timings(rows), spans=_spans(spans)),
         sources=tuple(str(p) for p in files) + tuple(str(p) for p in (et_paths or ())),
         notes=tuple(notes),
         meta=meta,
     )
+
+
+# The two tables are built from whole columns: a DataFrame from rows, a `columns=`
+# reindex or an `astype` would each page in more of pandas than the load itself needs.
+
+
+def _timings(rows: Sequence[tuple[str, Occurrences, list[str]]]) -> pd.DataFrame:
+    """The timings table (`TIMING_COLUMNS`) of every rank's op occurrences, in rank order."""
+    rank = np.repeat(np.array([name for name, _, _ in rows], dtype=object),
+                     [len(occ) for _, occ, _ in rows])  # fmt: skip
+    op = np.concatenate([np.array(names, dtype=object)[occ.op] for _, occ, names in rows])
+    columns = (
+        pd.array(rank, dtype="str"),
+        np.concatenate([occ.iteration for _, occ, _ in rows]),
+        pd.array(op, dtype="str"),
+        np.concatenate([occ.start for _, occ, _ in rows]),
+        np.concatenate([occ.duration for _, occ, _ in rows]),
+    )
+    return pd.DataFrame(dict(zip(TIMING_COLUMNS, columns, strict=True)))
+
+
+def _spans(spans: Sequence[tuple[str, int, int, int]]) -> pd.DataFrame:
+    """The spans table (`SPAN_COLUMNS`): one row per (rank, iteration)."""
+    rank, iteration, start, end = zip(*spans, strict=True) if spans else ((), (), (), ())
+    columns = (
+        pd.array(np.array(rank, dtype=object), dtype="str"),
+        np.array(iteration, dtype=np.int64),
+        np.array(start, dtype=np.int64),
+        np.array(end, dtype=np.int64),
+    )
+    return pd.DataFrame(dict(zip(SPAN_COLUMNS, columns, strict=True)))
 
 
 def _guess_et_step(ev: RankEvents, et: Any) -> int | None:
