@@ -98,7 +98,10 @@ def verify_command(
 def _verify_view(document: dict[str, Any]) -> None:
     console = render.out()
     table = Table(title=f"Plan {document['plan']} ({document['transfers']} transfers)")
-    for column in ("rank", "steps", "in plan", "first violation", "measured", "predicted"):
+    busy = any(r.get("measured_busy_time") is not None for r in document["ranks"])
+    columns = ["rank", "steps", "in plan", "first violation", "measured"]
+    columns += ["busy"] * busy + ["predicted", "error"]
+    for column in columns:
         table.add_column(column)
     for r in document["ranks"]:
         first = r["first_violation"]
@@ -110,14 +113,21 @@ def _verify_view(document: dict[str, Any]) -> None:
             if "depth_mismatch" in first:
                 d = first["depth_mismatch"]
                 where += f" ({d['transfer']}: {d['chunks']} chunks, depth {d['depth']})"
-        table.add_row(
+        cells = [
             r["rank"],
             str(r["steps"]),
             f"{r['compliant_steps']}/{r['steps']} ({r['compliance']:.0%})",
             where,
             render.seconds_text(r["measured_iteration_time"]),
+        ]
+        if busy:
+            cells.append(render.seconds_text(r["measured_busy_time"]))
+        error = r["replay_error"]
+        cells += [
             render.seconds_text(r["predicted_iteration_time"]),
-        )
+            "-" if error is None else f"{error:+.1%}",
+        ]
+        table.add_row(*cells)
     console.print(table)
     for line in document["notes"]:
         console.print(f"[yellow]note:[/yellow] {line}")

@@ -816,7 +816,7 @@ def replay_simulator(job: Job, cal: Calibration, workers: int) -> float | None:
 
 def calibrated_simulator(job: Job, cal: Calibration, workers: int) -> float | None:
     """A `RingSimulator` on the calibration: the traced DAG of each all-reduce rank, its
-    compute ops at their median traced time, every collective re-priced as a ring
+    compute ops at their mean traced time, every collective re-priced as a ring
     all-reduce of its bytes over `workers` (Eq. 20 with the calibration's f(d)), list
     scheduled by `planner.simulate` in the traced order. The median over ranks.
 
@@ -824,7 +824,7 @@ def calibrated_simulator(job: Job, cal: Calibration, workers: int) -> float | No
     compute that does not depend on it, and collectives queue on the network.
     """
     from planner import simulate  # late: the simulator is optional for the models
-    from planner.oracle import median_of_runs
+    from planner.oracle import mean_of_runs
 
     if cal.network is None or cal.network.b <= 0:
         return None
@@ -834,7 +834,7 @@ def calibrated_simulator(job: Job, cal: Calibration, workers: int) -> float | No
         if not any(op.kind == "collective" for op in graph.ops.values()):
             continue
         rows = frame[frame["rank"] == rank]
-        times = dict(median_of_runs(graph, rows).times)
+        times = dict(mean_of_runs(graph, rows).times)
         for name, op in graph.ops.items():
             if op.kind == "collective":
                 times[name] = ring_network(op.nbytes, workers, cal.bandwidth, cal.network.a)

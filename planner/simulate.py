@@ -39,7 +39,7 @@ from planner import _simkernel
 from planner.errors import InputError
 from planner.graph import OpGraph
 from planner.metrics import caramel_figures, efficiency
-from planner.oracle import TimeOracle, median_of_runs
+from planner.oracle import TimeOracle, mean_of_runs
 from planner.plan import Plan
 from planner.schedule.ticks import TICKS_PER_SECOND
 from planner.trace import Job, busy_time, with_dedicated
@@ -437,7 +437,7 @@ def replay(job: Job, *, seed: int = 0, frame: pd.DataFrame | None = None) -> dic
         graph = job.graphs[rank]
         compiled = compile_graph(graph)
         rows = frame[frame["rank"] == rank]
-        steps = _replay_rank(compiled, rows, median_of_runs(graph, rows), seed)
+        steps = _replay_rank(compiled, rows, mean_of_runs(graph, rows), seed)
         ranks.append({"rank": rank, **_error_summary(steps), "steps": steps})
     return {"schema": SCHEMA, "kind": "replay", "ranks": ranks, **_all_errors(ranks)}
 
@@ -600,7 +600,7 @@ def compare(
     vs the baseline mean and vs observed, efficiency E (TicTac §3.2) and Caramel's
     overlap alpha (of the median sample). `timelines` adds that sample's schedule per
     plan (see `planner.export.chrome_trace`). `knobs`: see `KNOBS`. `oracles` and
-    `frame` (`with_dedicated` timings) default to the median-of-runs oracle of the trace;
+    `frame` (`with_dedicated` timings) default to the mean-of-runs oracle of the trace;
     `replayed` (rank -> the steps of a `replay`) saves replaying the traced steps again.
     """
     plans = plans or {}
@@ -614,7 +614,7 @@ def compare(
         graph = job.graphs[rank]
         compiled = compile_graph(graph)
         rows = frame[frame["rank"] == rank]
-        oracle = oracles[rank] if oracles is not None else median_of_runs(graph, rows)
+        oracle = oracles[rank] if oracles is not None else mean_of_runs(graph, rows)
         if replayed is not None and rank in replayed:
             steps = replayed[rank]
         else:
@@ -796,7 +796,7 @@ def simulation(
     """
     frame = _frame(job)
     oracles = {
-        rank: median_of_runs(graph, frame[frame["rank"] == rank])
+        rank: mean_of_runs(graph, frame[frame["rank"] == rank])
         for rank, graph in job.graphs.items()
     }
     replayed = replay(job, seed=seed, frame=frame)

@@ -30,7 +30,7 @@ from typing import Any
 from planner.enforce.plan_file import TransferPlan, load_plan
 from planner.errors import InputError
 from planner.plan import Plan
-from planner.trace import Job
+from planner.trace import Job, busy_time
 
 TRANSFER_PREFIX = "planner.transfer:"
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -47,6 +47,7 @@ class StepOrder:
     duration: float  # seconds
     chunks: tuple[int, ...] = ()  # per transfer in `order`; empty when unknown
     unrecorded: tuple[str, ...] = ()  # planned transfers that ran but left no record
+    busy: float | None = None  # seconds some op of the rank ran (span less idle), if known
 
 
 @dataclass(frozen=True)
@@ -118,14 +119,15 @@ def _job_steps(job: Job, plans: dict[str, TransferPlan]) -> list[StepOrder]:
         if plan is None:
             continue
         names = set(plan.order)
-        mine = timings[(timings["rank"] == row.rank) & (timings["iteration"] == row.iteration)]
-        mine = mine[mine["op"].isin(names)].sort_values(["start", "op"])
+        step = timings[(timings["rank"] == row.rank) & (timings["iteration"] == row.iteration)]
+        busy = busy_time(step["start"].to_numpy(), step["duration"].to_numpy()) * 1e-9
+        mine = step[step["op"].isin(names)].sort_values(["start", "op"])
         graph = job.graphs.get(row.rank)
         ops = graph.ops if graph is not None else {}
         seen = set(mine["op"])
         unrecorded = tuple(n for n in plan.order if n in ops and n not in seen)
         out.append(StepOrder(row.rank, int(row.iteration), tuple(mine["op"]),
-                             (row.end - row.start) * 1e-9, (), unrecorded))  # fmt: skip
+                             (row.end - row.start) * 1e-9, (), unrecorded, busy))  # fmt: skip
     return out
 
 
@@ -183,12 +185,15 @@ def predict_orders(
 
     A sender counter lets transfer k go only after transfer k-1, so an order is
     simulated as priorities plus the chain of control edges it implies
-    (`planner.simulate`, min-of-runs oracle of the trace).
+    (`planner.simulate`, with its prediction oracle: the mean of the traced runs).
     """
-    from planner import analysis, simulate
+    from planner import simulate
+    from planner.oracle import mean_of_runs
+    from planner.trace import with_dedicated
 
     graph = job.graphs[rank]
-    oracle = analysis.oracles(job)[rank]
+    frame = with_dedicated(job.trace, {rank: graph})
+    oracle = mean_of_runs(graph, frame[frame["rank"] == rank])
     out = {}
     for label, order in orders.items():
         known = [n for n in order if n in graph.ops]
@@ -256,9 +261,13 @@ def verify(plan_path: str | Path, traces: Sequence[str | Path]) -> dict[str, Any
                          **({"depth_mismatch": wrong_depth[0]} if wrong_depth else {})}  # fmt: skip
         times = [s.duration for s in mine]
         measured = sum(times) / len(times)
+        busy = [s.busy for s in mine if s.busy is not None]
+        measured_busy = sum(busy) / len(busy) if len(busy) == len(mine) else None
         predicted = plan.predicted_iteration_time
+        reference = measured
         if predicted is None and job is not None and rank in job.graphs:
             predicted = predict_orders(job, rank, {"plan": plan.order})["plan"]
+            reference = measured_busy or measured  # the simulator predicts busy time
         ranks.append(
             {
                 "rank": rank,
@@ -270,8 +279,9 @@ def verify(plan_path: str | Path, traces: Sequence[str | Path]) -> dict[str, Any
                 "first_violation": first,
                 "measured_iteration_time": measured,
                 "measured_iteration_time_min": min(times),
+                "measured_busy_time": measured_busy,
                 "predicted_iteration_time": predicted,
-                "replay_error": (predicted / measured - 1) if predicted else None,
+                "replay_error": (predicted / reference - 1) if predicted else None,
             }
         )
     first_plan = next(iter(plans.values()))

@@ -15,6 +15,7 @@ sender-side op that produces the tensor.
 
 from __future__ import annotations
 
+import graphlib
 import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -184,6 +185,53 @@ def transfer_name(kind: str, sent: str | None, source: str) -> str | None:
     return f"{kind}:{tensor}"
 
 
+def _waits(graph: tfpb.GraphDef, bit: dict[str, int]) -> dict[str, int]:
+    """Node -> the OR of the `bit`s of the nodes it transitively waits for (inputs,
+    data and control). A partition graph is acyclic; one that is not gets no waits."""
+    inputs = {n.name: [split_input(raw)[0] for raw in n.input] for n in graph.node}
+    order = graphlib.TopologicalSorter(inputs)
+    waits: dict[str, int] = {}
+    try:
+        for name in order.static_order():
+            mask = bit.get(name, 0)
+            for src in inputs.get(name, ()):
+                mask |= waits.get(src, 0)
+            waits[name] = mask
+    except graphlib.CycleError:
+        return {}
+    return waits
+
+
+def _peer_waits(partitions: dict[str, tfpb.GraphDef], device: str) -> list[tuple[str, str]]:
+    """(tensor sent by `device`, tensor sent back to it) pairs where, on the peer, the
+    producer of the second waits for the first: the PS applies a worker's gradient
+    before sending a value computed from it, or (with ``planner export`` arrival
+    enforcement) reads the next variable only after the worker's control message. Edges
+    the worker partition alone cannot show."""
+    out: list[tuple[str, str]] = []
+    for peer, graph in partitions.items():
+        if peer == device:
+            continue
+        bit: dict[str, int] = {}  # a _Recv from `device` -> its bit
+        edge_of: list[str] = []
+        for n in graph.node:
+            if n.op == "_Recv" and n.attr["send_device"].s.decode(errors="replace") == device:
+                bit[n.name] = 1 << len(edge_of)
+                edge_of.append(n.attr["tensor_name"].s.decode(errors="replace"))
+        if not bit:
+            continue
+        waits = _waits(graph, bit)
+        for n in graph.node:
+            if n.op != "_Send" or not n.input:
+                continue
+            if n.attr["recv_device"].s.decode(errors="replace") != device:
+                continue
+            mask = waits.get(split_input(n.input[0])[0], 0)
+            received = n.attr["tensor_name"].s.decode(errors="replace")
+            out.extend((edge_of[i], received) for i in range(len(edge_of)) if mask >> i & 1)
+    return out
+
+
 def _rank_graph(step: _Step, device: str, path: Path) -> tuple[OpGraph, dict[str, tuple]]:
     """The worker partition as an OpGraph, and each transfer's record key + producer.
     Transfers are named by `transfer_name` (TensorFlow's node name when that fails or
@@ -239,6 +287,10 @@ def _rank_graph(step: _Step, device: str, path: Path) -> tuple[OpGraph, dict[str
         for raw in node.input:
             src, edge_kind = split_input(raw)
             edges.append((renamed.get(src, src), dst, edge_kind))
+    by_edge = {key[0]: name for name, (key, _producer) in links.items()}
+    for sent, received in _peer_waits(step.partitions, device):
+        if sent in by_edge and received in by_edge:
+            edges.append((by_edge[sent], by_edge[received], "control"))
     try:
         return build_graph(ops, edges), links
     except GraphError as exc:
