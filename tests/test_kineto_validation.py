@@ -179,6 +179,24 @@ def test_fuzz_crash_empty_steps_is_an_input_error(tmp_path: Path) -> None:
         load_kineto([path])
 
 
+def test_a_file_that_cannot_be_read_is_reported_before_a_rank_that_cannot_be_modelled(
+    tmp_path: Path,
+) -> None:
+    """Ranks are modelled as they are read; a modelling error still waits for every read."""
+    empty = tmp_path / "a" / "rank0.json"  # readable, but no op inside a step
+    broken = tmp_path / "b" / "rank1.json"
+    for path in (empty, broken):
+        path.parent.mkdir()
+    empty.write_text(json.dumps(_crash_doc()))
+    doc = _doc()
+    _drop(2, "ts")(doc)
+    broken.write_text(json.dumps(doc))
+    with pytest.raises(InputError, match="has no 'ts'"):
+        load_kineto([empty, broken])
+    with pytest.raises(InputError, match="no CPU or GPU op falls inside"):
+        load_kineto([empty, _write(tmp_path, _doc(), gz=False)])
+
+
 @pytest.mark.skipif(not FUZZ_CRASH.is_file(), reason="fuzzer finding not present")
 def test_fuzz_crash_file_is_an_input_error() -> None:
     with pytest.raises(InputError, match="no CPU or GPU op falls inside"):

@@ -529,7 +529,7 @@ def _stream_columns(path: Path, cols: _Columns) -> dict[str, Any]:
     header = buf[: found.end() - 1]
     pending = buf[found.end() :]
     del buf
-    for chunk in chunks:
+    for chunk in itertools.chain([b""], chunks):  # the rest of the header's piece first
         pending += chunk
         end = len(pending)
         for _ in range(8):
@@ -1434,79 +1434,107 @@ def load_kineto(paths: Sequence[Path], et_paths: Sequence[Path] | None = None) -
 
 def _load_kineto(paths: Sequence[Path], et_paths: Sequence[Path] | None) -> Job:
     files = expand_paths(paths)
-    ranked: list[tuple[str, RankEvents]] = []
     memo: ArgFlags = {}
     used: set[str] = set()
-    for order, path in enumerate(files):
+
+    def read(order: int, path: Path) -> tuple[str, RankEvents]:
         ev = read_rank(path, memo=memo)
         name = f"rank{ev.rank}" if ev.rank is not None else f"rank{order}"
         if name in used:
             raise InputError(path, f"{name} is given twice (distributedInfo.rank repeats)")
         used.add(name)
-        ranked.append((name, ev))
+        return name, ev
+
     ets: dict[str, Any] = {}
-    if et_paths:
+    ranks: Iterator[tuple[str, RankEvents]]
+    if et_paths:  # an ET is matched to its rank among all of them: read them all first
         from planner.ingest import execution_trace
 
+        ranked = [read(order, path) for order, path in enumerate(files)]
         ets = execution_trace.match_ranks(et_paths, ranked)
-    graphs: dict[str, OpGraph] = {}
-    rows: list[tuple[str, Occurrences, list[str]]] = []
-    spans: list[tuple[str, int, int, int]] = []
-    notes: list[str] = []
-    meta: dict[str, Any] = {"ranks": {}, "parameters": {}, "parameter_source": {}}
-    for name, ev in ranked:
-        et = ets.get(name)
-        step = None
-        if et is not None:
-            step = et.step if et.step is not None else _guess_et_step(ev, et)
-            if step is None:
-                raise InputError(et.path, f"no record-function id joins it to {ev.path.name}")
-        model = build_rank(ev, name, et_step=step)
-        ref = reference_step(model, step)
-        edges = _merge_edges(model, ref)
-        params: list[dict[str, Any]] = []
-        p_notes: list[str] = []
-        source = "bucket"
-        if et is not None:
-            from planner.ingest import execution_trace
-
-            edges, et_notes = execution_trace.dag_edges(et, model, edges, ref)
-            notes.extend(et_notes)
-            if et.parameters:
-                params, p_notes = execution_trace.resolve_parameters(et, model)
-                source = "execution_trace"
-            else:
-                p_notes = [f"{name}: the Execution Trace has no DDP bucket copies"]
-        if not params:
-            params, size_notes = parameters_from_sizes(model, ref)
-            p_notes += size_notes
-            source = "bucket_sizes" if params else "bucket"
-        notes.extend(p_notes)
-        meta["parameters"][name] = params
-        meta["parameter_source"][name] = source
-        try:
-            graphs[name] = build_graph(model.ops.values(), edges)
-        except GraphError as exc:  # a cycle means the trace contradicts itself
-            text = str(exc)
-            text = text if len(text) < 300 else text[:300] + " ..."
-            raise InputError(ev.path, f"cannot build the op DAG ({text})") from None
-        rows.append((name, model.occurrences, model.op_names))
-        spans.extend((name, s, a, b) for s, a, b in model.spans)
-        notes.extend(model.notes)
-        meta["ranks"][name] = {
-            "source": str(ev.path),
-            "reference_step": ref,
-            "world_size": ev.world_size,
-            **model.meta,
-        }
+        ranks = iter(ranked)
+    else:  # one rank's events in memory at a time
+        ranks = (read(order, path) for order, path in enumerate(files))
+    parts = _JobParts()
+    failed: InputError | None = None
+    for name, ev in ranks:
+        if failed is None:
+            try:
+                _add_rank(parts, name, ev, ets.get(name))
+            except InputError as exc:
+                failed = exc  # raised once every file is read: a bad file is reported first
+        del ev
+    if failed is not None:
+        raise failed
     return Job(
         framework="pytorch",
-        graphs=graphs,
-        trace=Trace(timings=_timings(rows), spans=_spans(spans)),
+        graphs=parts.graphs,
+        trace=Trace(timings=_timings(parts.occurrences), spans=_spans(parts.spans)),
         sources=tuple(str(p) for p in files) + tuple(str(p) for p in (et_paths or ())),
-        notes=tuple(notes),
-        meta=meta,
+        notes=tuple(parts.notes),
+        meta=parts.meta,
     )
+
+
+@dataclass
+class _JobParts:
+    """What the ranks add to their Job, gathered rank by rank."""
+
+    graphs: dict[str, OpGraph] = field(default_factory=dict)
+    occurrences: list[tuple[str, Occurrences, list[str]]] = field(default_factory=list)
+    spans: list[tuple[str, int, int, int]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    meta: dict[str, Any] = field(
+        default_factory=lambda: {"ranks": {}, "parameters": {}, "parameter_source": {}}
+    )
+
+
+def _add_rank(parts: _JobParts, name: str, ev: RankEvents, et: Any | None) -> None:
+    """Model one rank (joined to its Execution Trace `et`, if any) into `parts`."""
+    notes, meta = parts.notes, parts.meta
+    step = None
+    if et is not None:
+        step = et.step if et.step is not None else _guess_et_step(ev, et)
+        if step is None:
+            raise InputError(et.path, f"no record-function id joins it to {ev.path.name}")
+    model = build_rank(ev, name, et_step=step)
+    ref = reference_step(model, step)
+    edges = _merge_edges(model, ref)
+    params: list[dict[str, Any]] = []
+    p_notes: list[str] = []
+    source = "bucket"
+    if et is not None:
+        from planner.ingest import execution_trace
+
+        edges, et_notes = execution_trace.dag_edges(et, model, edges, ref)
+        notes.extend(et_notes)
+        if et.parameters:
+            params, p_notes = execution_trace.resolve_parameters(et, model)
+            source = "execution_trace"
+        else:
+            p_notes = [f"{name}: the Execution Trace has no DDP bucket copies"]
+    if not params:
+        params, size_notes = parameters_from_sizes(model, ref)
+        p_notes += size_notes
+        source = "bucket_sizes" if params else "bucket"
+    notes.extend(p_notes)
+    meta["parameters"][name] = params
+    meta["parameter_source"][name] = source
+    try:
+        parts.graphs[name] = build_graph(model.ops.values(), edges)
+    except GraphError as exc:  # a cycle means the trace contradicts itself
+        text = str(exc)
+        text = text if len(text) < 300 else text[:300] + " ..."
+        raise InputError(ev.path, f"cannot build the op DAG ({text})") from None
+    parts.occurrences.append((name, model.occurrences, model.op_names))
+    parts.spans.extend((name, s, a, b) for s, a, b in model.spans)
+    notes.extend(model.notes)
+    meta["ranks"][name] = {
+        "source": str(ev.path),
+        "reference_step": ref,
+        "world_size": ev.world_size,
+        **model.meta,
+    }
 
 
 # The two tables are built from whole columns: a DataFrame from rows, a `columns=`
