@@ -171,18 +171,19 @@ def _sent_input(partitions: dict[str, tfpb.GraphDef], device: str, edge: str) ->
     return None
 
 
-def transfer_name(kind: str, sent: str | None, source: str) -> str | None:
-    """A transfer's name that survives re-partitioning: ``recv:`` or ``send:`` and the
-    tensor sent (``recv:fc1/read``, ``recv:split:1``), or ``recv:^src`` for the control
-    message of a control edge from `source`, which TensorFlow sends as a dummy constant.
-    None when the `_Send` input is unknown. TensorFlow's own `_Recv`/`_Send` names (``
-    fc1/read_S7``) number the partition's edges and change whenever the graph does, so a
-    plan could not name the same transfer in a run taken after enforcement."""
+def transfer_name(kind: str, sent: str | None, source: str, peer: str = "") -> str | None:
+    """A transfer's name that survives re-partitioning: ``recv:`` and the tensor
+    received (``recv:fc1/read``, ``recv:split:1``), or ``recv:^src`` for the control
+    message of a control edge from `source`, which TensorFlow sends as a dummy constant;
+    a send also names the task it goes to (``send:grad->ps0``), as a client GraphDef's
+    sends do. None when the `_Send` input is unknown. TensorFlow's own `_Recv`/`_Send`
+    names (``fc1/read_S7``) number the partition's edges and change whenever the graph
+    does, so a plan could not name the same transfer in a run taken after enforcement."""
     if not sent or not source:
         return None
     node, _kind = split_input(sent)
     tensor = sent.removesuffix(":0") if node == source else f"^{source}"
-    return f"{kind}:{tensor}"
+    return f"{kind}:{tensor}" + (f"->{peer}" if kind == "send" and peer else "")
 
 
 def _waits(graph: tfpb.GraphDef, bit: dict[str, int]) -> dict[str, int]:
@@ -276,7 +277,7 @@ def _rank_graph(step: _Step, device: str, path: Path) -> tuple[OpGraph, dict[str
             key = (edge, device, peer_device)
             producer = (device, split_input(sent)[0] if sent else None)
             param = source if sent and split_input(sent)[0] == source else ""
-        name = transfer_name(kind, sent, source)
+        name = transfer_name(kind, sent, source, peer)
         if name is None or name in renamed.values():
             name = node.name
         renamed[node.name] = name
