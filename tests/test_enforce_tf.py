@@ -11,6 +11,7 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
+from planner.enforce.plan_file import load_plan
 from planner.enforce.tf_graph import (
     MARKER_SCOPE,
     MODES,
@@ -20,6 +21,7 @@ from planner.enforce.tf_graph import (
     transfer_nodes,
 )
 from planner.errors import InputError
+from planner.ingest import detect
 from planner.ingest.proto import tf_subset_pb2 as tfpb
 from planner.ingest.tf_graphdef import split_input, task_of
 from planner.verify import verify
@@ -200,3 +202,11 @@ def test_ps_cluster_receives_in_plan_order_with_arrival_enforcement(tmp_path: Pa
         if n.name in added and n.op == "Identity"
     }
     assert set(ran) == added and set(ran.values()) == {"worker0", "worker1"}
+    # the ingested DAG of the enforced run shows the chain: each planned recv waits for
+    # the one before it (marker -> its control message -> the PS read -> the next recv)
+    job = detect.load(sorted((runs / "planned").glob("run_metadata_step*.pb")))
+    for rank in job.ranks:
+        dag = job.graphs[rank].dag
+        order = [n for n in load_plan(plan, rank).order if n in dag]
+        assert len(order) == 20
+        assert all(nx.has_path(dag, a, b) for a, b in zip(order[:-1], order[1:], strict=True))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import re
 
+import networkx as nx
 import numpy as np
 import pytest
 from conftest import DEMO, TF_RUNS, need
@@ -206,3 +207,24 @@ def test_client_graphdef_gives_tic_plans_without_timings():
     assert {r: sorted(g.ops) for r, g in binary.graphs.items()} == {
         r: sorted(g.ops) for r, g in job.graphs.items()
     }
+
+
+def test_waits_on_the_ps_become_edges_of_the_worker_dag():
+    """A worker's recv whose PS-side producer waits for that worker's sends depends on
+    them: the averaged loss waits for the tower's loss (in-graph cnn), and SyncReplicas'
+    token waits for every gradient the worker sent (demo). The worker partition alone
+    has no such path."""
+    cnn = detect.load([need(TF_RUNS["cnn_ps_ingraph"][0])]).graphs["worker0"]
+    assert list(cnn.dag.predecessors("recv:truediv")) == ["send:tower0/Mean->ps0"]
+    run = tfpb.RunMetadata()
+    run.ParseFromString((TF_RUNS["cnn_ps_ingraph"][0] / "run_metadata_step3.pb").read_bytes())
+    (part,) = [g for g in run.partition_graphs if task_of(g.node[0].device) == "worker0"]
+    raw = nx.DiGraph((i.lstrip("^").split(":")[0], n.name) for n in part.node for i in n.input)
+    (send,) = [n.name for n in part.node if n.op == "_Send" and n.input[0] == "tower0/Mean"]
+    (recv,) = [n.name for n in part.node if n.op == "_Recv" and n.attr["_src"].s == b"truediv"]
+    assert not (send in raw and recv in raw and nx.has_path(raw, send, recv))
+    demo = detect.load([need(DEMO)]).graphs["worker0"]
+    token = "recv:sync_token_q_Dequeue"
+    sends = [name for name, op in demo.ops.items() if op.kind == "send"]
+    assert len(sends) == 24
+    assert all(demo.dag.has_edge(s, token) for s in sends)
