@@ -389,8 +389,8 @@ class _Columns:
             for new in range(known, len(pairs)):  # a new (pid, tid): its lane, maybe new
                 first = pair_code.index(new)
                 self._new_lane(keys[first], row0 + first, args[first])
-            self.corr.extend(corr)
-            self.rf.extend(rf)
+            self.corr.frombytes(np.array(corr, dtype=np.int64).tobytes())
+            self.rf.frombytes(np.array(rf, dtype=np.int64).tobytes())
         except (TypeError, OverflowError):  # unhashable or out-of-range values
             raise _Irregular from None
         ids = self.name_ids
@@ -412,11 +412,12 @@ class _Columns:
         )
         for i in np.flatnonzero(keep).tolist():
             self.args[row0 + i] = args[i]
-        self.name_code.extend(name_code.tolist())
-        self.cat_code.extend(cat_code.tolist())
-        self.lane.extend(np.array(self.pair_lane, dtype=np.int32)[pair_code].tolist())
-        self.ts.extend(ts)
-        self.dur.extend(dur)
+        # numpy converts a block of Python numbers at once, array.extend one by one
+        self.name_code.frombytes(name_code.tobytes())
+        self.cat_code.frombytes(cat_code.tobytes())
+        self.lane.frombytes(np.array(self.pair_lane, dtype=np.int32)[pair_code].tobytes())
+        self.ts.frombytes(np.array(ts, dtype=np.float64).tobytes())
+        self.dur.frombytes(np.array(dur, dtype=np.float64).tobytes())
 
     def _new_lane(self, pair: tuple[Any, Any], row: int, args: dict[str, Any]) -> None:
         pid, tid = pair
@@ -852,8 +853,18 @@ def _cumcount(*keys: np.ndarray) -> np.ndarray:
     return out
 
 
-def build_rank(ev: RankEvents, rank_name: str, et_step: int | None = None) -> RankModel:
-    """Reduce one rank's events to op occurrences per step, collectives and DAG edges."""
+OpMemo = dict[tuple[Any, ...], Op]
+"""An Op's fields -> the one Op with them: the ranks of a data-parallel job repeat their
+ops, and an Op is a frozen value, so one object (and one name string) serves them all."""
+
+
+def build_rank(
+    ev: RankEvents, rank_name: str, et_step: int | None = None, op_memo: OpMemo | None = None
+) -> RankModel:
+    """Reduce one rank's events to op occurrences per step, collectives and DAG edges.
+
+    `op_memo` is shared by the ranks of one job.
+    """
     path = ev.path
     names, name_code = ev.names, ev.name_code
     ts, end, lane_arr = ev.ts, ev.end, ev.lane
@@ -1102,19 +1113,24 @@ def build_rank(ev: RankEvents, rank_name: str, et_step: int | None = None) -> Ra
     phases = phase_.tolist()
     types = name_code[rows_[first_occ]].tolist()
     ops: dict[str, Op] = {}
-    for name, occ, nbytes, type_code in zip(
-        op_names, first_occ, op_nbytes.tolist(), types, strict=True
+    memo: OpMemo = {} if op_memo is None else op_memo
+    for i, (occ, nbytes, type_code) in enumerate(
+        zip(first_occ, op_nbytes.tolist(), types, strict=True)
     ):
         collective = occ >= n_comp
-        ops[name] = Op(
-            name=name,
-            kind="collective" if collective else "compute",
-            resource=labels[lanes_[occ]],
-            param=c_param[occ - n_comp] if collective else None,
-            nbytes=nbytes,
-            phase=PHASES[phases[occ]],
-            type=names[type_code],
-        )
+        kind = "collective" if collective else "compute"
+        resource = labels[lanes_[occ]]
+        param = c_param[occ - n_comp] if collective else None
+        phase, type_ = PHASES[phases[occ]], names[type_code]
+        key = (op_names[i], kind, resource, param, nbytes, phase, type_)
+        op = memo.get(key)
+        if op is None:
+            op = memo[key] = Op(
+                name=op_names[i], kind=kind, resource=resource, param=param, nbytes=nbytes,
+                phase=phase, type=type_,
+            )  # fmt: skip
+        ops[op.name] = op
+        op_names[i] = op.name
 
     # ------------------------------------------------------------------ edges per step
     op_at_row = np.full(n_rows, -1, dtype=np.int64)
@@ -1456,11 +1472,12 @@ def _load_kineto(paths: Sequence[Path], et_paths: Sequence[Path] | None) -> Job:
     else:  # one rank's events in memory at a time
         ranks = (read(order, path) for order, path in enumerate(files))
     parts = _JobParts()
+    op_memo: OpMemo = {}
     failed: InputError | None = None
     for name, ev in ranks:
         if failed is None:
             try:
-                _add_rank(parts, name, ev, ets.get(name))
+                _add_rank(parts, name, ev, ets.get(name), op_memo)
             except InputError as exc:
                 failed = exc  # raised once every file is read: a bad file is reported first
         del ev
@@ -1489,7 +1506,7 @@ class _JobParts:
     )
 
 
-def _add_rank(parts: _JobParts, name: str, ev: RankEvents, et: Any | None) -> None:
+def _add_rank(parts: _JobParts, name: str, ev: RankEvents, et: Any | None, op_memo: OpMemo) -> None:
     """Model one rank (joined to its Execution Trace `et`, if any) into `parts`."""
     notes, meta = parts.notes, parts.meta
     step = None
@@ -1497,7 +1514,7 @@ def _add_rank(parts: _JobParts, name: str, ev: RankEvents, et: Any | None) -> No
         step = et.step if et.step is not None else _guess_et_step(ev, et)
         if step is None:
             raise InputError(et.path, f"no record-function id joins it to {ev.path.name}")
-    model = build_rank(ev, name, et_step=step)
+    model = build_rank(ev, name, et_step=step, op_memo=op_memo)
     ref = reference_step(model, step)
     edges = _merge_edges(model, ref)
     params: list[dict[str, Any]] = []
