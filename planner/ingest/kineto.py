@@ -874,7 +874,8 @@ def build_rank(
     if len(step_rows) == 0:
         raise InputError(path, "no ProfilerStep#N events: profile with torch.profiler.schedule "
                          "and call prof.step() each iteration")  # fmt: skip
-    # the step ranges by start (a quicksort, as ever), the first of each number kept
+    # the step ranges by start (a quicksort, as pandas' sort_values: ties resolve as they
+    # always have), the first range of each step number kept
     numbers = np.array([int(names[name_code[i]].split("#")[1]) for i in step_rows], np.int64)
     by_start = np.argsort(ts[step_rows], kind="quicksort")
     first_of_number = np.sort(np.unique(numbers[by_start], return_index=True)[1])
@@ -1450,11 +1451,11 @@ def load_kineto(paths: Sequence[Path], et_paths: Sequence[Path] | None = None) -
 
 def _load_kineto(paths: Sequence[Path], et_paths: Sequence[Path] | None) -> Job:
     files = expand_paths(paths)
-    memo: ArgFlags = {}
+    arg_memo: ArgFlags = {}
     used: set[str] = set()
 
     def read(order: int, path: Path) -> tuple[str, RankEvents]:
-        ev = read_rank(path, memo=memo)
+        ev = read_rank(path, memo=arg_memo)
         name = f"rank{ev.rank}" if ev.rank is not None else f"rank{order}"
         if name in used:
             raise InputError(path, f"{name} is given twice (distributedInfo.rank repeats)")
