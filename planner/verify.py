@@ -112,16 +112,15 @@ def _kineto_steps(path: Path) -> tuple[str, list[StepOrder]] | None:
 
 def _job_steps(job: Job, plans: dict[str, TransferPlan]) -> list[StepOrder]:
     """Steps of any trace `planner` ingests: planned transfers by start time."""
-    timings, spans = job.trace.timings, job.trace.spans
+    by_step = dict(iter(job.trace.timings.groupby(["rank", "iteration"], sort=False)))
     out = []
-    for row in spans.itertuples(index=False):
+    for row in job.trace.spans.itertuples(index=False):
         plan = plans.get(row.rank) or plans.get("*")
-        if plan is None:
+        step = by_step.get((row.rank, row.iteration))
+        if plan is None or step is None:
             continue
-        names = set(plan.order)
-        step = timings[(timings["rank"] == row.rank) & (timings["iteration"] == row.iteration)]
         busy = busy_time(step["start"].to_numpy(), step["duration"].to_numpy()) * 1e-9
-        mine = step[step["op"].isin(names)].sort_values(["start", "op"])
+        mine = step[step["op"].isin(set(plan.order))].sort_values(["start", "op"])
         graph = job.graphs.get(row.rank)
         ops = graph.ops if graph is not None else {}
         seen = set(mine["op"])

@@ -111,6 +111,16 @@ def _index(graph: tfpb.GraphDef, name: str) -> int:
     return next(i for i, n in enumerate(graph.node) if n.name == name)
 
 
+def test_transfer_names_map_to_their_nodes() -> None:
+    """Every name form `planner` gives a TF transfer finds its node in the client graph."""
+    graph, _ = read_graphdef(_need(GRAPHS[0]))
+    read = "tower0/Conv2D/ReadVariableOp"
+    for name in (f"recv:{read}", f"recv:^{read}", f"{read}_S9", f"recv:{read}:0"):
+        assert transfer_nodes(graph, name, "worker0") == (read,), name
+    assert transfer_nodes(graph, "send:tower0/Mean->ps0", "worker0") == ("tower0/Mean",)
+    assert transfer_nodes(graph, "recv:conv1/kernel", "worker0") == (read,)  # its read
+
+
 def test_a_cycle_or_an_unknown_node_is_refused(tmp_path: Path) -> None:
     graph, _ = read_graphdef(_need(GRAPHS[0]))
     dag = node_dag(graph)

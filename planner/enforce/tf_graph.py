@@ -167,6 +167,7 @@ class _Index:
     def node_of(self, name: str) -> str | None:
         """The GraphDef node a plan name stands for (see the module docstring)."""
         bare = name.removeprefix("recv:").removeprefix("send:").removeprefix("^")
+        bare = bare.rsplit("->", 1)[0] if name.startswith("send:") else bare  # send:t->ps0
         candidates = (name, name.removeprefix("^"), bare)
         for candidate in candidates:
             if candidate in self.nodes:
@@ -365,7 +366,7 @@ def rewrite_with_plan(
     out, rewrite = add_control_edges(graph, edges, where, drop_cyclic)
     used = {u for u, _ in rewrite.added}
     rewrite.markers = [m.name for m in markers if m.name in used]
-    if len(rewrite.markers) < len(markers):  # a marker whose edge was implied or dropped
+    if len(rewrite.markers) < len(markers):  # a marker whose edge was dropped (cycle)
         keep = set(rewrite.markers) | {n.name for n in graph.node} - {m.name for m in markers}
         kept = [n for n in out.node if n.name in keep]
         del out.node[:]

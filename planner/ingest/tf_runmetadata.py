@@ -19,6 +19,7 @@ import graphlib
 import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 
 from google.protobuf import message
@@ -96,6 +97,30 @@ class _Step:
     op_time: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
     records: dict[tuple[str, str, str], _Record] = field(default_factory=dict)
 
+    @cached_property
+    def nodes(self) -> dict[str, dict[str, tfpb.NodeDef]]:
+        """Device -> its partition's nodes by name."""
+        return {d: {n.name: n for n in g.node} for d, g in self.partitions.items()}
+
+    @cached_property
+    def sent(self) -> dict[tuple[str, str], str]:
+        """(device, tensor_name) -> the input of that device's `_Send` of the tensor."""
+        return {
+            (d, n.attr["tensor_name"].s.decode(errors="replace")): n.input[0]
+            for d, g in self.partitions.items()
+            for n in g.node
+            if n.op == "_Send" and n.input
+        }
+
+    @cached_property
+    def peer_waits(self) -> dict[str, list[tuple[str, str]]]:
+        """Device -> `_peer_waits` pairs of every partition, computed once per step."""
+        out: dict[str, list[tuple[str, str]]] = {}
+        for peer, graph in self.partitions.items():
+            for device, pairs in _peer_waits(graph, peer).items():
+                out.setdefault(device, []).extend(pairs)
+        return out
+
 
 def _check_stats(stats: tfpb.NodeExecStats, device: str, path: Path) -> tuple[int, int]:
     """(start, duration) in ns of one node record; InputError when out of range."""
@@ -139,12 +164,9 @@ def _index_step(run: tfpb.RunMetadata, number: int, path: Path) -> _Step:
     return step
 
 
-def _variable_of(partitions: dict[str, tfpb.GraphDef], device: str, node_name: str) -> str:
-    """The variable a sent tensor reads (through ReadVariableOp/Identity), else the node."""
-    graph = partitions.get(device)
-    if graph is None:
-        return node_name
-    nodes = {n.name: n for n in graph.node}
+def _variable_of(nodes: dict[str, tfpb.NodeDef], node_name: str) -> str:
+    """The variable a sent tensor reads (through ReadVariableOp/Identity), else the node;
+    `nodes`: the sender's partition by name."""
     current = nodes.get(node_name)
     for _ in range(4):
         if current is None or current.op not in _READ_OPS or not current.input:
@@ -154,21 +176,6 @@ def _variable_of(partitions: dict[str, tfpb.GraphDef], device: str, node_name: s
         if current is not None and current.op in _VARIABLE_OPS:
             return current.name
     return node_name
-
-
-def _sent_input(partitions: dict[str, tfpb.GraphDef], device: str, edge: str) -> str | None:
-    """The input of the `_Send` of tensor `edge` on `device` (None when not found)."""
-    graph = partitions.get(device)
-    if graph is None:
-        return None
-    for node in graph.node:
-        if (
-            node.op == "_Send"
-            and node.attr["tensor_name"].s.decode(errors="replace") == edge
-            and node.input
-        ):
-            return node.input[0]
-    return None
 
 
 def transfer_name(kind: str, sent: str | None, source: str, peer: str = "") -> str | None:
@@ -203,33 +210,35 @@ def _waits(graph: tfpb.GraphDef, bit: dict[str, int]) -> dict[str, int]:
     return waits
 
 
-def _peer_waits(partitions: dict[str, tfpb.GraphDef], device: str) -> list[tuple[str, str]]:
-    """(tensor sent by `device`, tensor sent back to it) pairs where, on the peer, the
-    producer of the second waits for the first: the PS applies a worker's gradient
-    before sending a value computed from it, or (with ``planner export`` arrival
+def _peer_waits(graph: tfpb.GraphDef, peer: str) -> dict[str, list[tuple[str, str]]]:
+    """Device -> (tensor it sends to `peer`, tensor `peer` sends back) pairs where, on
+    `peer`, the producer of the second waits for the first: the PS applies a worker's
+    gradient before sending a value computed from it, or (with ``planner export`` arrival
     enforcement) reads the next variable only after the worker's control message. Edges
     the worker partition alone cannot show."""
-    out: list[tuple[str, str]] = []
-    for peer, graph in partitions.items():
-        if peer == device:
+    bit: dict[str, int] = {}  # a _Recv from another device -> its bit
+    received: list[tuple[str, str]] = []  # per bit: (sending device, tensor_name)
+    for n in graph.node:
+        if n.op == "_Recv":
+            bit[n.name] = 1 << len(received)
+            received.append((n.attr["send_device"].s.decode(errors="replace"),
+                             n.attr["tensor_name"].s.decode(errors="replace")))  # fmt: skip
+    out: dict[str, list[tuple[str, str]]] = {}
+    if not bit:
+        return out
+    waits = _waits(graph, bit)
+    for n in graph.node:
+        if n.op != "_Send" or not n.input:
             continue
-        bit: dict[str, int] = {}  # a _Recv from `device` -> its bit
-        edge_of: list[str] = []
-        for n in graph.node:
-            if n.op == "_Recv" and n.attr["send_device"].s.decode(errors="replace") == device:
-                bit[n.name] = 1 << len(edge_of)
-                edge_of.append(n.attr["tensor_name"].s.decode(errors="replace"))
-        if not bit:
-            continue
-        waits = _waits(graph, bit)
-        for n in graph.node:
-            if n.op != "_Send" or not n.input:
-                continue
-            if n.attr["recv_device"].s.decode(errors="replace") != device:
-                continue
-            mask = waits.get(split_input(n.input[0])[0], 0)
-            received = n.attr["tensor_name"].s.decode(errors="replace")
-            out.extend((edge_of[i], received) for i in range(len(edge_of)) if mask >> i & 1)
+        device = n.attr["recv_device"].s.decode(errors="replace")
+        mask = waits.get(split_input(n.input[0])[0], 0)
+        back = n.attr["tensor_name"].s.decode(errors="replace")
+        while mask:
+            low = mask & -mask
+            sender, sent = received[low.bit_length() - 1]
+            if sender == device and device != peer:
+                out.setdefault(device, []).append((sent, back))
+            mask ^= low
     return out
 
 
@@ -243,6 +252,7 @@ def _rank_graph(step: _Step, device: str, path: Path) -> tuple[OpGraph, dict[str
     edges: list[tuple[str, str, str]] = []
     links: dict[str, tuple] = {}
     renamed: dict[str, str] = {}
+    taken: set[str] = set()
     for node in graph.node:
         attr = node.attr
         peer_device = ""
@@ -262,12 +272,13 @@ def _rank_graph(step: _Step, device: str, path: Path) -> tuple[OpGraph, dict[str
         edge = attr["tensor_name"].s.decode(errors="replace")
         if kind == "recv":
             source = attr["_src"].s.decode(errors="replace")
-            sent = _sent_input(step.partitions, peer_device, edge)
+            sent = step.sent.get((peer_device, edge))
             resource = f"{rank}<-{peer}"
             key = (edge, peer_device, device)
             data = sent is not None and split_input(sent)[0] == source
             producer = (peer_device, split_input(sent)[0] if sent and data else None)
-            param = _variable_of(step.partitions, peer_device, source) if data else ""
+            sender = step.nodes.get(peer_device, {})
+            param = _variable_of(sender, source) if data else ""
         else:
             sent = node.input[0] if node.input else None
             source = attr["_src"].s.decode(errors="replace") or (
@@ -278,9 +289,10 @@ def _rank_graph(step: _Step, device: str, path: Path) -> tuple[OpGraph, dict[str
             producer = (device, split_input(sent)[0] if sent else None)
             param = source if sent and split_input(sent)[0] == source else ""
         name = transfer_name(kind, sent, source, peer)
-        if name is None or name in renamed.values():
+        if name is None or name in taken:
             name = node.name
         renamed[node.name] = name
+        taken.add(name)
         ops.append(Op(name, kind, resource, param=param, type=node.op))
         links[name] = (key, producer)
     for node in graph.node:
@@ -289,7 +301,7 @@ def _rank_graph(step: _Step, device: str, path: Path) -> tuple[OpGraph, dict[str
             src, edge_kind = split_input(raw)
             edges.append((renamed.get(src, src), dst, edge_kind))
     by_edge = {key[0]: name for name, (key, _producer) in links.items()}
-    for sent, received in _peer_waits(step.partitions, device):
+    for sent, received in step.peer_waits.get(device, []):
         if sent in by_edge and received in by_edge:
             edges.append((by_edge[sent], by_edge[received], "control"))
     try:
