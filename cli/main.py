@@ -179,6 +179,8 @@ def metrics_command(
     for path, text in files.items():
         write_atomic(path, text)
     render.emit(document, as_json, render.metrics_view)
+    for line in document.get("notes", []):
+        render.note(line, as_json)
     for name in unchecked(document, gate):
         render.note(f"{name}: not available for this input, not checked", as_json)
     for path in files:

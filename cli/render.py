@@ -152,6 +152,11 @@ def plan_view(document: dict[str, Any]) -> None:
         console.print(table)
 
 
+def _ratio(value: float | None) -> str:
+    """A figure to 3 decimals; ``n/a`` where it does not apply (None)."""
+    return "n/a" if value is None else f"{value:.3f}"
+
+
 def metrics_view(document: dict[str, Any]) -> None:
     console = out()
     table = Table(title="Scheduling efficiency per step (TicTac §3.2)")
@@ -165,8 +170,8 @@ def metrics_view(document: dict[str, Any]) -> None:
             seconds_text(s["idle"]),
             seconds_text(s["umax"]),
             seconds_text(s["lmin"]),
-            f"{s['efficiency']:.3f}",
-            f"{s['speedup_bound']:.3f}",
+            _ratio(s["efficiency"]),
+            _ratio(s["speedup_bound"]),
         )
     console.print(table)
     summary = Table(title="Per rank")
@@ -175,10 +180,10 @@ def metrics_view(document: dict[str, Any]) -> None:
     for r in document["ranks"]:
         summary.add_row(
             r["rank"],
-            f"{r.get('efficiency_mean', float('nan')):.3f}",
-            f"{r.get('efficiency_min', float('nan')):.3f}",
+            _ratio(r.get("efficiency_mean")),
+            _ratio(r.get("efficiency_min")),
             seconds_text(r.get("makespan_mean")),
-            f"{r['oracle_speedup_bound']:.3f}",
+            _ratio(r.get("oracle_speedup_bound")),
             str(r.get("distinct_transfer_orders", 0)),
         )
     console.print(summary)

@@ -23,18 +23,21 @@ SCHEMA = "planner.allreduce/1"
 
 
 def _compute_mask(graph: OpGraph, ops: pd.Series) -> np.ndarray:
-    """Compute ops that count for C: GPU ops when the rank has any, else all compute ops."""
-    kinds = {n: (o.kind, o.resource) for n, o in graph.ops.items()}
-    on_gpu = any(k == "compute" and r.startswith("gpu") for k, r in kinds.values())
-    return np.array(
-        [
-            n in kinds
-            and kinds[n][0] == "compute"
-            and (not on_gpu or kinds[n][1].startswith("gpu"))
-            for n in ops
-        ],
-        dtype=bool,
-    )
+    """Compute ops that count for C: GPU compute kernels when the rank has any (memcpy
+    and memset move data, as HTA's memory kernels), else all compute ops."""
+    on_gpu = any(o.kind == "compute" and o.resource.startswith("gpu") for o in graph.ops.values())
+    counted = {
+        n
+        for n, o in graph.ops.items()
+        if o.kind == "compute"
+        and (not on_gpu or (o.resource.startswith("gpu") and not _is_memory(o.type)))
+    }
+    return ops.isin(counted).to_numpy()
+
+
+def _is_memory(event: str) -> bool:
+    """A GPU memcpy or memset (Kineto names them ``Memcpy ...`` / ``Memset ...``)."""
+    return event[:6].lower() in ("memcpy", "memset")
 
 
 def _launcher(graph: OpGraph, op: str) -> str | None:

@@ -16,7 +16,14 @@ from planner.allreduce import allreduce_metrics, rank_parameters
 from planner.errors import InputError
 from planner.export.caramel_files import bucket_plan_document, control_deps_document
 from planner.graph import OpGraph
-from planner.metrics import StepMetrics, bounds, speedup_bound, step_metrics, summarize
+from planner.metrics import (
+    StepMetrics,
+    bounds,
+    device_ops,
+    speedup_bound,
+    step_metrics,
+    summarize,
+)
 from planner.oracle import TimeOracle, min_of_runs
 from planner.plan import Plan
 from planner.schedule import caramel, tictac
@@ -215,22 +222,38 @@ def metrics(job: Job) -> dict[str, Any]:
     oracle = oracles(job)
     steps: list[dict[str, Any]] = []
     ranks: list[dict[str, Any]] = []
+    notes: list[str] = []
     for rank in job.ranks:
         graph = job.graphs[rank]
         of_rank = frame[frame["rank"] == rank]
+        device = device_ops(graph)
         per_step = [
-            step_metrics(graph, rank, int(number), rows)
+            step_metrics(graph, rank, int(number), rows, device)
             for number, rows in of_rank.groupby("iteration", sort=True)
         ]
         steps.extend(_step_dict(s) for s in per_step)
-        umax, lmin = bounds(oracle[rank].times, graph)
+        times = oracle[rank].times
+        if device is not None:
+            times = {n: t for n, t in times.items() if n in device}
+        umax, lmin = bounds(times, graph)
+        applies = bool(graph.transfers)
+        if not applies:
+            notes.append(
+                f"{rank}: no transfers, so nothing to order: efficiency E and speedup bound S "
+                "do not apply (null), and --min-efficiency checks nothing"
+            )
+        elif device is not None:
+            notes.append(
+                f"{rank}: GPU rank: Umax, Lmin, E and S count the device work (GPU streams "
+                "and collectives); the CPU ops that launch it are not counted twice"
+            )
         ranks.append(
             {
                 "rank": rank,
                 **summarize(per_step),
                 "oracle_umax": umax,
                 "oracle_lmin": lmin,
-                "oracle_speedup_bound": speedup_bound(umax, lmin),
+                "oracle_speedup_bound": speedup_bound(umax, lmin) if applies else None,
             }
         )
     document: dict[str, Any] = {
@@ -239,6 +262,7 @@ def metrics(job: Job) -> dict[str, Any]:
         "steps": steps,
         "ranks": ranks,
         "allreduce": None,
+        "notes": notes,
     }
     if any(op.kind == "collective" for g in job.graphs.values() for op in g.ops.values()):
         document["allreduce"] = allreduce_metrics(job)

@@ -10,6 +10,11 @@ which none of the rank's ops ran (waiting on something outside the DAG — the P
 own compute, another worker, the client). Idle time is no ordering effect, so it is
 reported on its own instead of being charged to the schedule; with it removed,
 ``lmin <= m <= umax`` holds by construction and E lies in [0, 1].
+
+On a GPU rank the figures count the device work only (GPU streams and collectives): a
+CPU op and the kernel it launches are one chain of work, not two serial pieces, and
+the CPU issuing ahead is no part of the iteration's makespan. A rank without transfers
+has nothing to order: its E and S do not apply and are None.
 """
 
 from __future__ import annotations
@@ -35,8 +40,8 @@ class StepMetrics:
     busy_makespan: float
     umax: float
     lmin: float
-    efficiency: float
-    speedup_bound: float
+    efficiency: float | None  # None: no transfers, nothing to order
+    speedup_bound: float | None
     transfer_order: tuple[str, ...]
 
 
@@ -63,8 +68,28 @@ def speedup_bound(umax: float, lmin: float) -> float:
     return float((umax - lmin) / lmin) if lmin > 0 else 0.0
 
 
-def step_metrics(graph: OpGraph, rank: str, iteration: int, rows: pd.DataFrame) -> StepMetrics:
-    """Figures of one iteration from its rows (with `dedicated` and `resource`)."""
+def device_ops(graph: OpGraph) -> frozenset[str] | None:
+    """The ops of a GPU rank's device work (GPU streams and transfers); None on a CPU rank."""
+    if not any(op.resource.startswith("gpu") for op in graph.ops.values()):
+        return None
+    return frozenset(
+        n for n, op in graph.ops.items() if op.is_transfer or op.resource.startswith("gpu")
+    )
+
+
+def step_metrics(
+    graph: OpGraph,
+    rank: str,
+    iteration: int,
+    rows: pd.DataFrame,
+    device: frozenset[str] | None = None,
+) -> StepMetrics:
+    """Figures of one iteration from its rows (with `dedicated` and `resource`).
+
+    `device` (`device_ops`) restricts a GPU rank's rows to its device work.
+    """
+    if device is not None:
+        rows = rows[rows["op"].isin(device).to_numpy()]
     starts = rows["start"].to_numpy()
     durations = rows["duration"].to_numpy()
     if len(rows) == 0:
@@ -83,6 +108,7 @@ def step_metrics(graph: OpGraph, rank: str, iteration: int, rows: pd.DataFrame) 
         .sort_values(["end", "op"], kind="stable")["op"]
         .tolist()
     )
+    applies = any(op.is_transfer for op in graph.ops.values())
     return StepMetrics(
         rank=rank,
         iteration=iteration,
@@ -91,8 +117,8 @@ def step_metrics(graph: OpGraph, rank: str, iteration: int, rows: pd.DataFrame) 
         busy_makespan=m,
         umax=umax,
         lmin=lmin,
-        efficiency=efficiency(umax, lmin, m),
-        speedup_bound=speedup_bound(umax, lmin),
+        efficiency=efficiency(umax, lmin, m) if applies else None,
+        speedup_bound=speedup_bound(umax, lmin) if applies else None,
         transfer_order=order,
     )
 
@@ -105,17 +131,19 @@ def distinct_orders(steps: list[StepMetrics]) -> int:
     return len({s.transfer_order for s in steps if s.transfer_order})
 
 
-def summarize(steps: list[StepMetrics]) -> dict[str, float]:
-    """Mean/min of efficiency and mean makespan over iterations."""
+def summarize(steps: list[StepMetrics]) -> dict[str, float | None]:
+    """Mean/min of efficiency and mean makespan over iterations (None where E and S
+    do not apply)."""
     if not steps:
         return {}
-    eff = np.array([s.efficiency for s in steps])
+    eff = np.array([s.efficiency for s in steps if s.efficiency is not None])
+    bound = [s.speedup_bound for s in steps if s.speedup_bound is not None]
     return {
-        "efficiency_mean": float(eff.mean()),
-        "efficiency_min": float(eff.min()),
+        "efficiency_mean": float(eff.mean()) if len(eff) else None,
+        "efficiency_min": float(eff.min()) if len(eff) else None,
         "makespan_mean": float(np.mean([s.makespan for s in steps])),
         "busy_makespan_mean": float(np.mean([s.busy_makespan for s in steps])),
-        "speedup_bound_mean": float(np.mean([s.speedup_bound for s in steps])),
+        "speedup_bound_mean": float(np.mean(bound)) if bound else None,
         "distinct_transfer_orders": distinct_orders(steps),
     }
 

@@ -23,21 +23,25 @@ SMALL = REPO / "traces" / "torch" / "hta_trace_compare_base.json.gz"
 def test_hand_computation_on_small_trace():
     """ProfilerStep#1009 of the HTA trace, by hand from its events (µs).
 
-    GPU compute (the device that counts for C): memcpy 9, kernel 5, memcpy 476,
-    memset 11, memset 5, memcpy 3, kernel 4, kernel 208, memset 2, and the kernel at
-    422491 (4) launched at 365315, inside the step: C = 727, disjoint intervals.
-    Network: nccl:all_reduce at 357836, 66 µs, overlapping nothing: N = 66.
-    T: step start 265087 to the last op end 422495 = 157408.
+    The trace is trimmed: of its 18 GPU events on stream 7 only two keep their launch.
+    A stream runs in issue order, so the GPU work of step 1009 is the kernel at 422491
+    (4 µs, launched at 365315, inside the step's CPU range) and what follows it on the
+    stream up to the next launched kernel (539619, launched in step 1010): the kernel at
+    422501 (207), memsets at 429325 (1) and 536906 (4), a memcpy at 539474 (4). The 9
+    events before 422491 (265125-311209) were issued before profiling: no step.
+    C counts compute kernels only (memcpy/memset move data): 4 + 207 = 211.
+    N: nccl:all_reduce at 357836, 66 µs (no NCCL kernel in the trace: the record).
+    Busy: 211 + 66 = 277, disjoint. T: the step's device work, 357836 to 539478.
     """
     doc = allreduce_metrics(load_kineto([SMALL]))
     step = next(s for s in doc["steps"] if s["iteration"] == 1009)
-    assert step["compute"] == pytest.approx(727e-6)
+    assert step["compute"] == pytest.approx(211e-6)
     assert step["network"] == pytest.approx(66e-6)
-    assert step["busy_time"] == pytest.approx(793e-6)
-    assert step["iteration_time"] == pytest.approx(157408e-6)
-    assert step["rho"] == pytest.approx(66 / 727)
+    assert step["busy_time"] == pytest.approx(277e-6)
+    assert step["iteration_time"] == pytest.approx((539478 - 357836) * 1e-6)
+    assert step["rho"] == pytest.approx(66 / 211)
     assert step["alpha"] == pytest.approx(0.0)
-    assert step["utilization"] == pytest.approx(727 / 793)
+    assert step["utilization"] == pytest.approx(211 / 277)
     transfer = next(t for t in doc["transfers"] if t["iteration"] == 1009)
     assert transfer["nbytes"] == 4432073 * 4
     assert transfer["duration"] == pytest.approx(66e-6)

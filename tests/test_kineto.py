@@ -180,19 +180,6 @@ def _write(tmp_path: Path, name: str, data: bytes) -> Path:
         ("bad.json", lambda raw: gzip.decompress(raw)[:-20], "invalid JSON"),
         ("empty.json", lambda raw: b"", "empty"),
         ("none.json", lambda raw: b'{"schemaVersion": 1}', "no traceEvents"),
-        (
-            "nostep.json",
-            lambda raw: json.dumps(
-                {
-                    "traceEvents": [
-                        e
-                        for e in json.loads(gzip.decompress(raw))["traceEvents"]
-                        if "ProfilerStep" not in e.get("name", "")
-                    ]
-                }
-            ).encode(),
-            "no ProfilerStep",
-        ),
         ("list.json", lambda raw: b'{"traceEvents": [1, 2]}', "not an event"),
     ],
 )

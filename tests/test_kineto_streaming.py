@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from planner.errors import InputError
-from planner.ingest import kineto
+from planner.ingest import kineto_events
 from planner.ingest.kineto import RankEvents, load_kineto, read_rank, read_rank_generic
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
@@ -42,15 +42,15 @@ def _same(a: RankEvents, b: RankEvents) -> None:
 
 
 def _streamed(path: Path) -> RankEvents:
-    cols = kineto._Columns()
-    doc = kineto._stream_columns(path, cols)  # raises _Irregular if it had to fall back
+    cols = kineto_events._Columns()
+    doc = kineto_events._stream_columns(path, cols)  # raises _Irregular if it had to fall back
     return cols.finish(path, doc)
 
 
 @pytest.mark.parametrize("path", [p for p in FILES if p.is_file()], ids=lambda p: p.name)
 @pytest.mark.parametrize("chunk", [1 << 10, 1 << 18])
 def test_stream_equals_whole_document(path, chunk, monkeypatch):
-    monkeypatch.setattr(kineto, "STREAM_CHUNK", chunk)  # tiny pieces: many cuts
+    monkeypatch.setattr(kineto_events, "STREAM_CHUNK", chunk)  # tiny pieces: many cuts
     _same(_streamed(path), read_rank_generic(path))
 
 
@@ -83,7 +83,7 @@ def _doc() -> dict:
 def test_stream_handles_nested_objects_and_separators_in_strings(
     tmp_path, monkeypatch, indent, name
 ):
-    monkeypatch.setattr(kineto, "STREAM_CHUNK", 97)
+    monkeypatch.setattr(kineto_events, "STREAM_CHUNK", 97)
     path = _write(tmp_path, name, _doc(), indent=indent)
     streamed = _streamed(path)
     assert streamed.rank == 3 and len(streamed) == 201
@@ -95,7 +95,7 @@ def test_odd_values_fall_back_to_the_whole_document(tmp_path):
     doc["traceEvents"][5]["ts"] = "17"  # a string: the generic reader's business
     doc["traceEvents"][6]["args"]["correlation"] = 4.0
     path = _write(tmp_path, "t.json", doc, indent=True)
-    with pytest.raises(kineto._Irregular):
+    with pytest.raises(kineto_events._Irregular):
         _streamed(path)
     _same(read_rank(path), read_rank_generic(path))
 

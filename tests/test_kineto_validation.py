@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from planner.errors import InputError
-from planner.ingest import execution_trace, files, kineto
+from planner.ingest import execution_trace, files, kineto_events
 from planner.ingest.kineto import load_kineto, read_rank, read_rank_generic
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,9 +105,10 @@ def test_broken_event_is_refused_alike_by_both_readers(
     doc = _doc()
     edit(doc)
     path = _write(tmp_path, doc, gz)
-    cols = kineto._Columns()
-    with pytest.raises((kineto._Irregular, InputError)):  # the streaming reader never accepts it
-        cols.finish(path, kineto._stream_columns(path, cols))
+    cols = kineto_events._Columns()
+    # the streaming reader never accepts it
+    with pytest.raises((kineto_events._Irregular, InputError)):
+        cols.finish(path, kineto_events._stream_columns(path, cols))
     with pytest.raises(InputError) as streamed:
         read_rank(path)
     with pytest.raises(InputError) as whole:
@@ -137,8 +138,8 @@ def test_valid_look_alikes_are_accepted_alike(tmp_path: Path, gz: bool) -> None:
     doc["traceEvents"].append({"ph": "X", "cat": "cpu_op", "name": "", "pid": 7, "tid": 7,
                                "ts": 1180, "dur": 0})  # fmt: skip
     path = _write(tmp_path, doc, gz)
-    cols = kineto._Columns()
-    streamed = cols.finish(path, kineto._stream_columns(path, cols))
+    cols = kineto_events._Columns()
+    streamed = cols.finish(path, kineto_events._stream_columns(path, cols))
     whole = read_rank_generic(path)
     assert streamed.names == whole.names
     assert (streamed.ts == whole.ts).all() and (streamed.end == whole.end).all()
@@ -208,14 +209,14 @@ def test_streaming_reads_the_limit_at_call_time(
 ) -> None:
     path = _write(tmp_path, _doc(), gz=True)
     monkeypatch.delenv("PLANNER_MAX_DECOMPRESSED", raising=False)
-    assert b"".join(kineto._chunks(path)) == gzip.decompress(path.read_bytes())
+    assert b"".join(kineto_events._chunks(path)) == gzip.decompress(path.read_bytes())
     monkeypatch.setattr(files, "max_decompressed", lambda: 64)
-    with pytest.raises(kineto._Irregular):
-        list(kineto._chunks(path))
+    with pytest.raises(kineto_events._Irregular):
+        list(kineto_events._chunks(path))
     monkeypatch.undo()
     monkeypatch.setenv("PLANNER_MAX_DECOMPRESSED", "64")
-    with pytest.raises(kineto._Irregular):
-        list(kineto._chunks(path))
+    with pytest.raises(kineto_events._Irregular):
+        list(kineto_events._chunks(path))
     with pytest.raises(InputError, match="decompresses to more than 64 bytes"):
         read_rank(path)
 

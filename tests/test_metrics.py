@@ -66,7 +66,10 @@ intervals = st.lists(
 @given(intervals)
 def test_lmin_busy_umax_hold_for_any_observed_step(items):
     """With dedicated times, Lmin <= busy makespan <= Umax, so E lies in [0, 1]."""
-    ops = [Op(f"o{i}", "compute", f"res{r}") for i, (r, _, _) in enumerate(items)]
+    # one transfer among them, so that E applies (without one it is None)
+    ops = [
+        Op(f"o{i}", "recv" if i == 0 else "compute", f"res{r}") for i, (r, _, _) in enumerate(items)
+    ]
     graph = build_graph(ops, [])
     frame = pd.DataFrame(
         {

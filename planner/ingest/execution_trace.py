@@ -31,7 +31,7 @@ import networkx as nx
 import numpy as np
 
 from planner.errors import InputError
-from planner.ingest.kineto import read_document
+from planner.ingest.kineto_events import read_document
 
 TensorKey = tuple[int, int]
 

@@ -3,8 +3,10 @@
 One test case per step and rank. A case fails when its scheduling efficiency E is below
 ``min_efficiency``, its all-reduce utilization below ``min_utilization``, or when the
 rank is the slowest of a step whose straggler time exceeds ``max_straggler`` (seconds).
-A threshold that the input has no figure for (utilization or stragglers of a parameter
-server job) checks nothing and is listed by `unchecked`, so a caller can warn about it.
+A step whose E does not apply (a rank without transfers) is a skipped case, never a
+pass or a failure. A threshold that the input has no figure for (utilization or
+stragglers of a parameter server job) checks nothing and is listed by `unchecked`, so
+a caller can warn about it.
 All functions are pure: document + thresholds -> value.
 """
 
@@ -55,12 +57,13 @@ class StepCase:
     rank: str
     iteration: int
     makespan: float
-    efficiency: float
+    efficiency: float | None
     speedup_bound: float | None
     utilization: float | None
     straggler_time: float | None
     slowest: bool
     failures: tuple[Failure, ...]
+    skipped: str | None = None  # why a given gate checked nothing on this step
 
 
 def _utilization(document: Mapping[str, Any]) -> dict[tuple[str, int], float]:
@@ -86,8 +89,12 @@ def cases(document: Mapping[str, Any], thresholds: Thresholds) -> list[StepCase]
         slowest = bool(straggler) and straggler.get("slowest_rank") == rank
         failed = []
         t = thresholds
-        if t.min_efficiency is not None and s["efficiency"] < t.min_efficiency:
-            failed.append(Failure(rank, iteration, "efficiency", s["efficiency"], t.min_efficiency))
+        efficiency = s["efficiency"]
+        skipped = None
+        if t.min_efficiency is not None and efficiency is None:
+            skipped = "efficiency E does not apply (no transfers): min-efficiency not checked"
+        elif t.min_efficiency is not None and efficiency < t.min_efficiency:
+            failed.append(Failure(rank, iteration, "efficiency", efficiency, t.min_efficiency))
         if t.min_utilization is not None and util is not None and util < t.min_utilization:
             failed.append(Failure(rank, iteration, "utilization", util, t.min_utilization))
         if (
@@ -104,12 +111,13 @@ def cases(document: Mapping[str, Any], thresholds: Thresholds) -> list[StepCase]
                 rank=rank,
                 iteration=iteration,
                 makespan=s.get("makespan", 0.0),
-                efficiency=s["efficiency"],
+                efficiency=efficiency,
                 speedup_bound=s.get("speedup_bound"),
                 utilization=util,
                 straggler_time=straggler_time,
                 slowest=slowest,
                 failures=tuple(failed),
+                skipped=skipped if not failed else None,
             )
         )
     return out
@@ -123,6 +131,9 @@ def failures(document: Mapping[str, Any], thresholds: Thresholds) -> list[Failur
 def unchecked(document: Mapping[str, Any], thresholds: Thresholds) -> list[str]:
     """Names of the given thresholds the document has no figures for (they check nothing)."""
     out = []
+    steps = document.get("steps") or []
+    if thresholds.min_efficiency is not None and all(s["efficiency"] is None for s in steps):
+        out.append("min_efficiency")
     if thresholds.min_utilization is not None and not _utilization(document):
         out.append("min_utilization")
     if thresholds.max_straggler is not None and not _stragglers(document):
@@ -143,6 +154,7 @@ def junit_xml(
     ``step N``), with a ``failure`` naming every gate it failed; thresholds as properties."""
     all_cases = cases(document, thresholds)
     n_failed = sum(1 for c in all_cases if c.failures)
+    n_skipped = sum(1 for c in all_cases if c.skipped)
     total_time = sum(c.makespan for c in all_cases)
     root = ET.Element(
         "testsuites",
@@ -159,7 +171,7 @@ def junit_xml(
         tests=str(len(all_cases)),
         failures=str(n_failed),
         errors="0",
-        skipped="0",
+        skipped=str(n_skipped),
         time=f"{total_time:.6f}",
     )
     properties = ET.SubElement(testsuite, "properties")
@@ -188,6 +200,8 @@ def junit_xml(
             failure.text = "\n".join(
                 f"{c.rank} step {c.iteration}: {f.message()}" for f in c.failures
             )
+        elif c.skipped:
+            ET.SubElement(case, "skipped", message=c.skipped)
         out = [
             f"efficiency={_fmt(c.efficiency)}",
             f"speedup_bound={_fmt(c.speedup_bound)}",
@@ -210,6 +224,8 @@ def markdown_summary(document: Mapping[str, Any], thresholds: Thresholds) -> str
     failed = [c for c in all_cases if c.failures]
     gates = thresholds.given()
     verdict = "FAIL" if failed else "PASS"
+    if not failed and gates and all(c.skipped for c in all_cases):
+        verdict = "NOT CHECKED"
     lines = [
         f"### planner metrics: {verdict}",
         "",
@@ -231,6 +247,8 @@ def markdown_summary(document: Mapping[str, Any], thresholds: Thresholds) -> str
     ]
     for c in all_cases:
         result = "fail: " + "; ".join(f.message() for f in c.failures) if c.failures else "pass"
+        if c.skipped:
+            result = f"skipped: {c.skipped}"
         straggler = _fmt(c.straggler_time) + (" (slowest)" if c.slowest else "")
         row = [
             c.rank,

@@ -1,0 +1,182 @@
+"""DAG edges of one rank's Kineto ops, without an Execution Trace (all ``control``).
+
+Per-lane program order; launch -> GPU op (correlation); launching CPU op ->
+collective; every collective -> the first optimizer op of the step (or, without an
+optimizer range, the first op on the launching thread that starts after the
+collective ends). Edges are gathered per step; the DAG takes them from one reference
+step, and ops only seen in other steps get theirs from the first step that has them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import networkx as nx
+import numpy as np
+
+from planner.ingest.kineto_steps import OPTIMIZER as _OPTIMIZER
+
+if TYPE_CHECKING:
+    from planner.ingest.kineto import RankModel
+
+
+def collective_edges(
+    op_id: np.ndarray,
+    n_comp: int,
+    o_step: np.ndarray,
+    o_lane: np.ndarray,
+    o_start: np.ndarray,
+    o_phase: np.ndarray,  # codes into PHASES
+    ts: np.ndarray,
+    c_step: np.ndarray,
+    c_end: np.ndarray,
+    c_launcher: np.ndarray,
+    lane_of_row: np.ndarray,
+    op_at_row: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Edges launcher -> collective and collective -> the op that waits for it.
+
+    The waiting op is the step's first optimizer op starting after the launcher, else
+    the first op on the launching thread starting after the collective ends (and after
+    the launcher: a GPU clock can lag the CPU one). Candidates are ordered by a
+    quicksort on start time, so ties resolve as they always have.
+    """
+    comp_op = op_id[:n_comp]
+    opt = np.flatnonzero(o_phase == _OPTIMIZER)
+    opt = opt[np.argsort(o_start[opt], kind="quicksort")]
+    opt = opt[np.argsort(o_step[opt], kind="stable")]  # per step, in that start order
+    opt_step = o_step[opt]
+    lane_groups: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+    src: list[int] = []
+    dst: list[int] = []
+    tag: list[int] = []
+    for step, cop, launcher, cend in zip(
+        c_step.tolist(),
+        op_id[n_comp:].tolist(),
+        c_launcher.tolist(),
+        c_end.tolist(),
+        strict=True,
+    ):
+        if launcher >= 0 and op_at_row[launcher] >= 0:
+            src.append(int(op_at_row[launcher]))
+            dst.append(cop)
+            tag.append(step)
+        if launcher < 0:
+            continue
+        a = int(np.searchsorted(opt_step, step))
+        b = int(np.searchsorted(opt_step, step, side="right"))
+        if b > a:  # the optimizer waits for the gradients
+            cand = opt[a:b]
+            i = int(np.searchsorted(o_start[cand], ts[launcher], side="right"))
+            if i < len(cand):
+                src.append(cop)
+                dst.append(int(comp_op[cand[i]]))
+                tag.append(step)
+                continue
+        key = (step, int(lane_of_row[launcher]))
+        group = lane_groups.get(key)
+        if group is None:
+            members = np.flatnonzero((o_step == key[0]) & (o_lane == key[1]))
+            members = members[np.argsort(o_start[members], kind="quicksort")]
+            group = lane_groups[key] = (members, o_start[members])
+        members, starts = group
+        i = int(np.searchsorted(starts, max(cend, int(ts[launcher]) + 1), side="left"))
+        if i < len(members):
+            src.append(cop)
+            dst.append(int(comp_op[members[i]]))
+            tag.append(step)
+    return (
+        np.array(src, dtype=np.int64),
+        np.array(dst, dtype=np.int64),
+        np.array(tag, dtype=np.int64),
+    )
+
+
+def merge_edges(model: RankModel, reference: int) -> list[tuple[str, str, str]]:
+    """Reference step's edges, plus edges of ops it lacks from the first step that has them."""
+    names = model.op_names
+    empty = np.zeros(0, dtype=np.int64)
+    ref_src, ref_dst = model.edges_by_step.get(reference, (empty, empty))
+    src, dst = [ref_src], [ref_dst]
+    covered = np.zeros(len(names), dtype=bool)
+    covered[ref_src] = True
+    covered[ref_dst] = True
+    for step in sorted(model.edges_by_step):
+        if step == reference:
+            continue
+        s, d = model.edges_by_step[step]
+        extra = ~covered[s] | ~covered[d]
+        if not extra.any():  # the common case: every step repeats the reference's ops
+            continue
+        s, d = s[extra], d[extra]
+        trial = nx.DiGraph()
+        trial.add_edges_from(zip(np.concatenate([*src, s]).tolist(),
+                                 np.concatenate([*dst, d]).tolist(), strict=True))  # fmt: skip
+        if nx.is_directed_acyclic_graph(trial):
+            src.append(s)
+            dst.append(d)
+            covered[s] = True
+            covered[d] = True
+        else:
+            model.notes.append(
+                f"{model.rank}: step {step} orders some ops differently; "
+                "its extra edges are dropped"
+            )
+    return [
+        (names[u], names[v], "control")
+        for u, v in zip(np.concatenate(src).tolist(), np.concatenate(dst).tolist(), strict=True)
+    ]
+
+
+def reference_step(model: RankModel, et_step: int | None = None) -> int:
+    """The step whose edges define the DAG: the ET step, else the one with most ops."""
+    if et_step is not None and et_step in model.edges_by_step:
+        return et_step
+    steps, counts = np.unique(model.occurrences.iteration, return_counts=True)
+    return int(steps[np.argmax(counts)])
+
+
+def step_edges(
+    op_id: np.ndarray,
+    n_comp: int,
+    o_step: np.ndarray,
+    o_lane: np.ndarray,
+    o_phase: np.ndarray,
+    start: np.ndarray,
+    gpu_launcher: np.ndarray,
+    collectives: tuple[np.ndarray, ...],
+    ts: np.ndarray,
+    lane_of_row: np.ndarray,
+    op_at_row: np.ndarray,
+) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Step -> (src op ids, dst op ids): lane order, then launches, then collectives.
+
+    `o_*` describe the compute occurrences (sorted by step, lane, start, row),
+    `gpu_launcher` the launching op id of each compute occurrence (-1: none), and
+    `collectives` (step, end, launcher row) of the collective occurrences.
+    """
+    same = (o_step[1:] == o_step[:-1]) & (o_lane[1:] == o_lane[:-1])
+    comp = op_id[:n_comp]
+    src, dst, tag = [comp[:-1][same]], [comp[1:][same]], [o_step[1:][same]]
+    hit = gpu_launcher >= 0
+    src.append(gpu_launcher[hit])
+    dst.append(comp[hit])
+    tag.append(o_step[hit])
+    c_step, c_end, c_launcher = collectives
+    if len(c_step):
+        c_src, c_dst, c_tag = collective_edges(
+            op_id, n_comp, o_step, o_lane, start[:n_comp], o_phase, ts, c_step, c_end,
+            c_launcher, lane_of_row, op_at_row,
+        )  # fmt: skip
+        src.append(c_src)
+        dst.append(c_dst)
+        tag.append(c_tag)
+    all_src, all_dst, all_tag = np.concatenate(src), np.concatenate(dst), np.concatenate(tag)
+    order = np.argsort(all_tag, kind="stable")
+    all_src, all_dst, all_tag = all_src[order], all_dst[order], all_tag[order]
+    steps = np.union1d(np.unique(o_step), np.unique(c_step))
+    cut = np.searchsorted(all_tag, steps)
+    cut_end = np.searchsorted(all_tag, steps, side="right")
+    return {
+        int(s): (all_src[a:b], all_dst[a:b]) for s, a, b in zip(steps, cut, cut_end, strict=True)
+    }

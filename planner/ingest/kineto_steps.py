@@ -1,0 +1,250 @@
+"""Steps, lanes, phases and op nesting of one rank's Kineto events.
+
+A step is a ``ProfilerStep#N`` range; without one, the ranges of `step_marker` (any
+annotation or op name the user gives); without that, the occurrences of the top-level
+annotation that repeats most (covering the most time), else the whole trace as one
+step. Every fallback leaves a note, so a user knows what a "step" means for the trace.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner.errors import InputError
+from planner.graph import PHASES
+from planner.ingest.kineto_events import CPU_OP_CATS, GPU_CATS, STEP_NAME, RankEvents
+
+FORWARD, BACKWARD, OPTIMIZER, UNKNOWN = map(
+    PHASES.index, ("forward", "backward", "optimizer", "unknown")
+)  # phase codes: indexes into PHASES
+_BIG = np.int64(1) << np.int64(62)
+
+
+@dataclass(frozen=True)
+class Steps:
+    """The step ranges of one rank (CPU side), in order of start."""
+
+    number: np.ndarray  # int64 step numbers
+    start: np.ndarray  # int64 ns
+    end: np.ndarray  # int64 ns
+    main_lane: int  # lane code of the thread that runs the steps, -1 without CPU events
+    source: str  # "ProfilerStep", "marker", "annotation" or "whole"
+    notes: list[str] = field(default_factory=list)
+
+
+def find_steps(ev: RankEvents, rank: str, step_marker: str | None = None) -> Steps:
+    """The step ranges of `ev`: ProfilerStep#N, else `step_marker`, else a fallback."""
+    if step_marker:
+        return _marker_steps(ev, rank, step_marker)
+    step_rows = np.flatnonzero(ev.name_flags(STEP_NAME.match) & ~ev.cat_flags(_GPU_SIDE))
+    if len(step_rows):
+        return _profiler_steps(ev, step_rows)
+    return _fallback_steps(ev, rank)
+
+
+_GPU_SIDE = frozenset({*GPU_CATS, "gpu_user_annotation"})
+
+
+def _profiler_steps(ev: RankEvents, step_rows: np.ndarray) -> Steps:
+    """``ProfilerStep#N`` ranges by start (a quicksort, as pandas' sort_values: ties
+    resolve as they always have), the first range of each step number kept."""
+    names, code = ev.names, ev.name_code
+    numbers = np.array([int(names[code[i]].split("#")[1]) for i in step_rows], np.int64)
+    by_start = np.argsort(ev.ts[step_rows], kind="quicksort")
+    first = np.sort(np.unique(numbers[by_start], return_index=True)[1])
+    rows = step_rows[by_start[first]]
+    main = int(np.bincount(ev.lane[rows]).argmax())  # the most common; lowest on ties
+    return Steps(numbers[by_start[first]], ev.ts[rows], ev.end[rows], main, "ProfilerStep")
+
+
+def _ranges(ev: RankEvents, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The outermost of the ranges `rows` (nested repeats dropped), by start, numbered 0.."""
+    rows = rows[np.lexsort((-ev.end[rows], ev.ts[rows]))]
+    reach = np.maximum.accumulate(ev.end[rows])
+    outer = np.concatenate([[True], ev.ts[rows][1:] >= reach[:-1]])
+    rows = rows[outer]
+    return np.arange(len(rows), dtype=np.int64), ev.ts[rows], ev.end[rows]
+
+
+def _main_lane(ev: RankEvents, rows: np.ndarray | None = None) -> int:
+    """The lane of `rows` (most common), else the CPU lane with the most events."""
+    if rows is None or len(rows) == 0:
+        rows = np.flatnonzero(ev.cat_flags(CPU_OP_CATS | {"user_annotation"}))
+    return int(np.bincount(ev.lane[rows]).argmax()) if len(rows) else -1
+
+
+def _marker_steps(ev: RankEvents, rank: str, marker: str) -> Steps:
+    rows = np.flatnonzero(ev.name_flags(marker.__eq__) & ~ev.cat_flags(_GPU_SIDE))
+    if len(rows) == 0:
+        raise InputError(ev.path, f"no event named {marker!r} (the --step-marker)")
+    number, start, end = _ranges(ev, rows)
+    note = f"{rank}: steps are the {len(number)} ranges of {marker!r} (--step-marker)"
+    return Steps(number, start, end, _main_lane(ev, rows), "marker", [note])
+
+
+def _fallback_steps(ev: RankEvents, rank: str) -> Steps:
+    """The repeating top-level annotation covering most time, else the whole trace."""
+    ann = ev.cat_flags({"user_annotation"}) & ~ev.name_flags(_COMM_ANNOTATION.match)
+    rows = np.flatnonzero(ann)
+    best: tuple[int, str, np.ndarray] | None = None
+    if len(rows):
+        top = _top_level(ev, rows)
+        for code in np.unique(ev.name_code[top]).tolist():
+            mine = top[ev.name_code[top] == code]
+            if len(mine) < 2:
+                continue
+            covered = int((ev.end[mine] - ev.ts[mine]).sum())
+            if best is None or covered > best[0]:
+                best = (covered, ev.names[code], mine)
+    if best is not None:
+        _, name, mine = best
+        number, start, end = _ranges(ev, mine)
+        note = (
+            f"{rank}: no ProfilerStep#N; steps are the {len(number)} occurrences of the "
+            f"top-level annotation {name!r} (give --step-marker NAME to choose another)"
+        )
+        return Steps(number, start, end, _main_lane(ev, mine), "annotation", [note])
+    note = (
+        f"{rank}: no ProfilerStep#N and no repeating top-level annotation; the whole "
+        "trace is one step (give --step-marker NAME to split it)"
+    )
+    start, end = np.array([ev.ts.min()]), np.array([ev.end.max() + 1])
+    return Steps(np.zeros(1, np.int64), start, end, _main_lane(ev), "whole", [note])
+
+
+_COMM_ANNOTATION = re.compile(r"^(nccl|gloo|rccl|hccl|mpi|ucc|xccl|mccl):", re.IGNORECASE)
+
+
+def _top_level(ev: RankEvents, rows: np.ndarray) -> np.ndarray:
+    """Those of `rows` that no CPU op or annotation on their lane encloses."""
+    cpu = ev.cat_flags(CPU_OP_CATS | {"user_annotation"})
+    is_outer, _ = outer_index(ev.lane, ev.ts, ev.end, cpu)
+    return rows[is_outer[rows]]
+
+
+def phase_code(name: str) -> int:
+    """The phase (its index in `PHASES`) a record_function range of this name marks."""
+    key = name.strip("# ").lower()
+    if key == "forward" or key.startswith("forward_"):
+        return FORWARD
+    if key == "backward" or key.startswith("backward_"):
+        return BACKWARD
+    if key.startswith("optimizer") and "zero_grad" not in key:
+        return OPTIMIZER
+    return UNKNOWN
+
+
+def phases(ev: RankEvents, anchor: np.ndarray, rank: str, notes: list[str]) -> np.ndarray:
+    """Per row, the phase code of the record_function range around its `anchor` time.
+
+    Without forward/backward/optimizer ranges, autograd's evaluate_function ops are
+    the backward pass and a note says the phases are guessed.
+    """
+    name_phase = np.array([phase_code(n) for n in ev.names], dtype=np.int8)
+    annotations = ev.cat_flags({"user_annotation"})
+    pr = np.flatnonzero(annotations & (name_phase[ev.name_code] != UNKNOWN))
+    out = np.full(len(ev), UNKNOWN, dtype=np.int8)
+    if len(pr):
+        order = pr[np.argsort(ev.ts[pr], kind="stable")]
+        p_start, p_end = ev.ts[order], ev.end[order]
+        p_code = name_phase[ev.name_code[order]]
+        j = np.searchsorted(p_start, anchor, side="right") - 1
+        inside = (j >= 0) & (anchor < p_end[np.maximum(j, 0)])
+        out[inside] = p_code[j[inside]]
+    else:
+        auto = ev.name_flags(lambda n: n.startswith("autograd::engine::evaluate_function"))
+        out[auto] = BACKWARD
+        notes.append(f"{rank}: no forward/backward/optimizer ranges; phases are guessed")
+    return out
+
+
+def step_of(steps: Steps, anchor: np.ndarray) -> np.ndarray:
+    """Per row, the step whose range holds its `anchor` time, -1 outside every step."""
+    idx = np.searchsorted(steps.start, anchor, side="right") - 1
+    valid = idx >= 0
+    valid[valid] &= anchor[valid] < steps.end[idx[valid]]
+    return np.where(valid, steps.number[np.maximum(idx, 0)], -1)
+
+
+def lane_labels(ev: RankEvents, main_lane: int) -> dict[int, str]:
+    """Lane code -> label: ``main`` for the step thread, ``gpu<d>/stream<s>`` for GPU
+    lanes, ``<thread name>.<i>`` for the others in order of their first event."""
+    n_lanes = int(ev.lane.max()) + 1
+    names = dict(ev.lane_names)
+    if main_lane >= 0:
+        names[main_lane] = "main"
+    seen: dict[str, int] = {}
+    first = np.full(n_lanes, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, ev.lane, ev.ts)
+    used = np.unique(ev.lane)
+    out: dict[int, str] = {}
+    for lane in used[np.argsort(first[used], kind="quicksort")].tolist():
+        label = names.get(int(lane), f"lane{lane}")
+        if int(lane) == main_lane or label.startswith("gpu"):
+            out[int(lane)] = label
+            continue
+        i = seen.get(label, 0)
+        seen[label] = i + 1
+        out[int(lane)] = f"{label}.{i}"
+    return out
+
+
+def outer_index(
+    lane: np.ndarray, ts: np.ndarray, end: np.ndarray, mask: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """For rows in `mask` (one lane each): (is outermost, row of the enclosing outermost)."""
+    sel = np.flatnonzero(mask)
+    order = np.lexsort((-end[sel], ts[sel], lane[sel]))
+    rows = sel[order]
+    lanes, starts_, ends = lane[rows], ts[rows], end[rows]
+    new_lane = np.concatenate([[True], lanes[1:] != lanes[:-1]])
+    reach = np.empty_like(ends)
+    bounds = np.append(np.flatnonzero(new_lane), len(ends))
+    for a, b in zip(bounds[:-1], bounds[1:], strict=False):  # one vectorised cummax per lane
+        reach[a:b] = np.maximum.accumulate(ends[a:b])
+    prev = np.concatenate([[-_BIG], reach[:-1]])
+    outer = new_lane | (starts_ >= prev)
+    pos = np.where(outer, np.arange(len(rows)), -1)
+    owner = rows[np.maximum.accumulate(pos)] if len(rows) else rows
+    is_outer = np.zeros(len(lane), dtype=bool)
+    is_outer[rows] = outer
+    enclosing = np.full(len(lane), -1, dtype=np.int64)
+    enclosing[rows] = owner
+    return is_outer, enclosing
+
+
+def by_lane(
+    rows: np.ndarray, lanes: np.ndarray, ts: np.ndarray | None, key: np.ndarray | None = None
+) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Rows grouped by lane, each sorted by `key` (default: the rows' ts): lane -> (keys, rows)."""
+    out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    if len(rows) == 0:
+        return out
+    keys = key if key is not None else ts[rows]
+    lane_of = lanes if key is not None else lanes[rows]
+    for lane in np.unique(lane_of):
+        sel = lane_of == lane
+        order = np.argsort(keys[sel], kind="stable")
+        out[int(lane)] = (keys[sel][order], rows[sel][order])
+    return out
+
+
+def cumcount(*keys: np.ndarray) -> np.ndarray:
+    """Per element, how many earlier elements share all its `keys` (pandas' cumcount)."""
+    n = len(keys[0])
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort(keys[::-1])  # stable: ties keep their order
+    sorted_keys = [k[order] for k in keys]
+    new = np.zeros(n, dtype=bool)
+    new[0] = True
+    for k in sorted_keys:
+        new[1:] |= k[1:] != k[:-1]
+    starts = np.flatnonzero(new)
+    run = np.repeat(starts, np.diff(np.append(starts, n)))
+    out = np.empty(n, dtype=np.int64)
+    out[order] = np.arange(n) - run
+    return out
