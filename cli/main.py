@@ -6,6 +6,7 @@ stderr, no traceback, no output file written).
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +20,8 @@ from planner.export import priorities
 from planner.export.chrome_trace import chrome_trace
 from planner.export.files import dumps, write_atomic
 from planner.ingest import detect, planner_json
+from planner.ingest.kineto import STEP_MARKER_ENV
+from planner.ingest.kineto_comms import PATTERNS_ENV
 from planner.report.ci import Thresholds, failures, junit_xml, markdown_summary, unchecked
 from planner.report.html import render_html
 from planner.trace import Job
@@ -35,9 +38,25 @@ from planner_cli.options import json_option, load, paths_argument, rank_option, 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="planner")
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
-def cli(no_color: bool) -> None:
+@click.option(
+    "--step-marker",
+    envvar=STEP_MARKER_ENV,
+    metavar="NAME",
+    help="PyTorch traces without ProfilerStep#N: the annotation whose ranges are the steps.",
+)
+@click.option(
+    "--comm-patterns",
+    envvar=PATTERNS_ENV,
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="A JSON pattern file naming more communication kernels (docs/formats.md).",
+)
+def cli(no_color: bool, step_marker: str | None, comm_patterns: Path | None) -> None:
     """Communication-scheduling planner for data-parallel DNN training."""
     render.configure(no_color=no_color)
+    # the ingest reads them from the environment, as do the worker processes of -j/Dask
+    for name, value in ((STEP_MARKER_ENV, step_marker), (PATTERNS_ENV, comm_patterns)):
+        if value:
+            os.environ[name] = str(value)
 
 
 @cli.command("inspect")

@@ -31,6 +31,7 @@ period), and the CPU range and the CPU-to-GPU lag are kept in the rank's ``steps
 from __future__ import annotations
 
 import gc
+import os
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -426,6 +427,10 @@ def _cycle_gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+STEP_MARKER_ENV = "PLANNER_STEP_MARKER"
+"""Environment variable naming the step marker, read when none is given."""
+
+
 @dataclass(frozen=True)
 class Options:
     """How to read a job: the step marker of traces without ``ProfilerStep#N`` and the
@@ -447,10 +452,12 @@ def load_kineto(
     `et_paths` (one Execution Trace per rank, matched by their `pid`/order), the DAG
     of each rank is the ET's data dependencies plus the thread/stream/launch order
     (see `planner.ingest.execution_trace`). `step_marker` names the step ranges of a
-    trace without ``ProfilerStep#N``; `patterns` (default: the built-in table plus
-    ``$PLANNER_COMM_PATTERNS``) say which GPU events are communication.
+    trace without ``ProfilerStep#N`` (default ``$PLANNER_STEP_MARKER``); `patterns`
+    (default: the built-in table plus ``$PLANNER_COMM_PATTERNS``) say which GPU events
+    are communication.
     """
-    options = Options(step_marker, load_patterns() if patterns is None else patterns)
+    marker = step_marker or os.environ.get(STEP_MARKER_ENV) or None
+    options = Options(marker, load_patterns() if patterns is None else patterns)
     with _cycle_gc_paused():
         return _load_kineto(paths, et_paths, options)
 
@@ -558,6 +565,11 @@ def _add_rank(
         text = str(exc)
         text = text if len(text) < 300 else text[:300] + " ..."
         raise InputError(ev.path, f"cannot build the op DAG ({text})") from None
+    if (ev.world_size or 0) > 1 and not any(op.is_transfer for op in model.ops.values()):
+        notes.append(
+            f"{name}: world size {ev.world_size} but no communication found in its steps "
+            "(a backend the pattern table does not know? see --comm-patterns)"
+        )
     parts.occurrences.append((name, model.occurrences, model.op_names))
     parts.spans.extend((name, s, a, b) for s, a, b in model.spans)
     notes.extend(model.notes)

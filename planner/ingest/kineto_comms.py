@@ -288,9 +288,9 @@ def _from_records(
         out.end.append(stop)
         out.kind.append(kind)
         out.pg.append(str(rpc.get("Process Group Name") or k_args.get("Process Group Name") or "0"))
-        out.nbytes.append(
-            nbytes_of(a_args, kind) or nbytes_of(rpc, kind) or nbytes_of(k_args, kind)
-        )
+        sizes = [nbytes_of(a, kind) for a in (a_args, rpc, k_args)]
+        # gathering kinds: the record_param_comms' output count beats the input's dims
+        out.nbytes.append(max(sizes) if kind in _GATHERING else next((n for n in sizes if n), 0))
         out.launcher.append(_launcher(ev, a, kind, enclosing, queues))
         out.anchor.append(a)
 
