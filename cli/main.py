@@ -32,7 +32,15 @@ from planner_cli import parallel as parallel_commands
 from planner_cli import render
 from planner_cli import report as report_commands
 from planner_cli import simulate as simulate_commands
-from planner_cli.options import json_option, load, paths_argument, rank_option, select_ranks
+from planner_cli.options import (
+    json_option,
+    load,
+    network_notes,
+    network_option,
+    paths_argument,
+    rank_option,
+    select_ranks,
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -85,6 +93,7 @@ def inspect_command(paths: tuple[Path, ...], rank: str | None, as_json: bool) ->
     help="tictac: `name<TAB>order_index` lines, one file per rank.",
 )
 @rank_option
+@network_option
 @json_option
 def schedule_command(
     paths: tuple[Path, ...],
@@ -92,11 +101,14 @@ def schedule_command(
     output: Path | None,
     fmt: str,
     rank: str | None,
+    network: Any,
     as_json: bool,
 ) -> None:
     """Order the transfers of each rank with TIC or TAC."""
     job = select_ranks(load(paths, as_json), rank)
-    document = analysis.plan_document(analysis.schedule(job, algorithm), job.graphs)
+    plans = analysis.schedule(job, algorithm, network=network)
+    document = analysis.plan_document(plans, job.graphs)
+    network_notes(document, as_json)
     files = plan_files(document, fmt, output)
     for path, text in files.items():
         write_atomic(path, text)
@@ -214,9 +226,10 @@ def metrics_command(
 @paths_argument(required=False)
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Directory for the results.")
 @rank_option
+@network_option
 @json_option
 def analyze_command(
-    paths: tuple[Path, ...], output: Path | None, rank: str | None, as_json: bool
+    paths: tuple[Path, ...], output: Path | None, rank: str | None, network: Any, as_json: bool
 ) -> None:
     """Inspect, plan (TIC/TAC or Caramel), metrics and simulation; no PATH: the demo.
 
@@ -226,7 +239,8 @@ def analyze_command(
     """
     job = select_ranks(load(paths or (detect.demo_trace(),), as_json), rank)
     with render.progress(enabled=not as_json, what="analysing") as advance:
-        report = analysis.analyze(job, progress=advance)
+        report = analysis.analyze(job, progress=advance, network=network)
+    network_notes(report["plans"].get("caramel", {}), as_json)
     files = analysis_files(report, job, output) if output is not None else {}
     for path, text in files.items():
         write_atomic(path, text)

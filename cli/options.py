@@ -41,3 +41,25 @@ def select_ranks(job: Job, rank: str | None) -> Job:
 
 
 rank_option = click.option("--rank", default=None, help="Analyse only this rank (e.g. worker0).")
+
+
+def _network(_ctx: click.Context, _param: click.Parameter, value: Path | None) -> Any:
+    from planner import netbench
+
+    return None if value is None else netbench.read_model(value)
+
+
+network_option = click.option(
+    "--network",
+    type=click.Path(path_type=Path, dir_okay=False),
+    callback=_network,
+    help="A benchmark network model (bench-network CSV or fit-network --json) for Caramel "
+    "when the trace's own fit does not hold.",
+)
+
+
+def network_notes(document: dict[str, Any], as_json: bool) -> None:
+    """Say which network model each Caramel plan used, when it is not the trace's fit."""
+    notes = {e.get("inputs", {}).get("network_note") for e in document.get("ranks", [])} - {None}
+    for line in sorted(notes):
+        render.note(f"caramel: {line}", as_json)

@@ -116,7 +116,7 @@ def inspect_view(document: dict[str, Any]) -> None:
     console.print(table)
     for r in document["ranks"]:
         transfers = Table(title=f"Transfers of {r['rank']}")
-        for column in ("name", "kind", "channel", "param", "bytes", "time", "seen in"):
+        for column in ("name", "kind", "channel", "param", "bytes", "time", "wait", "seen in"):
             transfers.add_column(column)
         for t in r["transfers"]:
             transfers.add_row(
@@ -126,6 +126,7 @@ def inspect_view(document: dict[str, Any]) -> None:
                 t["param"] or "-",
                 bytes_text(t["nbytes"]),
                 seconds_text(t["time"]),
+                seconds_text(t.get("wait_mean") or None),
                 f"{t['observed_in']}/{len(r['iterations'])}",
             )
         console.print(transfers)
@@ -195,7 +196,8 @@ def allreduce_view(document: dict[str, Any]) -> None:
     """Caramel §3.1 overlap figures per step and the straggler time across ranks."""
     console = out()
     table = Table(title="Compute / network overlap per step (Caramel §3.1)")
-    for column in ("rank", "step", "C", "N", "T", "rho", "alpha", "utilization"):
+    columns = ("rank", "step", "C", "N (transfer)", "wait", "T", "rho", "alpha", "utilization")
+    for column in columns:
         table.add_column(column, justify="right")
     for s in document["steps"]:
         table.add_row(
@@ -203,6 +205,7 @@ def allreduce_view(document: dict[str, Any]) -> None:
             str(s["iteration"]),
             seconds_text(s["compute"]),
             seconds_text(s["network"]),
+            seconds_text(s.get("wait")),
             seconds_text(s["iteration_time"]),
             ratio_text(s["rho"]),
             ratio_text(s["alpha"]),
@@ -210,8 +213,10 @@ def allreduce_view(document: dict[str, Any]) -> None:
         )
     console.print(table)
     if document["stragglers"]:
-        stragglers = Table(title="Straggler time per step (slowest rank's lead in collectives)")
-        for column in ("step", "straggler time", "fastest", "slowest"):
+        stragglers = Table(
+            title="Straggler time per step (longest wait in collectives for a later rank)"
+        )
+        for column in ("step", "straggler time", "waiting rank", "waited for"):
             stragglers.add_column(column, justify="right")
         for s in document["stragglers"]:
             stragglers.add_row(

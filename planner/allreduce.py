@@ -16,8 +16,9 @@ import pandas as pd
 
 from planner.errors import InputError
 from planner.graph import OpGraph
-from planner.metrics import OverlapMetrics, overlap_metrics, straggler_times, transfer_windows
-from planner.trace import Job
+from planner.metrics import OverlapMetrics, overlap_metrics, transfer_windows
+from planner.trace import Job, transfer_part
+from planner.waits import straggler_times
 
 SCHEMA = "planner.allreduce/1"
 
@@ -50,7 +51,8 @@ def _launcher(graph: OpGraph, op: str) -> str | None:
 
 
 def rank_steps(job: Job, rank: str) -> list[OverlapMetrics]:
-    """Caramel's figures for every step of one rank."""
+    """Caramel's figures for every step of one rank; a collective counts for N with
+    its transfer part only (`planner.waits`)."""
     graph = job.graphs[rank]
     rows = job.trace.of(rank)
     spans = job.trace.spans[job.trace.spans["rank"] == rank].set_index("iteration")
@@ -58,6 +60,8 @@ def rank_steps(job: Job, rank: str) -> list[OverlapMetrics]:
     network = np.array([graph.ops[n].kind == "collective" for n in rows["op"]], dtype=bool)
     picked = rows[compute | network]
     net = network[compute | network]
+    start, duration = transfer_part(picked)  # N is transferring; waiting for peers is idle
+    picked = picked.assign(start=start, duration=duration)
     out = []
     for iteration, idx in picked.groupby("iteration", sort=True).indices.items():
         span = spans.loc[iteration]
@@ -75,6 +79,8 @@ def rank_windows(job: Job, rank: str) -> pd.DataFrame:
     rows = job.trace.of(rank)
     is_coll = np.array([graph.ops[n].kind == "collective" for n in rows["op"]], dtype=bool)
     coll = rows[is_coll].reset_index(drop=True)
+    if "wait" not in coll:  # a job without multi-rank waits (planner JSON, one rank)
+        coll = coll.assign(wait=0)
     starts = rows.set_index(["iteration", "op"])["start"]
     starts = starts[~starts.index.duplicated()]
     launchers = {n: _launcher(graph, n) for n in coll["op"].unique()}
@@ -178,12 +184,16 @@ def allreduce_metrics(job: Job) -> dict[str, Any]:
                     "ready": float(row.ready - base) / 1e9,
                     "start": float(row.start - base) / 1e9,
                     "duration": float(row.duration) / 1e9,
+                    "wait": float(row.wait) / 1e9,
+                    "transfer": float(row.duration - row.wait) / 1e9,
                     "window_end": _seconds(row.window_end - base),
                     "window": _seconds(row.window),
                     "slack": _seconds(row.slack),
                 }
             )
-        collective_rows.append(windows[["iteration", "op", "duration"]].assign(rank=rank))
+        collective_rows.append(
+            windows[["iteration", "op", "start", "duration", "wait"]].assign(rank=rank)
+        )
         ranks.append(
             {
                 "rank": rank,
@@ -199,9 +209,11 @@ def allreduce_metrics(job: Job) -> dict[str, Any]:
                 "distinct_transfer_orders": transfer_orders(job, rank),
             }
         )
-    durations = pd.concat(collective_rows, ignore_index=True)
-    stragglers = straggler_times(durations) if len(job.ranks) > 1 else pd.DataFrame()
+    stragglers = straggler_times(pd.concat(collective_rows, ignore_index=True))
     straggler_list = stragglers.to_dict("records") if len(stragglers) else []
+    waited = {s["iteration"]: s["waits"] for s in straggler_list}
+    for s in steps:
+        s["wait"] = waited.get(s["iteration"], {}).get(s["rank"], 0.0)
     return {
         "schema": SCHEMA,
         "framework": job.framework,
@@ -218,6 +230,7 @@ def allreduce_metrics(job: Job) -> dict[str, Any]:
             "straggler_time_mean": _mean([s["straggler_time"] for s in straggler_list]),
             "straggler_time_max": max((s["straggler_time"] for s in straggler_list), default=None),
         },
+        "clock_alignment": job.meta.get("clock_alignment"),
     }
 
 

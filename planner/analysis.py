@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+import pandas as pd
+
 from planner import __version__, simulate
 from planner.allreduce import allreduce_metrics, rank_parameters
 from planner.errors import InputError
@@ -24,7 +26,7 @@ from planner.metrics import (
     step_metrics,
     summarize,
 )
-from planner.oracle import TimeOracle, min_of_runs
+from planner.oracle import NetworkModel, TimeOracle, min_of_runs
 from planner.plan import Plan
 from planner.schedule import caramel, tictac
 from planner.trace import Job, with_dedicated
@@ -47,6 +49,12 @@ def _first_source(job: Job) -> str | None:
 def inspect(job: Job) -> dict[str, Any]:
     """What is in the input: devices, op counts by kind, transfers, steps, notes."""
     oracle = oracles(job) if len(job.trace.timings) else {}
+    timings = job.trace.timings
+    waited = (
+        timings[timings["wait"] > 0].groupby(["rank", "op"])["wait"].mean() / 1e9
+        if "wait" in timings
+        else pd.Series(dtype=float)
+    )
     ranks = []
     for rank in job.ranks:
         graph = job.graphs[rank]
@@ -61,6 +69,7 @@ def inspect(job: Job) -> dict[str, Any]:
                 "nbytes": graph.ops[name].nbytes,
                 "parameters": carried.get(name),
                 "time": times.time(name) if times else None,
+                "wait_mean": float(waited.get((rank, name), 0.0)),
                 "observed_in": times.observed_in.get(name, 0) if times else 0,
             }
             for name in graph.transfers
@@ -86,6 +95,7 @@ def inspect(job: Job) -> dict[str, Any]:
         "sources": list(job.sources),
         "notes": list(job.notes),
         "ranks": ranks,
+        "clock_alignment": job.meta.get("clock_alignment"),
     }
 
 
@@ -109,6 +119,7 @@ def schedule(
     algorithm: str,
     oracle: Mapping[str, TimeOracle] | None = None,
     channels: int = 1,
+    network: NetworkModel | None = None,
 ) -> dict[str, Plan]:
     """One plan per rank: TIC (graph only), TAC or Caramel (need timings).
 
@@ -134,18 +145,24 @@ def schedule(
     if not ranks:
         problem = "Caramel plans all-reduce collectives; input has none"
         raise InputError(_first_source(job), problem)
-    return caramel_job_plan(job, ranks, oracle, channels)
+    return caramel_job_plan(job, ranks, oracle, channels, network)
 
 
 def caramel_job_plan(
-    job: Job, ranks: list[str], oracle: Mapping[str, TimeOracle], channels: int = 1
+    job: Job,
+    ranks: list[str],
+    oracle: Mapping[str, TimeOracle],
+    channels: int = 1,
+    benchmark: NetworkModel | None = None,
 ) -> dict[str, Plan]:
     """One Caramel plan for all ranks of a job.
 
     Collectives must be issued in the same order on every rank (gloo and NCCL match
     them by order), so the plan is made once, on the first rank's DAG, with each op's
     time the largest over the ranks (a collective starts when its slowest rank is
-    ready) and the network model fitted to the collectives of every rank.
+    ready) and the network model fitted to the collectives of every rank. A fit that
+    does not hold (`caramel.network_problem`) gives way to `benchmark` when given, else
+    the plan batches nothing; ``inputs["network_note"]`` says which and why.
     """
     reference = job.graphs[ranks[0]]
     times = {
@@ -154,7 +171,20 @@ def caramel_job_plan(
     }
     timings = job.trace.timings[job.trace.timings["rank"].isin(ranks)]
     network = caramel.trace_network_model(reference, timings)
-    plan = caramel.caramel(reference, times, network, rank=ranks[0], channels=channels)
+    problem = caramel.network_problem(network)
+    source = "trace"
+    if problem is not None and benchmark is not None:
+        network, source = benchmark, "benchmark"
+        note = f"the trace's network fit is not used: {problem}; using the benchmark model"
+    elif problem is not None:
+        note = f"planned without batching: {problem}; give a benchmark model (--network)"
+    else:
+        note = None
+    plan = caramel.caramel(
+        reference, times, network, rank=ranks[0], channels=channels,
+        batching_on=problem is None or source == "benchmark",
+    )  # fmt: skip
+    plan = replace(plan, inputs={**plan.inputs, "network_source": source, "network_note": note})
     plans = {}
     for rank in ranks:
         missing = set(plan.order) - set(job.graphs[rank].ops)
@@ -293,6 +323,7 @@ def analyze(
     samples: int = 100,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    network: NetworkModel | None = None,
 ) -> dict[str, Any]:
     """`planner.report/1`: inspect, the plans that apply, metrics and the simulation.
 
@@ -308,7 +339,7 @@ def analyze(
     plans = {}
     for name in algorithms_for(job):
         step(f"planning {name}")
-        plans[name] = schedule(job, name, oracle)
+        plans[name] = schedule(job, name, oracle, network=network)
     step("metrics")
     report: dict[str, Any] = {
         "schema": "planner.report/1",

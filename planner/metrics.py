@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from planner.graph import OpGraph
-from planner.trace import busy_time
+from planner.trace import busy_time, transfer_part
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def step_metrics(
     if len(rows) == 0:
         return StepMetrics(rank, iteration, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, ())
     span = float((starts + durations).max() - starts.min())
-    busy = float(busy_time(starts, durations))
+    busy = float(busy_time(*transfer_part(rows)))  # waiting for a peer is idle time
     per_resource = rows.groupby("resource")["dedicated"].sum()
     umax = float(per_resource.sum()) / 1e9
     lmin = float(per_resource.max()) / 1e9
@@ -211,38 +211,6 @@ def overlap_metrics(
     rho, alpha, utilization = caramel_figures(c, n, busy)
     t = max(float(span) / 1e9, busy)
     return OverlapMetrics(rank, iteration, c, n, t, busy, t - busy, rho, alpha, utilization)
-
-
-def straggler_times(durations: pd.DataFrame) -> pd.DataFrame:
-    """Per iteration, how long the fastest rank waits in collectives for the slowest.
-
-    `durations`: one row per (rank, iteration, op) of a collective, with `duration`
-    (ns). A collective ends at about the same time on every rank, so a rank's time in
-    it beyond the shortest rank's is waiting for the others; no common clock is needed.
-    Only collectives seen on every rank of the iteration count. Returns per iteration
-    the `straggler_time` (s, the largest total wait), the `fastest_rank` (who waits
-    it), the `slowest_rank` (who waits least) and `waits` {rank: s}.
-    """
-    out = []
-    for iteration, group in durations.groupby("iteration", sort=True):
-        ranks = group["rank"].nunique()
-        counts = group.groupby("op")["rank"].transform("nunique")
-        common = group[counts == ranks]
-        if common.empty:
-            continue
-        shortest = common.groupby("op")["duration"].transform("min")
-        wait = (common["duration"] - shortest).groupby(common["rank"]).sum() / 1e9
-        out.append(
-            {
-                "iteration": int(iteration),
-                "straggler_time": float(wait.max()),
-                "fastest_rank": str(wait.idxmax()),
-                "slowest_rank": str(wait.idxmin()),
-                "collectives": int(common["op"].nunique()),
-                "waits": {str(r): float(w) for r, w in wait.items()},
-            }
-        )
-    return pd.DataFrame(out)
 
 
 def transfer_windows(

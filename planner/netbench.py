@@ -10,11 +10,18 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import multiprocessing as mp
 import socket
 import statistics
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+import numpy as np
+
+from planner.errors import InputError
+from planner.oracle import NetworkModel, fit_network_model
 
 DEFAULT_SIZES = tuple(64 * 4**k for k in range(0, 9)) + (4 << 20,)
 """64 B to 4 MiB: 64, 256, ..., 4 MiB (Caramel measures 64 B and 4 MB)."""
@@ -156,3 +163,30 @@ def read_csv(text: str) -> tuple[list[float], list[float]]:
         sizes.append(n)
         seconds.append(s)
     return sizes, seconds
+
+
+def read_model(path: Path) -> NetworkModel:
+    """The network model of a benchmark: a CSV from `planner bench-network` (fitted
+    here) or a ``planner.network_model/1`` JSON from `planner fit-network --json`.
+
+    Raises InputError naming the file and the problem.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(path, f"cannot read ({exc})") from None
+    if text.lstrip().startswith("{"):
+        try:
+            doc = json.loads(text)
+            return NetworkModel(float(doc["a"]), float(doc["b"]), float(doc.get("r2", "nan")),
+                                int(doc.get("points", 0)))  # fmt: skip
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InputError(path, f"not a planner.network_model/1 document ({exc})") from None
+    try:
+        sizes, seconds = read_csv(text)
+    except ValueError as exc:
+        raise InputError(path, str(exc)) from None
+    model = fit_network_model(np.asarray(sizes), np.asarray(seconds))
+    if model is None:
+        raise InputError(path, "the fit needs at least two distinct message sizes")
+    return model

@@ -46,6 +46,9 @@ def analyze_rank(paths: RankInput) -> dict[str, Any]:
         return {"error": [exc.path, exc.problem]}
     spans = job.trace.spans
     (rank,) = job.ranks
+    graph = job.graphs[rank]
+    t = job.trace.timings
+    coll = t[t["op"].isin([n for n, op in graph.ops.items() if op.kind == "collective"])]
     return {
         "rank": rank,
         "framework": job.framework,
@@ -57,6 +60,12 @@ def analyze_rank(paths: RankInput) -> dict[str, Any]:
             int(row.iteration): [int(row.start), int(row.end)]
             for row in spans.itertuples(index=False)
         },
+        "collectives": [
+            [int(i), str(o), int(a), int(d)]
+            for i, o, a, d in zip(
+                coll["iteration"], coll["op"], coll["start"], coll["duration"], strict=True
+            )  # fmt: skip
+        ],
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "pid": os.getpid(),
     }
@@ -81,16 +90,17 @@ def reduce_ranks(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if len(frameworks) > 1:
         raise InputError(ranks[0]["sources"][0], f"ranks mix frameworks ({', '.join(frameworks)})")
     common = sorted(set.intersection(*(set(r["spans"]) for r in ranks))) if ranks else []
+    stragglers = _stragglers(ranks)
     iterations = []
     for number in common:
-        ends = [r["spans"][number][1] for r in ranks]
         lengths = [r["spans"][number][1] - r["spans"][number][0] for r in ranks]
+        waited = stragglers.get(number)
         iterations.append(
             {
                 "iteration": number,
                 "duration": max(lengths) / 1e9,
-                "straggler": (max(ends) - min(ends)) / 1e9,
-                "slowest_rank": ranks[lengths.index(max(lengths))]["rank"],
+                "straggler": waited["straggler_time"] if waited else 0.0,
+                "slowest_rank": waited["slowest_rank"] if waited else None,
             }
         )
     efficiencies = [
@@ -119,6 +129,23 @@ def reduce_ranks(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "max_straggler": max((i["straggler"] for i in iterations), default=None),
         },
     }
+
+
+def _stragglers(ranks: Sequence[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Step -> straggler figures from the ranks' collectives (`planner.waits`), the same
+    definition `planner metrics` uses on a whole job."""
+    import pandas as pd
+
+    from planner import waits
+
+    rows = pd.DataFrame(
+        [[r["rank"], *c] for r in ranks for c in r.get("collectives", [])],
+        columns=["rank", "iteration", "op", "start", "duration"],
+    )
+    if rows.empty:
+        return {}
+    rows["wait"] = waits.split_waits(rows)[0]
+    return {int(s["iteration"]): s for s in waits.straggler_times(rows).to_dict("records")}
 
 
 def analyze_ranks(

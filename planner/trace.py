@@ -22,7 +22,9 @@ SPAN_COLUMNS = ("rank", "iteration", "start", "end")
 class Trace:
     """Observed timings.
 
-    `timings`: one row per (rank, iteration, op) with `start` and `duration` in ns.
+    `timings`: one row per (rank, iteration, op) with `start` and `duration` in ns, and
+    for multi-rank Kineto jobs `wait` (ns of a collective spent waiting for the last
+    rank to join; `planner.waits`).
     `spans`: one row per (rank, iteration) with the iteration's `start` and `end` in ns.
     """
 
@@ -127,10 +129,20 @@ def with_dedicated(trace: Trace, graphs: Mapping[str, OpGraph]) -> pd.DataFrame:
             lookup = {name: op.resource for name, op in graph.ops.items()}
             resource[mask] = frame.loc[mask, "op"].map(lookup).fillna("?").to_numpy()
     frame["resource"] = resource
+    starts, durations = transfer_part(frame)
     dedicated = np.zeros(len(frame), dtype=np.float64)
     for _, idx in frame.groupby(["rank", "iteration", "resource"], sort=False).indices.items():
-        dedicated[idx] = dedicated_durations(
-            frame["start"].to_numpy()[idx], frame["duration"].to_numpy()[idx]
-        )
+        dedicated[idx] = dedicated_durations(starts[idx], durations[idx])
     frame["dedicated"] = dedicated
     return frame
+
+
+def transfer_part(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(start, duration) ns of each row without its ``wait`` for peers (collectives of a
+    multi-rank job, `planner.waits`): the time the op itself ran."""
+    start = frame["start"].to_numpy(np.int64)
+    duration = frame["duration"].to_numpy(np.int64)
+    if "wait" not in frame:
+        return start, duration
+    wait = frame["wait"].to_numpy(np.int64)
+    return start + wait, duration - wait

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 
 from planner.allreduce import allreduce_metrics
 from planner.analysis import metrics
 from planner.ingest.kineto import load_kineto
-from planner.metrics import caramel_figures, straggler_times
+from planner.metrics import caramel_figures
+from planner.waits import split_waits, straggler_times
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "traces"
@@ -107,15 +107,43 @@ def test_dlrm_per_rank_and_stragglers():
 
 
 def test_straggler_time_definition():
+    """Per step, each rank's wait is the union of its wait intervals (never more than
+    the step); the straggler time is the largest; the others waited for the rank that
+    waited least. z runs on one rank only: no peer, no wait."""
     rows = pd.DataFrame(
         {
             "rank": ["a", "b", "a", "b", "a"],
             "iteration": [1, 1, 1, 1, 1],
-            "op": ["x", "x", "y", "y", "z"],  # z only on one rank: not comparable
-            "duration": [5_000, 2_000, 1_000, 4_000, 9_000],
+            "op": ["x", "x", "y", "y", "z"],
+            "start": [0, 3_000, 1_000, 500, 20_000],
+            "duration": [5_000, 2_000, 3_000, 4_000, 9_000],
+            "wait": [3_000, 0, 0, 500, 0],
         }
     )
     (row,) = straggler_times(rows).to_dict("records")
-    assert row["waits"] == {"a": 3e-6, "b": 3e-6}
+    assert row["waits"] == {"a": 3e-6, "b": 0.5e-6}
     assert row["straggler_time"] == pytest.approx(3e-6)
-    assert np.isclose(sum(row["waits"].values()), 6e-6)
+    assert row["fastest_rank"] == "a" and row["slowest_rank"] == "b"
+    # overlapping waits on one rank count once
+    rows.loc[2, "wait"] = 2_500  # y on a: [1000, 3500) overlaps x's [0, 3000)
+    (row,) = straggler_times(rows).to_dict("records")
+    assert row["waits"]["a"] == pytest.approx(3.5e-6)
+
+
+def test_split_waits_on_shifted_clocks():
+    """Two ranks whose clocks differ by 1 ms: the offset is found from the ends, and
+    each rank waits from its start until the later rank started."""
+    shift = 1_000_000
+    rows = pd.DataFrame(
+        {
+            "rank": ["r0", "r1", "r0", "r1"],
+            "iteration": [0, 0, 0, 0],
+            "op": ["x", "x", "y", "y"],
+            "start": [0, 4_000 + shift, 20_000 + shift // 2 * 0, 21_000 + shift],
+            "duration": [10_000, 6_000, 5_000, 4_000],
+        }
+    )
+    wait, alignment = split_waits(rows)
+    assert alignment.offsets == {"r0": 0, "r1": shift}
+    assert alignment.residual_max == 0
+    assert wait.tolist() == [4_000, 0, 1_000, 0]

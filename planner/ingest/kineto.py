@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from planner import waits
 from planner.errors import InputError
 from planner.graph import PHASES, GraphError, Op, OpGraph, build_graph
 from planner.ingest import kineto_dag, kineto_params
@@ -498,10 +499,12 @@ def _load_kineto(paths: Sequence[Path], et_paths: Sequence[Path] | None, options
         del ev
     if failed is not None:
         raise failed
+    timings = _timings(parts.occurrences)
+    _add_waits(timings, parts)
     return Job(
         framework="pytorch",
         graphs=parts.graphs,
-        trace=Trace(timings=_timings(parts.occurrences), spans=_spans(parts.spans)),
+        trace=Trace(timings=timings, spans=_spans(parts.spans)),
         sources=tuple(str(p) for p in files) + tuple(str(p) for p in (et_paths or ())),
         notes=tuple(parts.notes),
         meta=parts.meta,
@@ -579,6 +582,22 @@ def _add_rank(
         "world_size": ev.world_size,
         **model.meta,
     }
+
+
+def _add_waits(timings: pd.DataFrame, parts: _JobParts) -> None:
+    """The ``wait`` column (ns): each collective's time waiting for the last rank."""
+    mask = waits.collective_rows(timings, parts.graphs)
+    wait = np.zeros(len(timings), dtype=np.int64)
+    rows = timings[mask]
+    wait[mask], alignment = waits.split_waits(rows)
+    timings["wait"] = wait
+    if alignment is not None:
+        parts.meta["clock_alignment"] = alignment.to_dict()
+    elif len(rows):
+        parts.notes.append(
+            "one rank: a collective's wait for its peers cannot be told from its transfer; "
+            "its whole span counts as transfer (the time oracle takes the minimum over steps)"
+        )
 
 
 # The two tables are built from whole columns: a DataFrame from rows, a `columns=`

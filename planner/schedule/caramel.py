@@ -44,6 +44,7 @@ from planner.plan import Plan
 from planner.schedule import batching, packing
 from planner.schedule.depth import depth, depth_table
 from planner.schedule.ticks import TICKS_PER_SECOND, set_bit_pairs, to_ticks
+from planner.trace import transfer_part
 
 
 @dataclass(frozen=True)
@@ -404,6 +405,7 @@ def caramel(
     threshold: int | None = None,
     reads: Mapping[str, float] | None = None,
     baseline: Sequence[str] | None = None,
+    batching_on: bool = True,
 ) -> Plan:
     """The whole Caramel plan for one rank.
 
@@ -414,6 +416,7 @@ def caramel(
     transfers in the order the network starts them, `priority` = group number,
     `control_edges` = Stage 2's edges; `properties` per transfer; `inputs` the
     network model, threshold, groups with placement and depth, and the edge counts.
+    `batching_on` False sends every parameter alone (a network model that does not hold).
     """
     times = _time_map(oracle)
     if network is None and isinstance(oracle, TimeOracle):
@@ -422,6 +425,8 @@ def caramel(
     enforcement = enforcement_edges(graph, activation)
     if threshold is None and network is not None:
         threshold = batching.threshold_bytes(network)
+    if not batching_on:  # the network model does not hold: every parameter alone
+        threshold = None
     nbytes = {p: graph.ops[p].nbytes for p in activation.order}
 
     forward = _phase_time(graph, times, ("forward",))
@@ -552,16 +557,38 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def trace_network_model(graph: OpGraph, timings: pd.DataFrame) -> NetworkModel | None:
-    """f(d) = a + b*d fitted to every observed transfer of one rank (size, duration).
+MIN_R2 = 0.9
+"""A network fit below this R² does not hold: its batching threshold would be noise."""
+MIN_SIZES = 3
 
-    `timings`: the rank's rows of `Trace.timings` (``op``, ``duration`` in ns). Uses
-    each occurrence, not only the minimum, so a few buckets still give many points;
-    None with fewer than two distinct sizes. Lets Caramel run without a benchmark.
+
+def trace_network_model(graph: OpGraph, timings: pd.DataFrame) -> NetworkModel | None:
+    """f(d) = a + b*d fitted to the transfers of a job's ranks, one point per size.
+
+    `timings`: rows of `Trace.timings` (``op``, ``duration`` and ``wait`` in ns). Each
+    point is the fastest transfer part (duration less the wait for peers) seen for that
+    size over the ranks and steps: the uncontended transfer, as the time oracle takes
+    the minimum of the runs. None with fewer than two distinct sizes. Lets Caramel run
+    without a benchmark; check it with `network_problem`.
     """
     sizes = {n: graph.ops[n].nbytes for n in graph.transfers if graph.ops[n].nbytes > 0}
     rows = timings[timings["op"].isin(sizes)]
+    _, transfer = transfer_part(rows)  # a collective's wait for its peers is no network time
+    fastest = pd.Series(transfer, index=rows["op"].map(sizes).to_numpy()).groupby(level=0).min()
     return fit_network_model(
-        rows["op"].map(sizes).to_numpy(dtype=np.float64),
-        rows["duration"].to_numpy(dtype=np.float64) / 1e9,
+        fastest.index.to_numpy(dtype=np.float64), fastest.to_numpy(dtype=np.float64) / 1e9
     )
+
+
+def network_problem(network: NetworkModel | None) -> str | None:
+    """Why a fitted network model cannot be trusted for batching, or None when it holds
+    (R² >= `MIN_R2` over at least `MIN_SIZES` sizes, b > 0)."""
+    if network is None:
+        return "fewer than two transfer sizes: no network model can be fitted"
+    if network.points < MIN_SIZES:
+        return f"only {network.points} transfer sizes (a fit needs {MIN_SIZES})"
+    if not math.isfinite(network.r2) or network.r2 < MIN_R2:
+        return f"the fit does not hold (R² {network.r2:.2f} < {MIN_R2})"
+    if network.b <= 0:
+        return "the fit has no per-byte cost (b = 0)"
+    return None
