@@ -77,7 +77,7 @@ def main() -> None:
     )
     print(f"  edges {plan.inputs['edges']}, groups {len(plan.inputs['groups'])}, "
           f"threshold {plan.inputs['threshold_bytes']} B, predicted iteration "
-          f"{plan.inputs['predicted_iteration_time']:.3f} s, target < 60 s: "
+          f"{plan.inputs['packing_iteration_time']:.3f} s, target < 60 s: "
           f"{'ok' if seconds < 60 else 'MISSED'}")  # fmt: skip
 
 

@@ -358,5 +358,18 @@ def analyze(
         )
     if "caramel" in plans:
         report["exports"]["control_deps"] = control_deps_document(plans["caramel"])
-        report["exports"]["bucket_plan"] = bucket_plan_document(plans["caramel"])
+        bucket_plan = bucket_plan_document(plans["caramel"])
+        _add_predictions(bucket_plan, report["simulation"])
+        report["exports"]["bucket_plan"] = bucket_plan
     return report
+
+
+def _add_predictions(bucket_plan: dict[str, Any], simulation: Mapping[str, Any] | None) -> None:
+    """Each rank's predicted iteration time of the Caramel plan, the simulator's (the
+    figure `planner simulate` prints), with the replay error of the observed order."""
+    by_rank = {r["rank"]: r for r in (simulation or {}).get("comparison", {}).get("ranks", [])}
+    for entry in bucket_plan["ranks"]:
+        rank = by_rank.get(entry["rank"], {})
+        planned = next((p for p in rank.get("plans", []) if p["plan"] == "caramel"), None)
+        entry["predicted_iteration_time"] = planned["predicted"] if planned else None
+        entry["replay_error"] = rank.get("replay_error_median")

@@ -212,4 +212,4 @@ def test_enforcement_properties_on_public_nccl_trace() -> None:
         act, _, _ = check_enforcement(graph, times[rank].times)
         assert len(act.order) >= 2
         plan = caramel(graph, times[rank], rank=rank)
-        assert plan.inputs["predicted_iteration_time"] >= plan.inputs["backward_time"]
+        assert plan.inputs["packing_iteration_time"] >= plan.inputs["backward_time"]

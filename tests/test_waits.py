@@ -116,3 +116,14 @@ def test_benchmark_model_replaces_a_fit_that_does_not_hold(tmp_path):
     plan = analysis.schedule(job, "caramel", network=read_model(bench))["rank0"]
     assert plan.inputs["network_source"] == "benchmark"
     assert plan.inputs["network"]["a"] == pytest.approx(0.0003, rel=0.2)
+
+
+def test_bucket_plan_prediction_is_the_simulators():
+    job = load_kineto([_run("resnet_ddp")])
+    report = analysis.analyze(job, samples=20)
+    by_rank = {r["rank"]: r for r in report["simulation"]["comparison"]["ranks"]}
+    for entry in report["exports"]["bucket_plan"]["ranks"]:
+        planned = next(p for p in by_rank[entry["rank"]]["plans"] if p["plan"] == "caramel")
+        assert entry["predicted_iteration_time"] == planned["predicted"]
+        assert entry["replay_error"] == by_rank[entry["rank"]]["replay_error_median"]
+        assert abs(entry["replay_error"]) < 0.02  # waits are simulated as seen

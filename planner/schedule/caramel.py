@@ -524,7 +524,7 @@ def caramel(
         "channels": channels,
         "forward_time": forward,
         "backward_time": backward,
-        "predicted_iteration_time": packed.iteration_time,
+        "packing_iteration_time": packed.iteration_time,
         "overhead": packed.overhead,
         "groups": group_docs,
         "edges": {
