@@ -254,5 +254,39 @@ def analyze_view(report: dict[str, Any]) -> None:
             first = ", ".join(t["param"] or t["name"] for t in entry["transfers"][:10])
             table.add_row(entry["rank"], name.upper(), first)
     console.print(table)
+    if report.get("bucket_sweep"):
+        bucket_sweep_view(report["bucket_sweep"])
     for line in inspect["notes"]:
         console.print(f"[yellow]note:[/yellow] {line}")
+
+
+def bucket_sweep_view(sweep: dict[str, Any]) -> None:
+    """Predicted step time per DDP bucket cap, with the replay error of the traced buckets."""
+    console = out()
+    error = sweep["replay_error"]
+    table = Table(
+        title="DDP bucket_cap_mb sweep (predicted step time; replay error of the traced "
+        f"buckets {'n/a' if error is None else f'{error:+.1%}'})"
+    )
+    for column in ("bucket_cap_mb", "buckets", "predicted step"):
+        table.add_column(column, justify="right")
+    for row in sweep["caps"]:
+        mark = " *" if row["bucket_cap_mb"] == sweep["recommended_cap_mb"] else ""
+        table.add_row(
+            f"{row['bucket_cap_mb']:g}{mark}",
+            str(row["buckets"]),
+            seconds_text(row["predicted_step_time"]),
+        )
+    console.print(table)
+    console.print(
+        f"traced buckets: measured {seconds_text(sweep['measured_step_time'])}, predicted "
+        f"{seconds_text(sweep['observed_predicted_step_time'])}; "
+        + (
+            f"recommended bucket_cap_mb={sweep['recommended_cap_mb']:g}: "
+            if sweep["recommended_cap_mb"] is not None
+            else ""
+        )
+        + sweep["reason"]
+    )
+    if sweep.get("network_note"):
+        console.print(f"[yellow]note:[/yellow] {sweep['network_note']}")

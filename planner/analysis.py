@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from planner import __version__, simulate
+from planner import __version__, buckets, simulate
 from planner.allreduce import allreduce_metrics, rank_parameters
 from planner.errors import InputError
 from planner.export.caramel_files import bucket_plan_document, control_deps_document
@@ -356,12 +356,38 @@ def analyze(
         report["simulation"] = simulate.simulation(
             job, plans, samples=samples, seed=seed, timelines=True
         )
+    report["bucket_sweep"] = bucket_sweep(job, network) if "caramel" in plans else None
     if "caramel" in plans:
         report["exports"]["control_deps"] = control_deps_document(plans["caramel"])
         bucket_plan = bucket_plan_document(plans["caramel"])
         _add_predictions(bucket_plan, report["simulation"])
         report["exports"]["bucket_plan"] = bucket_plan
     return report
+
+
+def bucket_sweep(job: Job, network: NetworkModel | None = None) -> dict[str, Any] | None:
+    """DDP bucket advice (`planner.buckets.sweep`) with the benchmark model when given,
+    else the trace's fit (a note says when that fit does not hold)."""
+    ranks = sorted(r for r, g in job.graphs.items() if has_collectives(g))
+    if not ranks:
+        return None
+    fitted = caramel.trace_network_model(job.graphs[ranks[0]], job.trace.timings)
+    model = network or fitted
+    if model is None:
+        return None
+    document = buckets.sweep(job, model)
+    if document is not None:
+        problem = caramel.network_problem(fitted) if network is None else None
+        document["network_source"] = "benchmark" if network is not None else "trace"
+        document["network_note"] = None
+        if problem:
+            document["network_note"] = (
+                f"the trace's network fit does not hold ({problem}): the predictions are "
+                "rough; give a benchmark model (--network)"
+            )
+            document["recommended_cap_mb"] = None
+            document["reason"] = "no recommendation without a network model that holds"
+    return document
 
 
 def _add_predictions(bucket_plan: dict[str, Any], simulation: Mapping[str, Any] | None) -> None:

@@ -127,3 +127,26 @@ def test_bucket_plan_prediction_is_the_simulators():
         assert entry["predicted_iteration_time"] == planned["predicted"]
         assert entry["replay_error"] == by_rank[entry["rank"]]["replay_error_median"]
         assert abs(entry["replay_error"]) < 0.02  # waits are simulated as seen
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_bucket_sweep_reproduces_ddp_buckets_and_replays_the_traced_ones(run):
+    """DDP's bucketing (ready order, 1 MiB first bucket, then the cap) rebuilds the traced
+    buckets of both caps (25 MB and 1 MB); the traced configuration replays within 5%."""
+    from planner import buckets
+
+    job = load_kineto([_run(run)])
+    p = buckets.profile(job)
+    cap = 1 if run.endswith("1mb") else 25
+    grouped = buckets.ddp_buckets(p.sizes.tolist(), cap * buckets.MIB)
+    assert np.bincount(grouped, weights=p.sizes).tolist() == p.observed_buckets.tolist()
+    report = analysis.analyze(job, samples=5)
+    sweep = report["bucket_sweep"]
+    assert sweep["observed_buckets"] == p.observed_buckets.astype(int).tolist()
+    assert abs(sweep["replay_error"]) < 0.05
+    assert [c["bucket_cap_mb"] for c in sweep["caps"]] == list(buckets.DEFAULT_CAPS_MB)
+    row = next(c for c in sweep["caps"] if c["bucket_cap_mb"] == cap)
+    assert row["predicted_step_time"] == pytest.approx(sweep["observed_predicted_step_time"])
+    if sweep["network_note"]:  # a fit that does not hold recommends nothing, and says so
+        assert sweep["recommended_cap_mb"] is None and "no recommendation" in sweep["reason"]
+    assert sweep["reason"]

@@ -327,6 +327,9 @@ def build_rank(
     }
     if gpu_steps:
         meta["steps"] = gpu_steps
+    ready = _gradient_ready(r)
+    if ready:
+        meta["gradient_ready"] = ready
     return RankModel(
         rank_name, ops, Occurrences(o.step.astype(np.int64), op_id, o.start, o.end - o.start),
         spans, op_names, edges, _rf_to_op(r, coll, et_step, op_at_row, op_names), notes, meta,
@@ -394,6 +397,15 @@ def _rf_to_op(
         if rf[a] > 0 and op_at_row[row] >= 0:
             out[int(rf[a])] = op_names[op_at_row[row]]
     return out
+
+
+def _gradient_ready(r: _Rows) -> dict[int, list[tuple[int, int]]]:
+    """Per step, each gradient's ready time and size (`kineto_params.gradient_ready`)."""
+    ev = r.ev
+    rows = np.flatnonzero(ev.name_flags(kineto_params.GRAD_READY.__eq__) & (r.step >= 0))
+    rows = rows[np.argsort(ev.end[rows], kind="stable")]
+    events = [(int(ev.end[i]), ev.args.get(i, {})) for i in rows.tolist()]
+    return kineto_params.gradient_ready(events, r.step[rows].tolist())
 
 
 def _layer_reads(

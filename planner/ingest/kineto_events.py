@@ -131,7 +131,8 @@ class _Irregular(Exception):
 
 _KEEP_ARGS = re.compile(
     r"^(?:nccl|gloo|rccl|hccl|mpi|ucc|xccl|mccl|c10d)[:_]|record_param_comms|ProfilerStep"
-    r"|^aten::(?:conv[123]d|linear|batch_norm|layer_norm|group_norm|embedding(?:_bag)?)$",
+    r"|^aten::(?:conv[123]d|linear|batch_norm|layer_norm|group_norm|embedding(?:_bag)?)$"
+    r"|^torch::autograd::AccumulateGrad$",
     re.IGNORECASE,
 )
 _CCL = re.compile("ccl", re.IGNORECASE)

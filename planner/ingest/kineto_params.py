@@ -120,3 +120,28 @@ def parameters_from_sizes(
         "their sizes (layer-op input shapes, reverse forward order); no names without an "
         "Execution Trace"
     ]
+
+
+GRAD_READY = "torch::autograd::AccumulateGrad"
+"""The autograd node that writes a parameter's gradient: its end is the gradient's
+ready time, its ``Input Dims`` the gradient's shape (with ``record_shapes=True``)."""
+
+
+def gradient_ready(
+    events: list[tuple[int, dict[str, Any]]], steps: list[int]
+) -> dict[int, list[tuple[int, int]]]:
+    """Step -> the gradients in the order they became ready: (end ns, nbytes).
+
+    `events` are the `GRAD_READY` events (end, args) in time order, `steps` their steps;
+    an event without a usable shape is skipped.
+    """
+    out: dict[int, list[tuple[int, int]]] = {}
+    for (end, a), step in zip(events, steps, strict=True):
+        dims, types = a.get("Input Dims") or [], a.get("Input type") or []
+        if not dims or not types or not isinstance(dims[0], list):
+            continue
+        size = DTYPE_BYTES.get(str(types[0]).lower())
+        if size is None or not all(isinstance(d, int) and d >= 0 for d in dims[0]):
+            continue
+        out.setdefault(int(step), []).append((int(end), int(np.prod(dims[0])) * size))
+    return out
