@@ -121,6 +121,12 @@ def profile(job: Job) -> Profile | None:
         for op in graph.ops.values()
         if (op.param or "").startswith("bucket")
     )
+    if not observed:  # no backward range to tell gradient buckets: the step's all-reduces
+        observed = sorted(
+            (int(op.name.rsplit("#", 1)[1]), op.nbytes)
+            for op in graph.ops.values()
+            if op.kind == "collective" and op.name.startswith("net/all_reduce#")
+        )
     return Profile(ready, np.array(sizes, dtype=np.float64), tail, measured,
                    np.array([n for _, n in observed], dtype=np.float64), len(by_step))  # fmt: skip
 
