@@ -196,7 +196,7 @@ def allreduce_view(document: dict[str, Any]) -> None:
     """Caramel §3.1 overlap figures per step and the straggler time across ranks."""
     console = out()
     table = Table(title="Compute / network overlap per step (Caramel §3.1)")
-    columns = ("rank", "step", "C", "N (transfer)", "wait", "T", "rho", "alpha", "utilization")
+    columns = ("rank", "step", "C", "N", "of N: wait", "T", "rho", "alpha", "utilization")
     for column in columns:
         table.add_column(column, justify="right")
     for s in document["steps"]:

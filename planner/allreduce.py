@@ -17,7 +17,7 @@ import pandas as pd
 from planner.errors import InputError
 from planner.graph import OpGraph
 from planner.metrics import OverlapMetrics, overlap_metrics, transfer_windows
-from planner.trace import Job, transfer_part
+from planner.trace import Job
 from planner.waits import straggler_times
 
 SCHEMA = "planner.allreduce/1"
@@ -51,8 +51,9 @@ def _launcher(graph: OpGraph, op: str) -> str | None:
 
 
 def rank_steps(job: Job, rank: str) -> list[OverlapMetrics]:
-    """Caramel's figures for every step of one rank; a collective counts for N with
-    its transfer part only (`planner.waits`)."""
+    """Caramel's figures for every step of one rank, from what the rank saw: N holds a
+    collective's whole span, its wait for later peers included (reported apart as the
+    step's ``wait``, `planner.waits`), as HTA counts communication kernel time."""
     graph = job.graphs[rank]
     rows = job.trace.of(rank)
     spans = job.trace.spans[job.trace.spans["rank"] == rank].set_index("iteration")
@@ -60,8 +61,6 @@ def rank_steps(job: Job, rank: str) -> list[OverlapMetrics]:
     network = np.array([graph.ops[n].kind == "collective" for n in rows["op"]], dtype=bool)
     picked = rows[compute | network]
     net = network[compute | network]
-    start, duration = transfer_part(picked)  # N is transferring; waiting for peers is idle
-    picked = picked.assign(start=start, duration=duration)
     out = []
     for iteration, idx in picked.groupby("iteration", sort=True).indices.items():
         span = spans.loc[iteration]

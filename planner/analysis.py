@@ -248,7 +248,9 @@ def metrics(job: Job) -> dict[str, Any]:
     """`planner.metrics/1`: per-step figures, per-rank summaries and the oracle bounds."""
     if not len(job.trace.timings):
         raise InputError(_first_source(job), "metrics need timings; input has none")
-    frame = with_dedicated(job.trace, job.graphs)
+    # per-rank figures from what each rank saw (a collective's whole span), so that a
+    # rank reads the same alone (analyze-ranks) or in its job; waits are reported apart
+    frame = with_dedicated(job.trace, job.graphs, transfer_only=False)
     oracle = oracles(job)
     steps: list[dict[str, Any]] = []
     ranks: list[dict[str, Any]] = []

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from planner.graph import OpGraph
-from planner.trace import busy_time, transfer_part
+from planner.trace import busy_time
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def step_metrics(
     if len(rows) == 0:
         return StepMetrics(rank, iteration, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, ())
     span = float((starts + durations).max() - starts.min())
-    busy = float(busy_time(*transfer_part(rows)))  # waiting for a peer is idle time
+    busy = float(busy_time(starts, durations))
     per_resource = rows.groupby("resource")["dedicated"].sum()
     umax = float(per_resource.sum()) / 1e9
     lmin = float(per_resource.max()) / 1e9

@@ -119,8 +119,15 @@ def busy_time(starts: np.ndarray, durations: np.ndarray) -> int:
     return int((block_end - block_start).sum())
 
 
-def with_dedicated(trace: Trace, graphs: Mapping[str, OpGraph]) -> pd.DataFrame:
-    """Timings with a `dedicated` column (ns, float) and the op's `resource`."""
+def with_dedicated(
+    trace: Trace, graphs: Mapping[str, OpGraph], transfer_only: bool = True
+) -> pd.DataFrame:
+    """Timings with a `dedicated` column (ns, float) and the op's `resource`.
+
+    `transfer_only`: a collective's dedicated time leaves out its ``wait`` for the
+    peers (the time oracle's view); False keeps the span the rank saw (its own view,
+    which the per-rank metrics use, so that a rank reads the same alone or in its job).
+    """
     frame = trace.timings.copy()
     resource = np.empty(len(frame), dtype=object)
     for rank, graph in graphs.items():
@@ -129,7 +136,10 @@ def with_dedicated(trace: Trace, graphs: Mapping[str, OpGraph]) -> pd.DataFrame:
             lookup = {name: op.resource for name, op in graph.ops.items()}
             resource[mask] = frame.loc[mask, "op"].map(lookup).fillna("?").to_numpy()
     frame["resource"] = resource
-    starts, durations = transfer_part(frame)
+    if transfer_only:
+        starts, durations = transfer_part(frame)
+    else:
+        starts, durations = frame["start"].to_numpy(np.int64), frame["duration"].to_numpy(np.int64)
     dedicated = np.zeros(len(frame), dtype=np.float64)
     for _, idx in frame.groupby(["rank", "iteration", "resource"], sort=False).indices.items():
         dedicated[idx] = dedicated_durations(starts[idx], durations[idx])

@@ -92,17 +92,25 @@ def test_export_refuses_other_plans() -> None:
         caramel_files.control_deps_document({"r0": replace(_plan(), algorithm="tac")})
 
 
-def test_trace_network_model_uses_every_occurrence() -> None:
+def test_trace_network_model_fits_the_fastest_transfer_per_size() -> None:
+    """One point per size: the fastest transfer part (duration less the wait for the
+    peers) over every occurrence, as the time oracle takes the minimum of the runs."""
     import pandas as pd
 
-    ops = [Op(f"t{n}", "collective", "net", nbytes=n) for n in (1000, 2000)]
+    ops = [Op(f"t{n}", "collective", "net", nbytes=n) for n in (1000, 2000, 4000)]
     graph = build_graph(ops, [])
     timings = pd.DataFrame(
-        {"op": ["t1000", "t1000", "t2000", "t2000"], "duration": [2000, 2200, 3000, 3200]}
+        {
+            "op": ["t1000", "t1000", "t2000", "t2000", "t4000"],
+            "start": [0, 0, 0, 0, 0],
+            "duration": [2000, 2200, 3000, 9200, 5000],
+            "wait": [0, 0, 0, 6000, 0],
+        }
     )
     model = trace_network_model(graph, timings)
-    assert model is not None and model.points == 4
-    assert model.b == pytest.approx(1e-9) and model.a == pytest.approx(1.1e-6)
+    assert model is not None and model.points == 3
+    assert model.b == pytest.approx(1e-9) and model.a == pytest.approx(1e-6)
+    assert model.r2 == pytest.approx(1.0)
 
 
 def test_bench_network_real_gloo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
