@@ -30,6 +30,7 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -132,9 +133,19 @@ class _Device:
 
 
 def _ns(value: Any, path: Path, what: str) -> int:
+    """Microseconds (int, float or string) -> integer ns, exactly: epoch µs times 1000
+    do not fit a float's 53 bits."""
     try:
-        ns = round(float(value) * 1000)
-    except (TypeError, ValueError):
+        if isinstance(value, bool):
+            raise TypeError
+        if isinstance(value, int):
+            ns = value * 1000
+        else:
+            exact = Decimal(str(value))
+            if not exact.is_finite():
+                raise ValueError
+            ns = int((exact * 1000).to_integral_value())
+    except (TypeError, ValueError, ArithmeticError):
         raise InputError(path, f"{what}: time {value!r} is not a number") from None
     if not 0 <= ns < MAX_TIME_NS:
         raise InputError(path, f"{what}: time {value!r} µs is out of range")
@@ -178,7 +189,8 @@ def _devices(
     document: Any, path: Path
 ) -> tuple[dict[tuple[str, str], _Device], list[tuple[str, str, int]]]:
     """(task, short device) -> its records, and the flow arrows as (producer, consumer,
-    time), from one timeline document."""
+    time), from one timeline document. An arrow is named by the producer's tensor
+    (``node:1``) and ends at the consumer's start on the consumer's thread."""
     events = document.get("traceEvents") if isinstance(document, dict) else None
     if not isinstance(events, list):
         raise InputError(path, "TF timeline has no traceEvents list")
@@ -224,7 +236,7 @@ def _devices(
         time = _ns(e.get("ts"), path, f"flow {e.get('name')!r}")
         consumer = at.get((e.get("pid"), e.get("tid"), time))
         if consumer is not None:
-            flows.append((str(e.get("name", "")), consumer, time))
+            flows.append((split_input(str(e.get("name", "")))[0], consumer, time))
     return devices, flows
 
 
@@ -270,7 +282,8 @@ class _Timed:
 
 
 def _step_ops(device: _Device, run: int, starts: list[int]) -> dict[str, _Timed]:
-    """Ops of one device in one run: executor records, retimed by their kernels."""
+    """Ops of one device in one run: executor records, retimed by their kernels (first
+    start to last end) and placed on the stream that ran most of their kernel time."""
     ops: dict[str, _Timed] = {}
     for r in device.records:
         if _run_of(starts, r.start) != run:
@@ -282,16 +295,20 @@ def _step_ops(device: _Device, run: int, starts: list[int]) -> dict[str, _Timed]
             known.start, known.end = min(known.start, r.start), max(known.end, r.end)
     lanes = device.streams or device.aggregate
     kernels: dict[str, _Timed] = {}
+    busy: dict[str, Counter[str]] = defaultdict(Counter)
     for stream, records in sorted(lanes.items()):
         for r in records:
             if _run_of(starts, r.start) != run:
                 continue
+            busy[r.name][stream] += r.end - r.start
             known = kernels.get(r.name)
             if known is None:
-                resource = f"{device.resource}/{stream}"
-                kernels[r.name] = _Timed(r.type, resource, r.start, r.end, ())
+                kernels[r.name] = _Timed(r.type, "", r.start, r.end, ())
             else:
                 known.start, known.end = min(known.start, r.start), max(known.end, r.end)
+    for name, timed in kernels.items():  # the stream that ran most of the node's work
+        stream = min(busy[name].items(), key=lambda item: (-item[1], item[0]))[0]
+        timed.resource = f"{device.resource}/{stream}"
     for name, timed in kernels.items():
         if name in ops:
             op = ops[name]
