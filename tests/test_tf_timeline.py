@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import random
 import re
 import shutil
 from collections import Counter
@@ -395,3 +396,54 @@ def test_cli_bad_timeline_exit_2_one_line(mutate, problem: str, tmp_path: Path, 
     assert code == 2 and out == ""
     lines = err.strip().splitlines()
     assert len(lines) == 1 and str(bad) in lines[0] and problem in lines[0]
+
+
+# ----------------------------------------------------------------------------- robustness
+
+_JUNK: list[Any] = [None, -1, "x", 1e300, [], {}, True, 2**70, "^", ":", "_SOURCE"]
+
+
+def _mutated(document: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    """A copy of a real trace with a few fields of a few events dropped or junked."""
+    out = json.loads(json.dumps(document))
+    events = out["traceEvents"]
+    for _ in range(rng.randint(1, 6)):
+        event = rng.choice(events)
+        if not isinstance(event, dict) or not event:
+            continue
+        key = rng.choice([*event, "args"])
+        args = event.get("args")
+        if rng.random() < 0.3:
+            event.pop(key, None)
+        elif key == "args" and isinstance(args, dict) and args:
+            args[rng.choice(list(args))] = rng.choice(_JUNK)
+        else:
+            event[key] = rng.choice(_JUNK)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_mutated_tf_traces_load_or_raise_input_error(seed: int, tmp_path: Path) -> None:
+    """Whatever a damaged timeline or profiler trace holds, the ingest either reads it or
+    raises InputError naming the file: never another exception."""
+    sources = [
+        need(IKHLESTOV / "GPU" / "timeline_02_step_0.json"),
+        need(TF / "cnn_ps_ingraph" / "timeline_step3.json"),
+        need(CHESS_TRACE),
+    ]
+    documents = [{"traceEvents": _events(p)} for p in sources]
+    rng = random.Random(seed)
+    outcomes = Counter()
+    for i in range(40):
+        k = i % len(sources)
+        path = tmp_path / f"case{i}_{sources[k].name}"
+        data = json.dumps(_mutated(documents[k], rng)).encode()
+        path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
+        try:
+            detect.load([path])
+        except InputError as exc:
+            assert str(path) in str(exc)
+            outcomes["refused"] += 1
+        else:
+            outcomes["read"] += 1
+    assert outcomes["read"] and outcomes["refused"]

@@ -171,6 +171,11 @@ def _input_order(item: tuple[str, Any]) -> tuple[int, str]:
     return (int(key[5:]) if _INPUT.match(key) else -1, key)
 
 
+def _ident(value: Any) -> int | str | None:
+    """A pid or tid usable as a key: an int or a string; anything else is no id."""
+    return value if isinstance(value, (int, str)) and not isinstance(value, bool) else None
+
+
 def _short_device(device: str) -> str:
     found = _DEVICE_KIND.search(device)
     return f"{found['kind'].upper()}:{found['index']}" if found else device.strip("/")
@@ -181,7 +186,7 @@ def _process_names(events: list[Any]) -> dict[Any, str]:
     for e in events:
         if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "process_name":
             args = e.get("args") if isinstance(e.get("args"), dict) else {}
-            names[e.get("pid")] = str(args.get("name", ""))
+            names[_ident(e.get("pid"))] = str(args.get("name", ""))
     return names
 
 
@@ -206,7 +211,7 @@ def _devices(
             arrows.append(e)
         if e.get("ph") != "X":
             continue
-        process = processes.get(e.get("pid"), "")
+        process = processes.get(_ident(e.get("pid")), "")
         if not process.endswith(" Compute"):
             continue
         record = _record(e, path)
@@ -224,7 +229,7 @@ def _devices(
         if key not in devices:
             devices[key] = _Device(task, f"{task}/{key[1]}")
         devices[key].records.append(record)
-        at.setdefault((e.get("pid"), e.get("tid"), record.start), record.name)
+        at.setdefault((_ident(e.get("pid")), _ident(e.get("tid")), record.start), record.name)
     for device, stream, aggregate, record in stream_events:
         owner = _stream_owner(devices, device)
         if owner is None:
@@ -234,7 +239,7 @@ def _devices(
     flows = []
     for e in arrows:
         time = _ns(e.get("ts"), path, f"flow {e.get('name')!r}")
-        consumer = at.get((e.get("pid"), e.get("tid"), time))
+        consumer = at.get((_ident(e.get("pid")), _ident(e.get("tid")), time))
         if consumer is not None:
             flows.append((split_input(str(e.get("name", "")))[0], consumer, time))
     return devices, flows
@@ -464,7 +469,7 @@ def _thread_names(events: list[Any]) -> dict[tuple[Any, Any], str]:
     for e in events:
         if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "thread_name":
             args = e.get("args") if isinstance(e.get("args"), dict) else {}
-            names[(e.get("pid"), e.get("tid"))] = str(args.get("name", ""))
+            names[(_ident(e.get("pid")), _ident(e.get("tid")))] = str(args.get("name", ""))
     return names
 
 
@@ -472,6 +477,66 @@ def _profiler_rank(path: Path) -> str:
     """TensorBoard names the files after the host (``HOST.trace.json.gz``)."""
     host = path.name.split(".", 1)[0]
     return host or "host"
+
+
+@dataclass
+class _ProfilerScan:
+    """What a TF2 profiler trace says, keyed by (step, node)."""
+
+    ops: dict[tuple[int, str], _Timed] = field(default_factory=dict)
+    stream_of: dict[tuple[int, str], str] = field(default_factory=dict)
+    copies: list[tuple[int, str, str]] = field(default_factory=list)
+    step_spans: dict[int, tuple[int, int]] = field(default_factory=dict)
+    ungrouped: int = 0
+
+
+def _widen(spans: dict[Any, tuple[int, int]], key: Any, start: int, end: int) -> None:
+    known = spans.get(key)
+    spans[key] = (start, end) if known is None else (min(known[0], start), max(known[1], end))
+
+
+def _scan_profiler(events: list[Any], rank: str, path: Path) -> _ProfilerScan:
+    """One pass over the device processes: the Steps line, the TensorFlow Ops line, and
+    the kernels and copies on the streams."""
+    processes = _process_names(events)
+    threads = _thread_names(events)
+    scan = _ProfilerScan()
+    op_spans: dict[tuple[int, str], tuple[int, int]] = {}
+    op_types: dict[tuple[int, str], str] = {}
+    for e in events:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        device = _PROFILER_DEVICE.match(processes.get(_ident(e.get("pid")), ""))
+        if device is None:
+            continue
+        args = e.get("args") if isinstance(e.get("args"), dict) else {}
+        line = threads.get((_ident(e.get("pid")), _ident(e.get("tid"))), "")
+        group = args.get("group_id")
+        if group is None or not str(group).lstrip("-").isdigit():
+            scan.ungrouped += line == _TF_OPS_LINE
+            continue
+        step = int(group)
+        what = f"event {e.get('name')!r}"
+        start = _ns(e.get("ts"), path, what)
+        end = start + _ns(e.get("dur", 0), path, what)
+        resource = f"{rank}/{device['kind']}:{device['index']}"
+        if line == _STEPS_LINE:
+            _widen(scan.step_spans, step, start, end)
+        elif line == _TF_OPS_LINE:
+            node, _, kind = str(args.get("long_name") or e.get("name", "")).rpartition(":")
+            key = (step, node or kind)
+            _widen(op_spans, key, start, end)
+            op_types.setdefault(key, kind)
+            scan.stream_of.setdefault(key, resource)  # until a kernel names its stream
+        elif (stream := _STREAM_THREAD.match(line)) is not None:
+            node = str(args.get("annotation", "")).split(":", 1)[0]
+            if scan.stream_of.get((step, node), "").count("/stream:") == 0:
+                scan.stream_of[(step, node)] = f"{resource}/stream:{stream['stream']}"
+            if args.get("from") and args.get("to"):
+                scan.copies.append((step, str(args["from"]), str(args["to"])))
+    for key, (start, end) in op_spans.items():
+        scan.ops[key] = _Timed(op_types[key], scan.stream_of[key], start, end, ())
+    return scan
 
 
 def load_profiler_trace(path: Path, document: Any) -> Job:
@@ -482,51 +547,9 @@ def load_profiler_trace(path: Path, document: Any) -> Job:
     events = document.get("traceEvents") if isinstance(document, dict) else None
     if not isinstance(events, list):
         raise InputError(path, "TF profiler trace has no traceEvents list")
-    processes = _process_names(events)
-    threads = _thread_names(events)
     rank = _profiler_rank(path)
-    ops: dict[tuple[int, str], _Timed] = {}
-    stream_of: dict[tuple[int, str], str] = {}
-    copies: list[tuple[int, str, str]] = []
-    step_spans: dict[int, tuple[int, int]] = {}
-    ungrouped = 0
-    for e in events:
-        if not isinstance(e, dict) or e.get("ph") != "X":
-            continue
-        device = _PROFILER_DEVICE.match(processes.get(e.get("pid"), ""))
-        if device is None:
-            continue
-        args = e.get("args") if isinstance(e.get("args"), dict) else {}
-        line = threads.get((e.get("pid"), e.get("tid")), "")
-        group = args.get("group_id")
-        if group is None or not str(group).lstrip("-").isdigit():
-            ungrouped += line == _TF_OPS_LINE
-            continue
-        step = int(group)
-        what = f"event {e.get('name')!r}"
-        start = _ns(e.get("ts"), path, what)
-        end = start + _ns(e.get("dur", 0), path, what)
-        resource = f"{rank}/{device['kind']}:{device['index']}"
-        if line == _STEPS_LINE:
-            known = step_spans.get(step)
-            step_spans[step] = (
-                (start, end) if known is None else (min(known[0], start), max(known[1], end))
-            )
-        elif line == _TF_OPS_LINE:
-            node, _, kind = str(args.get("long_name") or e.get("name", "")).rpartition(":")
-            node = node or kind
-            known = ops.get((step, node))
-            if known is None:
-                ops[(step, node)] = _Timed(kind, resource, start, end, ())
-            else:
-                known.start, known.end = min(known.start, start), max(known.end, end)
-        elif (stream := _STREAM_THREAD.match(line)) is not None:
-            annotation = str(args.get("annotation", ""))
-            node = annotation.split(":", 1)[0]
-            stream_of.setdefault((step, node), f"{resource}/stream:{stream['stream']}")
-            if args.get("from") and args.get("to"):
-                copies.append((step, str(args["from"]), str(args["to"])))
-    if not ops:
+    scan = _scan_profiler(events, rank, path)
+    if not scan.ops:
         raise InputError(
             path,
             "TF2 profiler trace has no ops on a device's 'TensorFlow Ops' line: give RunMetadata"
@@ -535,25 +558,23 @@ def load_profiler_trace(path: Path, document: Any) -> Job:
         )
     table: dict[str, Op] = {}
     rows = []
-    for (step, node), timed in sorted(ops.items(), key=lambda kv: (kv[0][0], kv[1].start)):
-        resource = stream_of.get((step, node), timed.resource)
-        table.setdefault(node, Op(node, "compute", resource, type=timed.type))
+    spans: dict[int, tuple[int, int]] = {}
+    for (step, node), timed in sorted(scan.ops.items(), key=lambda kv: (kv[0][0], kv[1].start)):
+        table.setdefault(node, Op(node, "compute", timed.resource, type=timed.type))
         rows.append((rank, step, node, timed.start, timed.end - timed.start))
-    edges = {
-        (src, dst)
-        for step, src, dst in copies
-        if (step, src) in ops and (step, dst) in ops and src != dst
-    }
-    spans = []
-    for step in sorted({s for s, _ in ops}):
-        mine = [t for (s, _), t in ops.items() if s == step]
-        start = min(t.start for t in mine)
-        end = max(t.end for t in mine)
-        if step in step_spans:
-            start, end = min(start, step_spans[step][0]), max(end, step_spans[step][1])
-        spans.append((rank, step, start, end))
+        _widen(spans, step, timed.start, timed.end)
+    for step, (start, end) in scan.step_spans.items():
+        if step in spans:
+            _widen(spans, step, start, end)
+    edges = sorted(
+        {
+            (u, v)
+            for step, u, v in scan.copies
+            if u != v and {(step, u), (step, v)} <= scan.ops.keys()
+        }
+    )
     try:
-        graph = build_graph(table.values(), [(u, v, "data") for u, v in sorted(edges)])
+        graph = build_graph(table.values(), [(u, v, "data") for u, v in edges])
     except GraphError as exc:
         raise InputError(path, str(exc)) from None
     notes = [
@@ -563,12 +584,12 @@ def load_profiler_trace(path: Path, document: Any) -> Job:
         "dependencies give the RunMetadata .pb (RunOptions FULL_TRACE, "
         "output_partition_graphs) or a TF timeline of the same steps"
     ]
-    if ungrouped:
-        notes.append(f"{ungrouped} op(s) outside any step skipped")
+    if scan.ungrouped:
+        notes.append(f"{scan.ungrouped} op(s) outside any step skipped")
     return Job(
         framework="tensorflow",
         graphs={rank: graph},
-        trace=make_trace(rows, spans),
+        trace=make_trace(rows, [(rank, k, a, b) for k, (a, b) in sorted(spans.items())]),
         sources=(str(path),),
         notes=tuple(notes),
         meta={"input": "tf_profiler"},
