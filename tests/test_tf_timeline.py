@@ -22,6 +22,7 @@ from conftest import SHARED, TF, need, run_cli
 from planner.errors import InputError
 from planner.ingest import detect
 from planner.ingest.tf_graphdef import split_input
+from tests.test_schemas import validate
 
 EXTERNAL = SHARED / "public" / "external"
 IKHLESTOV = EXTERNAL / "tf1_timeline_ikhlestov"
@@ -360,6 +361,20 @@ def test_cli_reads_each_tf_trace(paths: list[Path], command: str, capsys) -> Non
     assert code == 0, err
     document = json.loads(out)
     assert document["schema"].startswith(f"planner.{command}/")
+    validate(document)
+
+
+@pytest.mark.parametrize("paths", _cli_paths(), ids=["gpu-step", "cpu-steps", "merged", "tf2"])
+def test_cli_analyze_writes_a_valid_report(paths: list[Path], tmp_path: Path, capsys) -> None:
+    for path in paths:
+        need(path)
+    code, _, err = run_cli(["analyze", *paths, "-o", tmp_path / "out"], capsys)
+    assert code == 0, err
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    validate(report, "planner.report/1")
+    assert report["inspect"]["framework"] == "tensorflow"
+    # the report carries what the input can and cannot give
+    assert any("no transfers" in n or "no graph" in n for n in report["inspect"]["notes"])
 
 
 def test_cli_xplane_exit_2_one_line(capsys) -> None:
