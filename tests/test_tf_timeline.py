@@ -337,7 +337,7 @@ def test_profiler_directory_skips_the_xplane_and_reads_the_trace(tmp_path: Path)
         shutil.copy(src, tmp_path / src.name)
     job = detect.load([tmp_path])
     assert job.meta["input"] == "tf_profiler"
-    assert any("aoberai.xplane.pb" in n and "skipped" in n for n in job.notes)
+    assert any("aoberai.xplane.pb: a TF profiler XPlane" in n for n in job.notes)
 
 
 # ----------------------------------------------------------------------------- CLI

@@ -142,10 +142,13 @@ def load(paths: Iterable[str | Path], progress: Progress | None = None) -> Job:
             progress(str(path))
         try:
             item = sniff(path)
-        except InputError:
+        except InputError as exc:
             if explicit:
                 raise
-            notes.append(f"skipped {path}: not a trace")
+            xplane = exc.problem == tf_timeline.XPLANE_ANSWER
+            notes.append(
+                f"skipped {path}: " + ("a TF profiler XPlane" if xplane else "not a trace")
+            )
             continue
         if item.format == "unknown_json":
             if explicit:
