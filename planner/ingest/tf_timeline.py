@@ -9,9 +9,11 @@ copies of each node, plus the aggregates ``stream:all`` and ``memcpy`` that repe
 
 Each task (``/job:worker/task:1`` -> ``worker1``) is a rank; parameter-server tasks are
 not. A node is one op: timed by its kernels (first start to last end) on the stream
-that ran them when it has any, else by its executor record on its device. Its inputs
-are the DAG's edges. ``RecvTensor`` RPC records carry no tensor name in a timeline, so
-transfers are not modelled: RunMetadata (preferred when beside) has them.
+that ran most of their time when it has any, else by its executor record on its
+device; a host<->device copy recorded only on a stream is an op of its own. Its
+inputs and the flow arrows are the DAG's edges. ``RecvTensor`` RPC records carry no
+tensor name in a timeline, so transfers are not modelled: RunMetadata (preferred when
+beside) has them.
 
 One file is one step (several files: several steps of one job, the step number from
 ``step<N>`` in the name); a file that merges several runs is split at each run's
