@@ -25,7 +25,8 @@ What is compared (docs/formats.md, "Peer check against HTA", says the same):
   Two overlap fractions both under 1% count as equal.
 
 HTA runs with ``include_last_profiler_step=True`` so that both tools cover the same
-steps (HTA drops the last step by default). HTA is bench-only:
+steps (HTA drops the last step by default), and with its correlation column widened to
+int64 (`widen_hta_correlation`: HTA 0.5.0 fails under pandas >= 3 otherwise). HTA is bench-only:
 ``pip install -e '.[bench]'`` (holistictraceanalysis 0.5.0).
 
 Usage: nice python bench/bench_vs_hta.py [--root DIR] [--json FILE] [JOB_DIR ...]
@@ -137,6 +138,27 @@ def _intersection(a: Any, b: Any) -> float:
     return float(total)
 
 
+def widen_hta_correlation() -> None:
+    """Let HTA 0.5.0 run under pandas >= 3. HTA seeds ``index_correlation`` with the
+    dtype of the trace's ``correlation`` column (int16 when the ids are small, as on the
+    MI300 trace) and then stores row indices in it; pandas >= 3 refuses a value above
+    32767 there where older pandas upcast silently. Widening ``correlation`` to int64
+    before HTA's transform changes no value."""
+    from hta.common import trace as hta_trace
+
+    original = hta_trace.transform_correlation_to_index
+    if getattr(original, "widened", False):
+        return
+
+    def widened(df: Any, symbol_table: Any) -> Any:
+        if "correlation" in df.columns:
+            df["correlation"] = df["correlation"].astype("int64")
+        return original(df, symbol_table)
+
+    widened.widened = True  # type: ignore[attr-defined]
+    hta_trace.transform_correlation_to_index = widened
+
+
 def hta_figures(files: list[Path]) -> tuple[dict[int, dict[Any, dict[str, float]]], dict]:
     """(rank -> step -> comm, comp, overlap in seconds from HTA's trace frame and kernel
     classes; rank -> HTA's own per-rank API figures)."""
@@ -145,6 +167,7 @@ def hta_figures(files: list[Path]) -> tuple[dict[int, dict[Any, dict[str, float]
     from hta.trace_analysis import TraceAnalysis
     from hta.utils.utils import KernelType, get_kernel_type, merge_kernel_intervals
 
+    widen_hta_correlation()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         analysis = TraceAnalysis(
             trace_files=[str(f) for f in files],
@@ -163,16 +186,20 @@ def hta_figures(files: list[Path]) -> tuple[dict[int, dict[Any, dict[str, float]
     for rank, frame in analysis.t.traces.items():
         kernels = frame[frame["stream"].ne(-1)].copy()
         kernels["kind"] = [get_kernel_type(symbols[n]) for n in kernels["name"]]
-        per_step: dict[Any, dict[str, float]] = {}
+        compute = kernels["kind"].eq(KernelType.COMPUTATION.name)
+        stepless = int((compute & ~kernels["iteration"].ge(0)).sum())
+        per_step: dict[Any, dict[str, Any]] = {}
         for iteration, group in kernels.groupby("iteration"):
             if iteration < 0:
                 continue
             comm = merge_kernel_intervals(group[group["kind"].eq(KernelType.COMMUNICATION.name)])
             comp = merge_kernel_intervals(group[group["kind"].eq(KernelType.COMPUTATION.name)])
+            known = len(comp) > 0 or not stepless  # else HTA put no compute kernel in a step
             per_step[int(iteration)] = {
                 "comm": _union(comm) * 1e-6,
-                "comp": _union(comp) * 1e-6,
-                "overlap": _intersection(comm, comp) * 1e-6,
+                "comp": _union(comp) * 1e-6 if known else None,
+                "overlap": _intersection(comm, comp) * 1e-6 if known else None,
+                "note": "" if known else f"HTA: {stepless} compute kernels in no step",
             }
         steps[int(rank)] = per_step
     return steps, api
@@ -198,8 +225,8 @@ def rel_overlap(ours: float | None, theirs: float | None) -> float | None:
     return rel(ours, theirs)
 
 
-def _fraction(overlap: float, comm: float) -> float | None:
-    return overlap / comm if comm > 0 else None
+def _fraction(overlap: float | None, comm: float | None) -> float | None:
+    return overlap / comm if overlap is not None and comm else None
 
 
 def compare(files: list[Path]) -> dict[str, Any]:
@@ -231,15 +258,18 @@ def compare(files: list[Path]) -> dict[str, Any]:
 
 
 def _row(rank: int, step: Any, mine: dict | None, peer: dict | None) -> dict[str, Any]:
+    mine, peer = mine or {}, peer or {}
     row: dict[str, Any] = {"rank": rank, "step": step}
-    if mine is None or peer is None:
-        row["note"] = "step only in " + ("HTA" if mine is None else "planner")
+    notes = [peer.get("note", "")]
+    if not mine or not peer:
+        notes.append("step only in " + ("HTA" if not mine else "planner"))
     for key in ("comm", "comp"):
-        row[f"planner_{key}"] = mine[key] if mine else None
-        row[f"hta_{key}"] = peer[key] if peer else None
-    row["planner_ovl"] = _fraction(mine["overlap"], mine["comm"]) if mine else None
-    row["hta_ovl"] = _fraction(peer["overlap"], peer["comm"]) if peer else None
-    row["planner_alpha"] = mine["alpha"] if mine else None
+        row[f"planner_{key}"] = mine.get(key)
+        row[f"hta_{key}"] = peer.get(key)
+    row["planner_ovl"] = _fraction(mine.get("overlap"), mine.get("comm"))
+    row["hta_ovl"] = _fraction(peer.get("overlap"), peer.get("comm"))
+    row["planner_alpha"] = mine.get("alpha")
+    row["note"] = "; ".join(n for n in notes if n)
     return row
 
 
@@ -263,12 +293,12 @@ def _rank_row(rank: int, mine: dict, peer: dict, api: dict) -> dict[str, Any]:
 
 
 def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1e3:9.3f}"
+    return f"{'-':>9}" if value is None else f"{value * 1e3:9.3f}"
 
 
 def _pct(value: float | None) -> str:
     if value is None:
-        return "     -"
+        return "      -"
     if value == float("inf"):
         return "   inf"
     return f"{value * 100:+6.1f}%"
