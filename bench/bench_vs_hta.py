@@ -12,7 +12,8 @@ What is compared (docs/formats.md, "Peer check against HTA", says the same):
 - ``comm``: planner's N = the union of the rank's collective intervals in the step;
   HTA's = the union of its communication kernels (``get_kernel_type`` ==
   COMMUNICATION, i.e. "nccl" in the kernel name) in the step, merged by HTA's own
-  ``merge_kernel_intervals`` over its trace frame (``iteration`` column).
+  ``merge_kernel_intervals`` over its trace frame (``iteration`` column). The rank row
+  (step ``all``) sums planner's steps and takes HTA over the whole trace.
 - ``comp``: planner's C = the union of the rank's GPU compute ops (all compute ops
   on a rank without GPU ops); HTA's = the union of COMPUTATION kernels (not
   communication, not memcpy/memset) — per rank, ``get_temporal_breakdown``'s
@@ -187,6 +188,8 @@ def hta_figures(files: list[Path]) -> tuple[dict[int, dict[Any, dict[str, float]
         kernels = frame[frame["stream"].ne(-1)].copy()
         kernels["kind"] = [get_kernel_type(symbols[n]) for n in kernels["name"]]
         compute = kernels["kind"].eq(KernelType.COMPUTATION.name)
+        whole = merge_kernel_intervals(kernels[kernels["kind"].eq(KernelType.COMMUNICATION.name)])
+        api.setdefault(int(rank), {})["comm"] = _union(whole) * 1e-6
         stepless = int((compute & ~kernels["iteration"].ge(0)).sum())
         per_step: dict[Any, dict[str, Any]] = {}
         for iteration, group in kernels.groupby("iteration"):
@@ -247,13 +250,14 @@ def compare(files: list[Path]) -> dict[str, Any]:
             raise
         entry["hta_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
     entry["hta_s"] = time.perf_counter() - t0
-    if ours is None or theirs is None:
-        return entry
+    ours, theirs = ours or {}, theirs or {}  # one tool's figures alone are still shown
     for rank in sorted(set(ours) | set(theirs)):
         mine, peer = ours.get(rank, {}), theirs.get(rank, {})
         for step in sorted(set(mine) | set(peer)):
             entry["rows"].append(_row(rank, step, mine.get(step), peer.get(step)))
-        entry["rows"].append(_rank_row(rank, mine, peer, (api or {}).get(rank, {})))
+        unread = [t for t in ("planner", "hta") if f"{t}_error" in entry]
+        note = f"{unread[0]} cannot read it" if unread else ""
+        entry["rows"].append(_rank_row(rank, mine, (api or {}).get(rank, {}), note))
     return entry
 
 
@@ -261,7 +265,7 @@ def _row(rank: int, step: Any, mine: dict | None, peer: dict | None) -> dict[str
     mine, peer = mine or {}, peer or {}
     row: dict[str, Any] = {"rank": rank, "step": step}
     notes = [peer.get("note", "")]
-    if not mine or not peer:
+    if bool(mine) != bool(peer):
         notes.append("step only in " + ("HTA" if not mine else "planner"))
     for key in ("comm", "comp"):
         row[f"planner_{key}"] = mine.get(key)
@@ -273,17 +277,18 @@ def _row(rank: int, step: Any, mine: dict | None, peer: dict | None) -> dict[str
     return row
 
 
-def _rank_row(rank: int, mine: dict, peer: dict, api: dict) -> dict[str, Any]:
-    """The whole rank: planner summed over its steps vs HTA's per-rank API figures
-    (comp from get_temporal_breakdown, ovl from get_comm_comp_overlap) and HTA's comm
-    summed over steps."""
+def _rank_row(rank: int, mine: dict, api: dict, note: str) -> dict[str, Any]:
+    """The whole rank: planner summed over its steps vs HTA over the whole trace (comm:
+    the union of its communication kernels; comp: get_temporal_breakdown; ovl:
+    get_comm_comp_overlap)."""
     comm = sum(s["comm"] for s in mine.values())
     overlap = sum(s["overlap"] for s in mine.values())
     return {
+        "note": note,
         "rank": rank,
         "step": "all",
         "planner_comm": comm if mine else None,
-        "hta_comm": sum(s["comm"] for s in peer.values()) if peer else None,
+        "hta_comm": api.get("comm"),
         "planner_comp": sum(s["comp"] for s in mine.values()) if mine else None,
         "hta_comp": api.get("comp"),
         "planner_ovl": _fraction(overlap, comm) if mine else None,
