@@ -9,7 +9,10 @@ is flagged with ``!``. A trace that either tool cannot read is a row saying why.
 
 What is compared (docs/formats.md, "Peer check against HTA", says the same):
 
-- ``comm``: planner's N = the union of the rank's collective intervals in the step;
+- ``comm``: planner's N = the union of the rank's collective intervals in the step
+  (where planner splits a collective into the wait for the last rank and the transfer,
+  N is the transfer and ``wait`` the rest: HTA's kernel time holds both, so N + wait is
+  what is compared);
   HTA's = the union of its communication kernels (``get_kernel_type`` ==
   COMMUNICATION, i.e. "nccl" in the kernel name) in the step, merged by HTA's own
   ``merge_kernel_intervals`` over its trace frame (``iteration`` column). The rank row
@@ -93,11 +96,17 @@ def find_jobs(root: Path) -> list[list[Path]]:
 
 
 def planner_figures(files: list[Path]) -> dict[int, dict[Any, dict[str, float]]]:
-    """Rank -> step -> C, N, T, alpha (seconds) from planner's library."""
+    """Rank -> step -> C, N, alpha, overlap and the rank's wait for its peers in
+    collectives (seconds) from planner's library."""
     from planner import allreduce
     from planner.ingest import detect
 
     job = detect.load(files)
+    try:  # where planner splits a collective into waiting and transferring
+        steps_doc = allreduce.allreduce_metrics(job).get("steps", [])
+    except Exception:  # the per-step figures below still stand without the waits
+        steps_doc = []
+    waits = {(s.get("rank"), s.get("iteration")): s.get("wait") or 0.0 for s in steps_doc}
     out: dict[int, dict[Any, dict[str, float]]] = {}
     for rank in job.ranks:
         found = _RANK_DIGITS.search(rank)
@@ -108,6 +117,7 @@ def planner_figures(files: list[Path]) -> dict[int, dict[Any, dict[str, float]]]
             overlap = m.alpha * min(m.network, m.compute) if m.network and m.compute else 0.0
             steps[m.iteration] = {
                 "comm": m.network,
+                "wait": float(waits.get((rank, m.iteration), 0.0)),
                 "comp": m.compute,
                 "overlap": overlap,
                 "alpha": m.alpha,
@@ -270,6 +280,7 @@ def _row(rank: int, step: Any, mine: dict | None, peer: dict | None) -> dict[str
     for key in ("comm", "comp"):
         row[f"planner_{key}"] = mine.get(key)
         row[f"hta_{key}"] = peer.get(key)
+    row["planner_wait"] = mine.get("wait")
     row["planner_ovl"] = _fraction(mine.get("overlap"), mine.get("comm"))
     row["hta_ovl"] = _fraction(peer.get("overlap"), peer.get("comm"))
     row["planner_alpha"] = mine.get("alpha")
@@ -288,6 +299,7 @@ def _rank_row(rank: int, mine: dict, api: dict, note: str) -> dict[str, Any]:
         "rank": rank,
         "step": "all",
         "planner_comm": comm if mine else None,
+        "planner_wait": sum(s["wait"] for s in mine.values()) if mine else None,
         "hta_comm": api.get("comm"),
         "planner_comp": sum(s["comp"] for s in mine.values()) if mine else None,
         "hta_comp": api.get("comp"),
@@ -313,15 +325,19 @@ def _frac(value: float | None) -> str:
     return "    -" if value is None else f"{value:5.3f}"
 
 
+def _plus(a: float | None, b: float | None) -> float | None:
+    return None if a is None else a + (b or 0.0)
+
+
 def render(entries: list[dict[str, Any]]) -> str:
     head = (
-        f"{'rank':>4} {'step':>5} | {'N planner':>9} {'comm HTA':>9} {'diff':>7} | "
-        f"{'C planner':>9} {'comp HTA':>9} {'diff':>7} | {'ovl pl':>6} {'ovl HTA':>6} "
+        f"{'rank':>4} {'step':>5} | {'N pl':>9} {'wait pl':>9} {'comm HTA':>9} {'diff':>7} | "
+        f"{'C pl':>9} {'comp HTA':>9} {'diff':>7} | {'ovl pl':>6} {'ovl HTA':>7} "
         f"{'diff':>7} | {'alpha':>5} flag"
     )
     lines = [
-        "Peer check vs HTA 0.5.0 (times in ms; ovl = fraction of comm time overlapped by "
-        f"compute; flag ! = a difference > {THRESHOLD:.0%})"
+        "Peer check vs HTA 0.5.0 (times in ms; diff of comm = (N + wait) / HTA - 1; ovl = "
+        f"fraction of comm time overlapped by compute; flag ! = a difference > {THRESHOLD:.0%})"
     ]
     for entry in entries:
         lines.append("")
@@ -337,7 +353,7 @@ def render(entries: list[dict[str, Any]]) -> str:
         lines.append(head)
         for row in entry["rows"]:
             diffs = [
-                rel(row["planner_comm"], row["hta_comm"]),
+                rel(_plus(row["planner_comm"], row["planner_wait"]), row["hta_comm"]),
                 rel(row["planner_comp"], row["hta_comp"]),
                 rel_overlap(row["planner_ovl"], row["hta_ovl"]),
             ]
@@ -345,10 +361,11 @@ def render(entries: list[dict[str, Any]]) -> str:
             row["flag"] = bool(flag)
             lines.append(
                 f"{row['rank']:>4} {row['step']!s:>5} | {_ms(row['planner_comm'])} "
-                f"{_ms(row['hta_comm'])} {_pct(diffs[0])} | {_ms(row['planner_comp'])} "
-                f"{_ms(row['hta_comp'])} {_pct(diffs[1])} | {_frac(row['planner_ovl']):>6} "
-                f"{_frac(row['hta_ovl']):>7} {_pct(diffs[2])} | {_frac(row['planner_alpha'])} "
-                f"{flag}{'  ' + row['note'] if row.get('note') else ''}"
+                f"{_ms(row['planner_wait'])} {_ms(row['hta_comm'])} {_pct(diffs[0])} | "
+                f"{_ms(row['planner_comp'])} {_ms(row['hta_comp'])} {_pct(diffs[1])} | "
+                f"{_frac(row['planner_ovl']):>6} {_frac(row['hta_ovl']):>7} {_pct(diffs[2])} | "
+                f"{_frac(row['planner_alpha'])} {flag}"
+                f"{'  ' + row['note'] if row.get('note') else ''}"
             )
     flagged = sum(1 for e in entries for r in e["rows"] if r.get("flag"))
     total = sum(len(e["rows"]) for e in entries)
