@@ -1,9 +1,10 @@
 """Find the input files, sniff their format from content, and load one Job.
 
 The file name is only a hint: a RunMetadata is recognised by parsing, JSON by its
-keys. In a directory, files that are not traces (meta.json, TF timelines, a client
-GraphDef beside RunMetadata) are skipped with a note; named explicitly, an
-unrecognised file is an error.
+keys. In a directory, files that are not traces (meta.json, a client GraphDef or TF
+timelines beside RunMetadata) are skipped with a note; named explicitly, an
+unrecognised file is an error. A TensorFlow XPlane protobuf is refused with what to
+give instead.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import InputError
-from planner.ingest import kineto, planner_json, tf_graphdef, tf_runmetadata
+from planner.ingest import kineto, planner_json, tf_graphdef, tf_runmetadata, tf_timeline
 from planner.ingest.files import read_bytes, read_head
 from planner.trace import Job
 
@@ -43,22 +44,31 @@ def sniff(path: Path) -> Sniffed:
         raise InputError(path, "file is empty")
     first = head.lstrip()[:1]
     if first in (b"{", b"["):
+        if tf_timeline.is_tf_profiler(head):
+            return _sniff_json(path, "tf_profiler")
         if kineto.is_execution_trace(head):
             return Sniffed(path, "execution_trace", b"")
         if kineto.is_kineto(head):
             return Sniffed(path, "kineto", b"")
-        data = read_bytes(path)
-        try:
-            document = json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InputError(path, f"invalid JSON ({exc})") from None
-        return Sniffed(path, _json_format(document), data, document)
+        return _sniff_json(path, None)
     data = read_bytes(path)
+    if tf_timeline.looks_like_xplane(data):
+        raise InputError(path, tf_timeline.XPLANE_ANSWER)
     if path.suffix == ".pbtxt" or _is_text(data):
         return Sniffed(path, "graphdef_text", data)
     if tf_runmetadata.looks_like_run_metadata(data) and "graph" not in path.stem.lower():
         return Sniffed(path, "run_metadata", data)
     return Sniffed(path, "graphdef", data)
+
+
+def _sniff_json(path: Path, known: str | None) -> Sniffed:
+    """Read and parse a JSON file; its format is `known` or decided from its keys."""
+    data = read_bytes(path)
+    try:
+        document = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(path, f"invalid JSON ({exc})") from None
+    return Sniffed(path, known or _json_format(document), data, document)
 
 
 def _is_text(data: bytes) -> bool:
@@ -76,12 +86,7 @@ def _json_format(document: Any) -> str:
         if isinstance(schema, str) and schema.startswith("planner.trace/"):
             return "planner_json"
         if "traceEvents" in document:
-            events = document.get("traceEvents") or []
-            tf_like = any(
-                isinstance(e, dict) and str(e.get("args", {}).get("name", "")).startswith("/job:")
-                for e in events[:200]
-            )
-            return "tf_timeline" if tf_like else "kineto"
+            return "tf_timeline" if tf_timeline.is_timeline(document) else "kineto"
         if "nodes" in document and "schema" in document:
             return "execution_trace"
     return "unknown_json"
@@ -137,10 +142,13 @@ def load(paths: Iterable[str | Path], progress: Progress | None = None) -> Job:
             progress(str(path))
         try:
             item = sniff(path)
-        except InputError:
+        except InputError as exc:
             if explicit:
                 raise
-            notes.append(f"skipped {path}: not a trace")
+            xplane = exc.problem == tf_timeline.XPLANE_ANSWER
+            notes.append(
+                f"skipped {path}: " + ("a TF profiler XPlane" if xplane else "not a trace")
+            )
             continue
         if item.format == "unknown_json":
             if explicit:
@@ -180,12 +188,18 @@ def _load_formats(by_format: dict[str, list[Sniffed]], notes: list[str], files: 
             by_format["execution_trace"][0].path,
             "an Execution Trace needs the Kineto traces of the same run beside it",
         )
-    if "tf_timeline" in by_format and len(by_format) == 1:
-        raise InputError(
-            by_format["tf_timeline"][0].path,
-            "a TF timeline has no graph; give the RunMetadata (.pb) files of the same steps",
-        )
-    by_format.pop("tf_timeline", None)
+    if "tf_timeline" in by_format:
+        for other in ("graphdef", "graphdef_text"):
+            for item in by_format.pop(other, []):
+                notes.append(f"ignored {item.path}: the TF timelines are used")
+        _only(by_format, "tf_timeline")
+        return tf_timeline.load_timelines([(s.path, s.document) for s in by_format["tf_timeline"]])
+    if "tf_profiler" in by_format:
+        _only(by_format, "tf_profiler")
+        items = by_format["tf_profiler"]
+        if len(items) > 1:
+            raise InputError(items[1].path, "give one TF2 profiler trace at a time")
+        return tf_timeline.load_profiler_trace(items[0].path, items[0].document)
     if "planner_json" in by_format:
         _only(by_format, "planner_json")
         items = by_format["planner_json"]

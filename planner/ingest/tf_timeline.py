@@ -1,0 +1,598 @@
+"""TensorFlow chrome traces: timelines, TF2 profiler traces, and XPlane recognised.
+
+A *timeline* is what ``timeline.Timeline(step_stats).generate_chrome_trace_format()``
+writes (TF1 and TF2): one process per device (``/job:.../cpu:0 Compute``) whose events
+are the executor's node records, ``args.name`` the node and ``args.inputN`` its inputs;
+GPU devices add one process per stream (``/gpu:0/stream:N``) with the kernels and
+copies of each node, plus the aggregates ``stream:all`` and ``memcpy`` that repeat them;
+``DataFlow`` flow events (ph ``s``/``t``) draw the inputs that cross threads.
+
+Each task (``/job:worker/task:1`` -> ``worker1``) is a rank; parameter-server tasks are
+not. A node is one op: timed by its kernels (first start to last end) on the stream
+that ran most of their time when it has any, else by its executor record on its
+device; a host<->device copy recorded only on a stream is an op of its own. Its
+inputs and the flow arrows are the DAG's edges. ``RecvTensor`` RPC records carry no
+tensor name in a timeline, so transfers are not modelled: RunMetadata (preferred when
+beside) has them.
+
+One file is one step (several files: several steps of one job, the step number from
+``step<N>`` in the name); a file that merges several runs is split at each run's
+``_SOURCE`` node.
+
+A *TF2 profiler trace* (``*.trace.json.gz`` beside an ``*.xplane.pb``, written by
+``tf.profiler``/TensorBoard) has op timings on the GPU (the ``TensorFlow Ops`` line,
+kernels on streams) and steps, but no graph: the ops are ingested without
+dependencies, which a note says. An *XPlane* protobuf is refused with what to give.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from planner.errors import InputError
+from planner.graph import GraphError, Op, build_graph
+from planner.ingest.files import MAX_SPAN_S, MAX_TIME_NS
+from planner.ingest.tf_graphdef import split_input, task_of
+from planner.ingest.tf_runmetadata import step_number
+from planner.trace import Job, make_trace
+
+_STREAM = re.compile(r"^(?P<device>.*?)/(?:stream:(?P<stream>\w+)|(?P<memcpy>memcpy))$")
+_DEVICE_KIND = re.compile(r"/(?:device:)?(?P<kind>[A-Za-z_]+):(?P<index>\d+)$")
+_INPUT = re.compile(r"^input\d+$")
+_PROFILER_DEVICE = re.compile(r"^/device:(?P<kind>[A-Z_]+):(?P<index>\d+)")
+_STREAM_THREAD = re.compile(r"^Stream #(?P<stream>\d+)")
+_TF_OPS_LINE = "TensorFlow Ops"
+_STEPS_LINE = "Steps"
+
+XPLANE_ANSWER = (
+    "a TensorFlow profiler XPlane (XSpace protobuf), which planner does not read: give the "
+    "*.trace.json.gz written beside it (op timings, no dependencies), or RunMetadata .pb "
+    "files traced with RunOptions(trace_level=FULL_TRACE, output_partition_graphs=True)"
+)
+
+
+# ----------------------------------------------------------------------------- sniffing
+
+
+def is_tf_profiler(head: bytes) -> bool:
+    """True when the first bytes look like a TF2 profiler trace-viewer JSON document
+    (processes ``/host:CPU`` and ``/device:GPU:0``; ``highres-ticks`` metadata)."""
+    text = head.lstrip()
+    if not text.startswith(b"{") or b'"/job:' in head:
+        return False
+    return b'"/host:CPU"' in head or (b'"highres-ticks"' in head and b'"/device:' in head)
+
+
+def looks_like_xplane(data: bytes) -> bool:
+    """True when bytes are an XSpace protobuf: field 1 (planes) whose first plane has an
+    optional id (field 1) and a name (field 2) such as ``/host:CPU`` or ``/device:GPU:0``."""
+    if len(data) < 4 or data[0] != 0x0A:
+        return False
+    pos = 1
+    for _ in range(10):  # skip the plane's length varint
+        if pos >= len(data) or data[pos] < 0x80:
+            break
+        pos += 1
+    pos += 1
+    if pos < len(data) and data[pos] == 0x08:  # plane id
+        pos += 1
+        while pos < len(data) and data[pos] >= 0x80:
+            pos += 1
+        pos += 1
+    if pos + 2 >= len(data) or data[pos] != 0x12:
+        return False
+    size = data[pos + 1]
+    name = data[pos + 2 : pos + 2 + size]
+    return name.startswith((b"/host:", b"/device:"))
+
+
+def is_timeline(document: Any) -> bool:
+    """True when a parsed JSON document is a TF timeline (a process named ``/job:...``)."""
+    if not isinstance(document, dict):
+        return False
+    events = document.get("traceEvents")
+    if not isinstance(events, list):
+        return False
+    return any(
+        isinstance(e, dict)
+        and e.get("ph") == "M"
+        and isinstance(e.get("args"), dict)
+        and str(e["args"].get("name", "")).startswith("/job:")
+        for e in events[:400]
+    )
+
+
+# ----------------------------------------------------------------------------- events
+
+
+@dataclass
+class _Record:
+    """One X event of a timeline: a node record on a device, or a kernel/copy on a stream."""
+
+    name: str
+    type: str
+    start: int
+    end: int
+    inputs: tuple[str, ...] = ()
+
+
+@dataclass
+class _Device:
+    """A device of one task: its executor records and, for a GPU, its streams' records."""
+
+    task: str
+    resource: str
+    records: list[_Record] = field(default_factory=list)
+    streams: dict[str, list[_Record]] = field(default_factory=dict)
+    aggregate: dict[str, list[_Record]] = field(default_factory=dict)
+
+
+def _ns(value: Any, path: Path, what: str) -> int:
+    """Microseconds (int, float or string) -> integer ns, exactly: epoch µs times 1000
+    do not fit a float's 53 bits."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        if isinstance(value, int):
+            ns = value * 1000
+        else:
+            exact = Decimal(str(value))
+            if not exact.is_finite():
+                raise ValueError
+            ns = int((exact * 1000).to_integral_value())
+    except (TypeError, ValueError, ArithmeticError):
+        raise InputError(path, f"{what}: time {value!r} is not a number") from None
+    if not 0 <= ns < MAX_TIME_NS:
+        raise InputError(path, f"{what}: time {value!r} µs is out of range")
+    return ns
+
+
+def _record(event: Mapping[str, Any], path: Path) -> _Record:
+    args = event.get("args") if isinstance(event.get("args"), dict) else {}
+    name = str(args.get("name") or event.get("name") or "")
+    what = f"event {name!r}"
+    start = _ns(event.get("ts"), path, what)
+    duration = _ns(event.get("dur", 0), path, what)
+    if duration > MAX_SPAN_S * 1e9:
+        raise InputError(path, f"{what}: lasts {duration / 1e9:.3g} s, more than a day")
+    inputs = tuple(str(v) for k, v in sorted(args.items(), key=_input_order) if _INPUT.match(k))
+    return _Record(
+        name, str(args.get("op") or event.get("name") or ""), start, start + duration, inputs
+    )
+
+
+def _input_order(item: tuple[str, Any]) -> tuple[int, str]:
+    key = item[0]
+    return (int(key[5:]) if _INPUT.match(key) else -1, key)
+
+
+def _ident(value: Any) -> int | str | None:
+    """A pid or tid usable as a key: an int or a string; anything else is no id."""
+    return value if isinstance(value, (int, str)) and not isinstance(value, bool) else None
+
+
+def _short_device(device: str) -> str:
+    found = _DEVICE_KIND.search(device)
+    return f"{found['kind'].upper()}:{found['index']}" if found else device.strip("/")
+
+
+def _process_names(events: list[Any]) -> dict[Any, str]:
+    names: dict[Any, str] = {}
+    for e in events:
+        if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "process_name":
+            args = e.get("args") if isinstance(e.get("args"), dict) else {}
+            names[_ident(e.get("pid"))] = str(args.get("name", ""))
+    return names
+
+
+def _devices(
+    document: Any, path: Path
+) -> tuple[dict[tuple[str, str], _Device], list[tuple[str, str, int]]]:
+    """(task, short device) -> its records, and the flow arrows as (producer, consumer,
+    time), from one timeline document. An arrow is named by the producer's tensor
+    (``node:1``) and ends at the consumer's start on the consumer's thread."""
+    events = document.get("traceEvents") if isinstance(document, dict) else None
+    if not isinstance(events, list):
+        raise InputError(path, "TF timeline has no traceEvents list")
+    processes = _process_names(events)
+    devices: dict[tuple[str, str], _Device] = {}
+    stream_events: list[tuple[str, str, bool, _Record]] = []
+    at: dict[tuple[Any, Any, int], str] = {}
+    arrows: list[dict[str, Any]] = []
+    for e in events:
+        if not isinstance(e, dict):
+            continue
+        if e.get("ph") == "t":
+            arrows.append(e)
+        if e.get("ph") != "X":
+            continue
+        process = processes.get(_ident(e.get("pid")), "")
+        if not process.endswith(" Compute"):
+            continue
+        record = _record(e, path)
+        device = process.removesuffix(" Compute")
+        found = _STREAM.match(device)
+        if found:
+            stream = f"stream:{found['stream']}" if found["stream"] else "memcpy"
+            aggregate = stream in ("stream:all", "memcpy")
+            stream_events.append((found["device"], stream, aggregate, record))
+            continue
+        task = task_of(device)
+        if not task:
+            continue
+        key = (task, _short_device(device))
+        if key not in devices:
+            devices[key] = _Device(task, f"{task}/{key[1]}")
+        devices[key].records.append(record)
+        at.setdefault((_ident(e.get("pid")), _ident(e.get("tid")), record.start), record.name)
+    for device, stream, aggregate, record in stream_events:
+        owner = _stream_owner(devices, device)
+        if owner is None:
+            raise InputError(path, f"stream {device}/{stream} belongs to no device in the file")
+        lanes = owner.aggregate if aggregate else owner.streams
+        lanes.setdefault(stream, []).append(record)
+    flows = []
+    for e in arrows:
+        time = _ns(e.get("ts"), path, f"flow {e.get('name')!r}")
+        consumer = at.get((_ident(e.get("pid")), _ident(e.get("tid")), time))
+        if consumer is not None:
+            flows.append((split_input(str(e.get("name", "")))[0], consumer, time))
+    return devices, flows
+
+
+def _stream_owner(devices: Mapping[tuple[str, str], _Device], device: str) -> _Device | None:
+    """The device a stream process belongs to: ``/gpu:0`` names no task, so it is the
+    task's GPU 0 when one task has a GPU 0."""
+    short = _short_device(device)
+    task = task_of(device)
+    matches = [d for (t, s), d in devices.items() if s == short and (not task or t == task)]
+    return matches[0] if len(matches) == 1 else None
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def _run_starts(devices: Iterable[_Device]) -> list[int]:
+    """Start of each run in a file: runs are told apart by the ``_SOURCE`` node that
+    each run executes once per device. One run when no device repeats it."""
+    per_device = [sorted(r.start for r in d.records if r.name == "_SOURCE") for d in devices]
+    runs = max((len(s) for s in per_device), default=0)
+    if runs <= 1:
+        return [0]
+    full = [s for s in per_device if len(s) == runs]
+    return [min(s[k] for s in full) for k in range(runs)]
+
+
+def _run_of(starts: list[int], time: int) -> int:
+    return max(bisect.bisect_right(starts, time) - 1, 0)
+
+
+# ----------------------------------------------------------------------------- one step
+
+
+@dataclass
+class _Timed:
+    """An op as seen in one step: where it ran and when."""
+
+    type: str
+    resource: str
+    start: int
+    end: int
+    inputs: tuple[str, ...]
+
+
+def _step_ops(device: _Device, run: int, starts: list[int]) -> dict[str, _Timed]:
+    """Ops of one device in one run: executor records, retimed by their kernels (first
+    start to last end) and placed on the stream that ran most of their kernel time."""
+    ops: dict[str, _Timed] = {}
+    for r in device.records:
+        if _run_of(starts, r.start) != run:
+            continue
+        known = ops.get(r.name)
+        if known is None:
+            ops[r.name] = _Timed(r.type, device.resource, r.start, r.end, r.inputs)
+        else:  # a node in a loop runs several times: one op over its whole span
+            known.start, known.end = min(known.start, r.start), max(known.end, r.end)
+    lanes = device.streams or device.aggregate
+    kernels: dict[str, _Timed] = {}
+    busy: dict[str, Counter[str]] = defaultdict(Counter)
+    for stream, records in sorted(lanes.items()):
+        for r in records:
+            if _run_of(starts, r.start) != run:
+                continue
+            busy[r.name][stream] += r.end - r.start
+            known = kernels.get(r.name)
+            if known is None:
+                kernels[r.name] = _Timed(r.type, "", r.start, r.end, ())
+            else:
+                known.start, known.end = min(known.start, r.start), max(known.end, r.end)
+    for name, timed in kernels.items():  # the stream that ran most of the node's work
+        stream = min(busy[name].items(), key=lambda item: (-item[1], item[0]))[0]
+        timed.resource = f"{device.resource}/{stream}"
+    for name, timed in kernels.items():
+        if name in ops:
+            op = ops[name]
+            op.resource, op.start, op.end = timed.resource, timed.start, timed.end
+        else:  # a copy between host and device (``edge_N_x``): no executor node
+            ops[name] = timed
+    return ops
+
+
+# ----------------------------------------------------------------------------- job
+
+
+@dataclass
+class _RankBuild:
+    """The union of one rank's ops and edges over the steps."""
+
+    ops: dict[str, Op] = field(default_factory=dict)
+    edges: dict[tuple[str, str], str] = field(default_factory=dict)
+    unresolved: set[tuple[str, str]] = field(default_factory=set)
+
+
+def _step_numbers(files: list[tuple[int, list[int]]]) -> list[list[int]]:
+    """Step numbers per file and run: from the file names when each file is one run,
+    else consecutive from 0 in file order."""
+    if all(len(starts) == 1 for _, starts in files):
+        return [[number] for number, _ in files]
+    out, step = [], 0
+    for _, starts in files:
+        out.append(list(range(step, step + len(starts))))
+        step += len(starts)
+    return out
+
+
+def load_timelines(files: list[tuple[Path, Any]]) -> Job:
+    """A Job from TF timeline documents: one step per file (or per run of a merged file)."""
+    parsed = []
+    for index, (path, document) in enumerate(files):
+        devices, flows = _devices(document, path)
+        if not any(d.records for d in devices.values()):
+            raise InputError(path, "TF timeline has no op records")
+        starts = _run_starts(devices.values())
+        parsed.append((step_number(path, index), path, devices, flows, starts))
+    parsed.sort(key=lambda item: (item[0], str(item[1])))
+    numbers = _step_numbers([(item[0], item[4]) for item in parsed])
+    builds: dict[str, _RankBuild] = {}
+    rows: list[tuple[str, int, str, int, int]] = []
+    spans: list[tuple[str, int, int, int]] = []
+    seen: dict[tuple[str, int], Path] = {}
+    skipped: Counter[str] = Counter()
+    for (_, path, devices, flows, starts), steps in zip(parsed, numbers, strict=True):
+        for run, number in enumerate(steps):
+            for task, ops in sorted(_run_ops(devices, run, starts, skipped).items()):
+                if (task, number) in seen:
+                    raise InputError(path, f"step {number} of {task} is given twice")
+                seen[(task, number)] = path
+                build = builds.setdefault(task, _RankBuild())
+                _add_step(build, ops, flows, starts, run)
+                rows.extend((task, number, n, t.start, t.end - t.start) for n, t in ops.items())
+                start = min(t.start for t in ops.values())
+                end = max(t.end for t in ops.values())
+                if end - start > MAX_SPAN_S * 1e9:
+                    raise InputError(path, f"step {number} of {task} spans more than a day")
+                spans.append((task, number, start, end))
+    if not builds:
+        raise InputError(
+            parsed[0][1], "TF timeline holds only parameter-server devices: no worker to analyse"
+        )
+    graphs = {}
+    for task, build in builds.items():
+        try:
+            graphs[task] = build_graph(
+                build.ops.values(), [(u, v, k) for (u, v), k in build.edges.items()]
+            )
+        except GraphError as exc:
+            raise InputError(parsed[0][1], f"{task}: {exc}") from None
+    unresolved = sum(len(b.unresolved) for b in builds.values())
+    return Job(
+        framework="tensorflow",
+        graphs=graphs,
+        trace=make_trace(rows, spans),
+        sources=tuple(str(p) for p, _ in files),
+        notes=tuple(_timeline_notes(skipped, unresolved)),
+        meta={"input": "tf_timeline"},
+    )
+
+
+def _run_ops(
+    devices: Mapping[tuple[str, str], _Device], run: int, starts: list[int], skipped: Counter[str]
+) -> dict[str, dict[str, _Timed]]:
+    """Task -> its ops in one run (parameter servers and RecvTensor records counted out)."""
+    by_task: dict[str, dict[str, _Timed]] = defaultdict(dict)
+    for device in devices.values():
+        if device.task.startswith("ps"):
+            skipped["ps"] += 1
+            continue
+        skipped["RecvTensor"] += sum(
+            1 for r in device.records if r.type == "RecvTensor" and _run_of(starts, r.start) == run
+        )
+        for name, timed in _step_ops(device, run, starts).items():
+            if timed.type != "RecvTensor":
+                by_task[device.task].setdefault(name, timed)
+    return {task: ops for task, ops in by_task.items() if ops}
+
+
+def _add_step(
+    build: _RankBuild,
+    ops: Mapping[str, _Timed],
+    flows: list[tuple[str, str, int]],
+    starts: list[int],
+    run: int,
+) -> None:
+    """Add one step's ops and their edges: ``args.inputN`` and the flow arrows."""
+    for name, timed in ops.items():
+        build.ops.setdefault(name, Op(name, "compute", timed.resource, type=timed.type))
+    for name, timed in ops.items():
+        for raw in timed.inputs:
+            src, kind = split_input(raw)
+            if src in ops and src != name:
+                if build.edges.get((src, name)) != "data":
+                    build.edges[(src, name)] = kind
+            else:
+                build.unresolved.add((src, name))
+    for src, dst, time in flows:
+        if _run_of(starts, time) == run and src in ops and dst in ops and src != dst:
+            build.edges.setdefault((src, dst), "data")
+
+
+def _timeline_notes(skipped: Counter[str], unresolved: int) -> list[str]:
+    notes = [
+        "TF timeline: ops and their inputs (args.inputN, flow arrows) on their devices and "
+        "GPU streams; no transfers (give the RunMetadata .pb of the same steps for those)"
+    ]
+    if skipped["RecvTensor"]:
+        notes.append(
+            f"{skipped['RecvTensor']} RecvTensor records skipped: a timeline does not name "
+            "the tensor a transfer carries"
+        )
+    if skipped["ps"]:
+        notes.append("parameter-server devices skipped: a PS is not a rank")
+    if unresolved:
+        notes.append(
+            f"{unresolved} input(s) name nodes with no record in the timeline (_Recv/_Send, "
+            "nodes TensorFlow does not time): those edges are left out"
+        )
+    return notes
+
+
+# ----------------------------------------------------------------------------- TF2 profiler
+
+
+def _thread_names(events: list[Any]) -> dict[tuple[Any, Any], str]:
+    names: dict[tuple[Any, Any], str] = {}
+    for e in events:
+        if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "thread_name":
+            args = e.get("args") if isinstance(e.get("args"), dict) else {}
+            names[(_ident(e.get("pid")), _ident(e.get("tid")))] = str(args.get("name", ""))
+    return names
+
+
+def _profiler_rank(path: Path) -> str:
+    """TensorBoard names the files after the host (``HOST.trace.json.gz``)."""
+    host = path.name.split(".", 1)[0]
+    return host or "host"
+
+
+@dataclass
+class _ProfilerScan:
+    """What a TF2 profiler trace says, keyed by (step, node)."""
+
+    ops: dict[tuple[int, str], _Timed] = field(default_factory=dict)
+    stream_of: dict[tuple[int, str], str] = field(default_factory=dict)
+    copies: list[tuple[int, str, str]] = field(default_factory=list)
+    step_spans: dict[int, tuple[int, int]] = field(default_factory=dict)
+    ungrouped: int = 0
+
+
+def _widen(spans: dict[Any, tuple[int, int]], key: Any, start: int, end: int) -> None:
+    known = spans.get(key)
+    spans[key] = (start, end) if known is None else (min(known[0], start), max(known[1], end))
+
+
+def _scan_profiler(events: list[Any], rank: str, path: Path) -> _ProfilerScan:
+    """One pass over the device processes: the Steps line, the TensorFlow Ops line, and
+    the kernels and copies on the streams."""
+    processes = _process_names(events)
+    threads = _thread_names(events)
+    scan = _ProfilerScan()
+    op_spans: dict[tuple[int, str], tuple[int, int]] = {}
+    op_types: dict[tuple[int, str], str] = {}
+    for e in events:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        device = _PROFILER_DEVICE.match(processes.get(_ident(e.get("pid")), ""))
+        if device is None:
+            continue
+        args = e.get("args") if isinstance(e.get("args"), dict) else {}
+        line = threads.get((_ident(e.get("pid")), _ident(e.get("tid"))), "")
+        group = args.get("group_id")
+        if group is None or not str(group).lstrip("-").isdigit():
+            scan.ungrouped += line == _TF_OPS_LINE
+            continue
+        step = int(group)
+        what = f"event {e.get('name')!r}"
+        start = _ns(e.get("ts"), path, what)
+        end = start + _ns(e.get("dur", 0), path, what)
+        resource = f"{rank}/{device['kind']}:{device['index']}"
+        if line == _STEPS_LINE:
+            _widen(scan.step_spans, step, start, end)
+        elif line == _TF_OPS_LINE:
+            node, _, kind = str(args.get("long_name") or e.get("name", "")).rpartition(":")
+            key = (step, node or kind)
+            _widen(op_spans, key, start, end)
+            op_types.setdefault(key, kind)
+            scan.stream_of.setdefault(key, resource)  # until a kernel names its stream
+        elif (stream := _STREAM_THREAD.match(line)) is not None:
+            node = str(args.get("annotation", "")).split(":", 1)[0]
+            if scan.stream_of.get((step, node), "").count("/stream:") == 0:
+                scan.stream_of[(step, node)] = f"{resource}/stream:{stream['stream']}"
+            if args.get("from") and args.get("to"):
+                scan.copies.append((step, str(args["from"]), str(args["to"])))
+    for key, (start, end) in op_spans.items():
+        scan.ops[key] = _Timed(op_types[key], scan.stream_of[key], start, end, ())
+    return scan
+
+
+def load_profiler_trace(path: Path, document: Any) -> Job:
+    """A Job from a TF2 profiler trace: each device's ``TensorFlow Ops`` line is its ops
+    (``args.long_name`` = ``node:Type``, step = ``group_id``), on the stream whose
+    kernels carry the op's annotation; host<->device copies that name their two ops
+    (``from``/``to``) are the only edges."""
+    events = document.get("traceEvents") if isinstance(document, dict) else None
+    if not isinstance(events, list):
+        raise InputError(path, "TF profiler trace has no traceEvents list")
+    rank = _profiler_rank(path)
+    scan = _scan_profiler(events, rank, path)
+    if not scan.ops:
+        raise InputError(
+            path,
+            "TF2 profiler trace has no ops on a device's 'TensorFlow Ops' line: give RunMetadata"
+            " .pb files traced with RunOptions(trace_level=FULL_TRACE, "
+            "output_partition_graphs=True)",
+        )
+    table: dict[str, Op] = {}
+    rows = []
+    spans: dict[int, tuple[int, int]] = {}
+    for (step, node), timed in sorted(scan.ops.items(), key=lambda kv: (kv[0][0], kv[1].start)):
+        table.setdefault(node, Op(node, "compute", timed.resource, type=timed.type))
+        rows.append((rank, step, node, timed.start, timed.end - timed.start))
+        _widen(spans, step, timed.start, timed.end)
+    for step, (start, end) in scan.step_spans.items():
+        if step in spans:
+            _widen(spans, step, start, end)
+    edges = sorted(
+        {
+            (u, v)
+            for step, u, v in scan.copies
+            if u != v and {(step, u), (step, v)} <= scan.ops.keys()
+        }
+    )
+    try:
+        graph = build_graph(table.values(), [(u, v, "data") for u, v in edges])
+    except GraphError as exc:
+        raise InputError(path, str(exc)) from None
+    notes = [
+        f"TF2 profiler trace: {len(table)} ops timed on the GPU and {len(spans)} step(s); it "
+        f"holds no graph, so the DAG has only the {len(edges)} edge(s) of host<->device "
+        "copies and no transfers: simulations and plans are not meaningful. For the "
+        "dependencies give the RunMetadata .pb (RunOptions FULL_TRACE, "
+        "output_partition_graphs) or a TF timeline of the same steps"
+    ]
+    if scan.ungrouped:
+        notes.append(f"{scan.ungrouped} op(s) outside any step skipped")
+    return Job(
+        framework="tensorflow",
+        graphs={rank: graph},
+        trace=make_trace(rows, [(rank, k, a, b) for k, (a, b) in sorted(spans.items())]),
+        sources=(str(path),),
+        notes=tuple(notes),
+        meta={"input": "tf_profiler"},
+    )
