@@ -9,10 +9,9 @@ is flagged with ``!``. A trace that either tool cannot read is a row saying why.
 
 What is compared (docs/formats.md, "Peer check against HTA", says the same):
 
-- ``comm``: planner's N = the union of the rank's collective intervals in the step
-  (where planner splits a collective into the wait for the last rank and the transfer,
-  N is the transfer and ``wait`` the rest: HTA's kernel time holds both, so N + wait is
-  what is compared);
+- ``comm``: planner's N = the union of the rank's collective spans in the step, its
+  waits for later ranks included, as HTA's kernel time holds them (``wait pl``: the
+  part of N this rank spent waiting, `planner.waits`);
   HTA's = the union of its communication kernels (``get_kernel_type`` ==
   COMMUNICATION, i.e. "nccl" in the kernel name) in the step, merged by HTA's own
   ``merge_kernel_intervals`` over its trace frame (``iteration`` column). The rank row
@@ -325,10 +324,6 @@ def _frac(value: float | None) -> str:
     return "    -" if value is None else f"{value:5.3f}"
 
 
-def _plus(a: float | None, b: float | None) -> float | None:
-    return None if a is None else a + (b or 0.0)
-
-
 def render(entries: list[dict[str, Any]]) -> str:
     head = (
         f"{'rank':>4} {'step':>5} | {'N pl':>9} {'wait pl':>9} {'comm HTA':>9} {'diff':>7} | "
@@ -336,7 +331,8 @@ def render(entries: list[dict[str, Any]]) -> str:
         f"{'diff':>7} | {'alpha':>5} flag"
     )
     lines = [
-        "Peer check vs HTA 0.5.0 (times in ms; diff of comm = (N + wait) / HTA - 1; ovl = "
+        "Peer check vs HTA 0.5.0 (times in ms; diff of comm = N / HTA - 1, wait = the part "
+        "of N spent waiting for later ranks; ovl = "
         f"fraction of comm time overlapped by compute; flag ! = a difference > {THRESHOLD:.0%})"
     ]
     for entry in entries:
@@ -353,7 +349,7 @@ def render(entries: list[dict[str, Any]]) -> str:
         lines.append(head)
         for row in entry["rows"]:
             diffs = [
-                rel(_plus(row["planner_comm"], row["planner_wait"]), row["hta_comm"]),
+                rel(row["planner_comm"], row["hta_comm"]),
                 rel(row["planner_comp"], row["hta_comp"]),
                 rel_overlap(row["planner_ovl"], row["hta_ovl"]),
             ]

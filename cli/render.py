@@ -130,6 +130,16 @@ def inspect_view(document: dict[str, Any]) -> None:
                 f"{t['observed_in']}/{len(r['iterations'])}",
             )
         console.print(transfers)
+        if r.get("gpu_steps"):
+            steps = Table(title=f"GPU steps of {r['rank']} (GPU work in the step that launched it)")
+            for column in ("step", "CPU span", "GPU span", "CPU-to-GPU lag"):
+                steps.add_column(column, justify="right")
+            for s in r["gpu_steps"]:
+                steps.add_row(
+                    str(s["iteration"]), seconds_text(s["cpu_span"]),
+                    seconds_text(s["gpu_span"]), seconds_text(s["lag"]),
+                )  # fmt: skip
+            console.print(steps)
     for line in document["notes"]:
         console.print(f"[yellow]note:[/yellow] {line}")
 

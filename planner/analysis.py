@@ -87,6 +87,7 @@ def inspect(job: Job) -> dict[str, Any]:
                 "transfer_bytes": sum(t["nbytes"] for t in transfers),
                 "iterations": job.trace.iterations(rank),
                 "transfers": transfers,
+                "gpu_steps": _gpu_steps(job, rank),
             }
         )
     return {
@@ -97,6 +98,21 @@ def inspect(job: Job) -> dict[str, Any]:
         "ranks": ranks,
         "clock_alignment": job.meta.get("clock_alignment"),
     }
+
+
+def _gpu_steps(job: Job, rank: str) -> list[dict[str, Any]]:
+    """Per step of a GPU rank: its CPU span, the GPU span of the work it launched, and
+    the lag from the CPU start to the GPU start (seconds; empty on a CPU rank)."""
+    meta = (job.meta.get("ranks") or {}).get(rank) or {}
+    return [
+        {
+            "iteration": s["step"],
+            "cpu_span": (s["cpu_end"] - s["cpu_start"]) / 1e9,
+            "gpu_span": (s["gpu_end"] - s["gpu_start"]) / 1e9,
+            "lag": (s["gpu_start"] - s["cpu_start"]) / 1e9,
+        }
+        for s in meta.get("steps", [])
+    ]
 
 
 def has_collectives(graph: OpGraph) -> bool:

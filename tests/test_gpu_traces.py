@@ -112,6 +112,39 @@ def test_mi300_steps_report_cpu_range_gpu_span_and_lag(mi300):
         assert 30_000 < lag_us < 36_000  # the CPU runs about two steps ahead
 
 
+def test_mi300_inspect_shows_cpu_span_gpu_span_and_lag(mi300):
+    from planner.analysis import inspect
+
+    (rank,) = inspect(mi300)["ranks"]
+    raw = _raw_steps(MI300)
+    for s in rank["gpu_steps"]:
+        assert s["gpu_span"] == pytest.approx(raw[s["iteration"]]["span"] * 1e-6, rel=1e-6)
+        assert s["lag"] == pytest.approx(raw[s["iteration"]]["lag"] * 1e-6, abs=1e-6)
+        assert 15e-3 < s["cpu_span"] < 17e-3  # SOURCE.md: CPU step 16.8 / 16.0 / 15.9 ms
+
+
+def test_collective_kinds_of_every_backend_name():
+    from planner.ingest.kineto_comms import collective_kind
+
+    assert {
+        raw: collective_kind(raw)
+        for raw in (
+            "allreduce", "all_reduce", "allreduce_coalesced", "_allgather_base",
+            "all_gather_into_tensor", "all_gather_into_tensor_coalesced", "_reduce_scatter_base",
+            "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced", "alltoall_base",
+            "all_to_all", "send", "recv", "broadcast", "SendRecv",
+        )
+    } == {
+        "allreduce": "all_reduce", "all_reduce": "all_reduce",
+        "allreduce_coalesced": "all_reduce", "_allgather_base": "all_gather",
+        "all_gather_into_tensor": "all_gather", "all_gather_into_tensor_coalesced": "all_gather",
+        "_reduce_scatter_base": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
+        "reduce_scatter_tensor_coalesced": "reduce_scatter", "alltoall_base": "all_to_all",
+        "all_to_all": "all_to_all", "send": "send", "recv": "recv", "broadcast": "broadcast",
+        "SendRecv": "send_recv",
+    }  # fmt: skip
+
+
 def test_mi300_efficiency_counts_device_work_once(mi300):
     doc = metrics(mi300)
     for s in doc["steps"]:
