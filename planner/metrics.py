@@ -188,7 +188,8 @@ def caramel_figures(compute: float, network: float, iteration: float) -> tuple[f
     rho = network / compute
     if network <= 0:
         return 0.0, 1.0, 1.0
-    alpha = (network + compute - iteration) / min(network, compute)
+    # in [0, 1] for a busy time that is the union of C and N; clamp float rounding
+    alpha = min(1.0, max(0.0, (network + compute - iteration) / min(network, compute)))
     utilization = 1.0 / (1.0 + rho - alpha * min(rho, 1.0))
     return float(rho), float(alpha), float(utilization)
 
