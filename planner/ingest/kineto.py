@@ -120,11 +120,6 @@ class RankModel:
     layer_reads: dict[int, list[tuple[str, str, int]]] = field(default_factory=dict)
 
 
-_FORWARD, _BACKWARD, _OPTIMIZER, _UNKNOWN = map(
-    PHASES.index, ("forward", "backward", "optimizer", "unknown")
-)  # phase codes: indexes into PHASES
-
-
 OpMemo = dict[tuple[Any, ...], Op]
 """An Op's fields -> the one Op with them: the ranks of a data-parallel job repeat their
 ops, and an Op is a frozen value, so one object (and one name string) serves them all."""
