@@ -77,7 +77,7 @@ def schedule_command(
 ) -> None:
     """Order the transfers of each rank with TIC or TAC."""
     job = select_ranks(load(paths, as_json), rank)
-    document = analysis.plan_document(analysis.schedule(job, algorithm), job.graphs)
+    document = analysis.plan_document(analysis.schedule(job, algorithm), job.graphs, job.meta)
     files = plan_files(document, fmt, output)
     for path, text in files.items():
         write_atomic(path, text)
