@@ -63,6 +63,7 @@ class Transfer:
     depth: int = 1
     nbytes: int = 0
     buckets: tuple[Bucket, ...] = ()
+    ops: tuple[str, ...] = ()  # the traced ops it stands for (a Caramel group's transfers)
 
 
 @dataclass(frozen=True)
@@ -243,6 +244,7 @@ def _from_bucket_plan(doc: dict[str, Any], rank: str | None, where: str) -> Tran
                     int(g.get("depth") or 1),
                     int(g.get("nbytes") or g.get("bytes") or 0),
                     buckets,
+                    tuple(str(o) for o in g.get("transfers") or ()),
                 )
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -86,8 +87,10 @@ def agree_on_plan(plan: TransferPlan, group: Any = None) -> str:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+    """The first sentence of an error, without gloo's ``[file.cc:123]`` prefix."""
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    text = re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", text)
+    return text.split(". ", 1)[0]
 
 
 def _chunks(flat: torch.Tensor, depth: int) -> tuple[torch.Tensor, ...]:
@@ -115,6 +118,7 @@ class _Watchdog:
 
     def __init__(self, timeout: float, describe: Callable[[str], str]) -> None:
         self.timeout = timeout
+        self.failure: TransferFailed | None = None
         self._describe = describe
         self._items: collections.deque[tuple[float, torch.futures.Future, str]] = (
             collections.deque()
@@ -134,7 +138,7 @@ class _Watchdog:
                 self._items.popleft()
             if not self._items or self._items[0][0] > now:
                 continue
-            error = TransferFailed(self._describe(self._items[0][2]))
+            error = self.failure = TransferFailed(self._describe(self._items[0][2]))
             while self._items:
                 _, future, _ = self._items.popleft()
                 _fail(future, error)
@@ -225,6 +229,16 @@ class PlanCommHook:
         self._watchdog = _Watchdog(self.gate.timeout, self._stuck)
         self.launched: list[str] = []  # this iteration, in launch order
         self.launched_last: tuple[str, ...] = ()
+        self._failure: TransferFailed | None = None
+
+    @property
+    def failure(self) -> TransferFailed | None:
+        """The error that failed a step (DDP re-raises it wrapped; this is the plain one)."""
+        return self._failure or self._watchdog.failure
+
+    @failure.setter
+    def failure(self, error: TransferFailed) -> None:
+        self._failure = error
 
     # ---------------------------------------------------------------- registration-time work
 
@@ -334,6 +348,7 @@ class PlanCommHook:
                     f"transfer {transfer!r} (order_index {self.gate.index.get(transfer, -1)}) "
                     f"failed on rank {self.rank}: {_one_line(exc)}"
                 )
+                self.failure = error
                 for out in outs:
                     _fail(out, error)
                 return
