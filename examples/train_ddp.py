@@ -18,6 +18,10 @@ launch order of each step).
 pass), ``nograd`` (the first layer gets no gradient, so its bucket never arrives).
 An error ends a rank with one line on stderr and exit status 1.
 
+Without ``--variant``, the environment decides (the contract of
+``examples/closed_loop.py``): ``PLANNER_PLAN`` set: the hook with that plan, else plain
+DDP; traces under ``PLANNER_TRACE_DIR``.
+
     python examples/train_ddp.py --write-plans plans/
     python examples/train_ddp.py --nproc 2 --variant none --variant hook:plans/good.json \
         --steps 8 --out runs/
@@ -197,6 +201,10 @@ def main() -> int:
     args = parser.parse_args()
     if args.write_plans:
         write_plans(args.write_plans)
+    if not args.variant and os.environ.get("PLANNER_TRACE_DIR"):
+        plan = os.environ.get("PLANNER_PLAN")
+        args.variant = [f"hook:{plan}" if plan else "none"]
+        args.out = Path(os.environ["PLANNER_TRACE_DIR"])
     if not args.variant:
         return 0
     if args.nproc:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
+from tests.test_schemas import validate
 
 pytest.importorskip("torch.distributed")
 
@@ -37,11 +38,12 @@ def _train(out: Path, *variants: str) -> None:
 
 
 def _reversed(plan: Path, target: Path) -> None:
-    """The same plan with its order reversed (order_index n-1-i)."""
+    """The same plan with its order reversed (order_index n-1-i; the names kept)."""
     doc = json.loads(plan.read_text())
     for entry in doc["ranks"]:
         n = len(entry["groups"])
         for g in entry["groups"]:
+            g["name"] = f"group{g['order_index']}"
             g["order_index"] = n - 1 - g["order_index"]
     target.write_text(json.dumps(doc))
 
@@ -80,6 +82,9 @@ def test_the_written_plan_is_applied_unedited_and_verified(
     )
     assert code == 0, err
     report = json.loads(out)
+    validate(report)
+    validate(json.loads((loop / "plan" / "bucket_plan.json").read_text()))
+    validate(json.loads((loop / "plan" / "priorities_caramel.json").read_text()))
     assert report["matched"] and report["compliance"] == 1.0
     for r in report["ranks"]:
         assert r["checked_transfers"] == r["planned_transfers"] == len(written)
@@ -122,6 +127,7 @@ def test_verify_fails_on_a_plan_it_cannot_match(
                              capsys)  # fmt: skip
     assert code == 1
     report = json.loads(out)
+    validate(report)
     assert not report["matched"] and report["compliance"] == 0.0
     assert report["unmatched"] == [{"rank": "rank0", "transfer": "x"},
                                    {"rank": "rank1", "transfer": "x"}]  # fmt: skip

@@ -64,7 +64,9 @@ def _by_names(plan: TransferPlan, names: Sequence[str], strict: bool) -> Binding
 
 
 def _by_buckets(plan: TransferPlan, params: Sequence[ModelParam]) -> Binding:
-    buckets = sorted((b, t.name) for t in plan.transfers for b in t.buckets)
+    buckets = sorted(
+        ((b, t.name) for t in plan.transfers for b in t.buckets), key=lambda x: x[0].index
+    )
     planned = sum(b.nbytes for b, _ in buckets)
     total = sum(n for _, n, _ in params)
     if planned != total:

@@ -21,7 +21,7 @@ import hashlib
 import io
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +135,16 @@ def plan_from_groups(
     return TransferPlan(transfers, algorithm=algorithm)
 
 
+def _ddp_only(transfers: list[Transfer]) -> list[Transfer]:
+    """In a plan for a DDP job (some transfers carry buckets), the transfers that carry no
+    DDP bucket (a barrier's all-reduce, a buffer broadcast) are not the hook's to order:
+    they are left out and the rest renumbered 0..n-1 in plan order."""
+    if not any(t.buckets for t in transfers) or all(t.buckets for t in transfers):
+        return transfers
+    kept = sorted((t for t in transfers if t.buckets), key=lambda t: t.order_index)
+    return [replace(t, order_index=i) for i, t in enumerate(kept)]
+
+
 def _check(transfers: Sequence[Transfer], where: str) -> None:
     names = [t.name for t in transfers]
     if len(set(names)) != len(names):
@@ -218,6 +228,7 @@ def _from_priorities(doc: dict[str, Any], rank: str | None, where: str) -> Trans
             raise InputError(where, f"bad transfer entry {t!r} ({exc})") from None
     transfers.sort(key=lambda t: t.order_index)
     _check(transfers, where)
+    transfers = _ddp_only(transfers)
     return TransferPlan(
         tuple(transfers), str(entry.get("rank")), str(entry.get("algorithm", "")), where
     )
@@ -251,6 +262,7 @@ def _from_bucket_plan(doc: dict[str, Any], rank: str | None, where: str) -> Tran
             raise InputError(where, f"bad group {i} ({exc})") from None
     transfers.sort(key=lambda t: t.order_index)
     _check(transfers, where)
+    transfers = _ddp_only(transfers)
     algorithm = str(holder.get("algorithm") or doc.get("algorithm") or "caramel")
     predicted = holder.get("predicted_iteration_time")
     return TransferPlan(
