@@ -100,12 +100,24 @@ def _chunks(flat: torch.Tensor, depth: int) -> tuple[torch.Tensor, ...]:
 
 
 def _launch_chunks(
-    chunks: Sequence[torch.Tensor], flat: torch.Tensor, world: int, group: Any, name: str
+    chunks: Sequence[torch.Tensor], flat: torch.Tensor, world: int, pg: Any, name: str
 ) -> list[torch.futures.Future]:
-    """Average `flat` (cut into `chunks` views) across ranks: chunks all-reduced concurrently."""
-    with torch.profiler.record_function(f"{TRANSFER_PREFIX}{name}"):
-        flat.div_(world)
-        return [dist.all_reduce(c, group=group, async_op=True).get_future() for c in chunks]
+    """Average `flat` (cut into `chunks` views) across ranks: chunks all-reduced concurrently.
+
+    The hot path: straight to the process group `pg`; the profiler range
+    ``planner.transfer:<name>`` only while a profiler records.
+    """
+    if torch.autograd.profiler._is_profiler_enabled:  # noqa: SLF001
+        with torch.profiler.record_function(f"{TRANSFER_PREFIX}{name}"):
+            flat.div_(world)
+            return [pg.allreduce([c]).get_future() for c in chunks]
+    flat.div_(world)
+    return [pg.allreduce([c]).get_future() for c in chunks]
+
+
+def _process_group(group: Any) -> Any:
+    """The process group object itself (None: the default group)."""
+    return group if group is not None else dist.distributed_c10d._get_default_group()  # noqa: SLF001
 
 
 class _Watchdog:
@@ -211,6 +223,7 @@ class PlanCommHook:
         self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
+        self._pg = _process_group(group)
         self.gate = gate or PriorityGate(plan, timeout=timeout, strict=strict)
         self.strict = self.gate.strict
         named = _trainable(ddp)
@@ -300,9 +313,9 @@ class PlanCommHook:
     def _launch_whole(self, route: _Route, buffer: torch.Tensor, out: torch.futures.Future) -> None:
         transfer = route.whole or ""
         self.launched.append(transfer)
-        futures = _launch_chunks(route.chunks, buffer, self.world, self.group, transfer)
+        futures = _launch_chunks(route.chunks, buffer, self.world, self._pg, transfer)
         _when_all(futures).add_done_callback(
-            partial(self._settled, transfer, futures, lambda: _complete(out, buffer), [out])
+            partial(self._settled, transfer, futures, partial(_complete, out, buffer), (out,))
         )
 
     def _launch_pieces(self, transfer: str, step: _Step) -> None:
@@ -310,7 +323,7 @@ class PlanCommHook:
         flat = torch.cat([p.bucket.buffer[p.offset : p.offset + p.numel] for p in pieces])
         self.launched.append(transfer)
         chunks = _chunks(flat, self.depth.get(transfer, 1))
-        futures = _launch_chunks(chunks, flat, self.world, self.group, transfer)
+        futures = _launch_chunks(chunks, flat, self.world, self._pg, transfer)
 
         def scatter() -> None:
             at = 0
@@ -506,7 +519,7 @@ class GradSync:
         flat = torch.cat([p.grad.reshape(-1) for p in params])
         self.launched.append(transfer)
         chunks = _chunks(flat, self.depth.get(transfer, 1))
-        futures = _launch_chunks(chunks, flat, self.world, self.group, transfer)
+        futures = _launch_chunks(chunks, flat, self.world, _process_group(self.group), transfer)
         self._inflight.append((transfer, flat, futures))
 
     def wait(self) -> tuple[str, ...]:
