@@ -125,10 +125,10 @@ def _job_steps(job: Job, plans: dict[str, TransferPlan]) -> list[StepOrder]:
         if plan is None or step is None:
             continue
         busy = busy_time(step["start"].to_numpy(), step["duration"].to_numpy()) * 1e-9
-        alias = _aliases(plan)
+        graph = job.graphs.get(row.rank)
+        alias = _aliases(plan, graph)
         mine = step[step["op"].isin(set(alias))].sort_values(["start", "op"])
         order = tuple(dict.fromkeys(alias[o] for o in mine["op"]))  # a group: its first op
-        graph = job.graphs.get(row.rank)
         ops = graph.ops if graph is not None else {}
         seen = set(order)
         unrecorded = tuple(
@@ -141,9 +141,22 @@ def _job_steps(job: Job, plans: dict[str, TransferPlan]) -> list[StepOrder]:
     return out
 
 
-def _aliases(plan: TransferPlan) -> dict[str, str]:
-    """traced op name -> planned transfer (a group's ops, else the transfer's own name)."""
-    return {o: t.name for t in plan.transfers for o in (t.ops or (t.name,))}
+def _aliases(plan: TransferPlan, graph: Any) -> dict[str, str]:
+    """traced op name -> planned transfer (a group's ops, else the transfer's own name).
+
+    A planned DDP bucket matches a traced op only when it carries the same bytes, so a
+    plan made for another model matches nothing.
+    """
+    ops = graph.ops if graph is not None else {}
+    out = {}
+    for t in plan.transfers:
+        names = t.ops or (t.name,)
+        sizes = [b.nbytes for b in t.buckets] if len(t.buckets) == len(names) else []
+        for i, name in enumerate(names):
+            if sizes and (name not in ops or ops[name].nbytes != sizes[i]):
+                continue
+            out[name] = t.name
+    return out
 
 
 def read_steps(

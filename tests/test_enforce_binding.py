@@ -75,3 +75,29 @@ def test_plans_differ_in_digest_and_name_the_first_difference() -> None:
     flipped = TransferPlan(a.transfers[::-1])
     assert plan_digest(flipped) != plan_digest(a)
     assert first_difference(a, canonical(flipped)).startswith("transfer at order_index 0")
+
+
+def test_verify_matches_the_plan_only_against_its_own_model(
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The traced (unenforced) run matches every planned bucket by op and bytes; the run
+    of another model with as many buckets matches none: exit 1, each listed."""
+    from tests.conftest import run_cli
+    from tests.test_schemas import validate
+
+    plan = tmp_path / "bucket_plan.json"
+    plan.write_text(_written("resnet_ddp")[0])
+    own = SHARED / "generated" / "torch" / "resnet_ddp"
+    code, out, _ = run_cli(["verify", plan, own, "--json"], capsys)
+    report = json.loads(out)
+    validate(report)
+    assert code == 0 and report["matched"] and report["unmatched"] == []
+    other = need(SHARED / "generated" / "torch" / "transformer_ddp")
+    code, out, err = run_cli(["verify", plan, other, "--json", "--min-compliance", "0"], capsys)
+    report = json.loads(out)
+    validate(report)
+    assert code == 1 and not report["matched"] and report["compliance"] == 0.0
+    planned = [t.name for t in parse_plan(plan.read_text(), rank="rank0").transfers]
+    assert report["unmatched"] == [{"rank": r, "transfer": n} for r in ("rank0", "rank1")
+                                   for n in planned]  # fmt: skip
+    assert f"{2 * len(planned)} planned transfer(s) matched nothing" in err
