@@ -1,9 +1,10 @@
 """The closed loop on a real job: trace -> analyze -> train with the plan -> verify.
 
-The CPU DDP example (examples/train_ddp.py, gloo, 2 ranks on 127.0.0.1) is traced
-without enforcement; `planner analyze` writes bucket_plan.json; the same job trains
-again with that file, unedited, through the DDP hook, and again with a plan that
-reverses its order; `planner verify --min-compliance 1.0` must pass both (every
+examples/closed_loop.py runs it on the CPU DDP example (examples/train_ddp.py, gloo,
+2 ranks on 127.0.0.1): traced without enforcement; `planner analyze` writes
+bucket_plan.json; the same job trains again with that file, unedited, through the DDP
+hook; `planner verify --min-compliance 1.0`. Then the job runs with a plan that
+reverses the order; `planner verify --min-compliance 1.0` must pass both (every
 planned transfer matched, every rank, every step), and fail on what it cannot check.
 """
 
@@ -50,17 +51,23 @@ def _reversed(plan: Path, target: Path) -> None:
 
 @pytest.fixture(scope="module")
 def loop(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """examples/closed_loop.py on the example (traced -> plan -> enforced -> verified, one
+    command), then the example again with the plan reversed."""
     out = tmp_path_factory.mktemp("loop")
-    _train(out, "none")
-    code = subprocess.run(
-        [sys.executable, "-c", "from planner_cli.main import main; main()", "analyze",
-         str(out / "none"), "-o", str(out / "plan"), "--json"],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
-    assert code.returncode == 0, code.stderr[-2000:]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, str(EXAMPLE), "--nproc", "2", "--steps", str(STEPS),
+               "--timeout", "150", "--gate-timeout", "30"]  # fmt: skip
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "closed_loop.py"), "--out",
+                           str(out), "--", *command], capture_output=True, text=True,
+                          timeout=400, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
     _reversed(out / "plan" / "bucket_plan.json", out / "plan" / "reversed.json")
-    _train(out, "hook:plan/bucket_plan.json", "hook:plan/reversed.json")
+    _train(out, "hook:plan/reversed.json")
     return out
+
+
+RUNS = {"none": "traced/none", "bucket_plan": "enforced/hook-bucket_plan",
+        "reversed": "hook-reversed"}  # fmt: skip
 
 
 def _traces(run: Path) -> list[Path]:
@@ -77,7 +84,7 @@ def test_the_written_plan_is_applied_unedited_and_verified(
     written = load_plan(path)
     assert len(written) >= 4 and all(t.buckets for t in written.transfers)
     code, out, err = run_cli(
-        ["verify", path, *_traces(loop / f"hook-{plan}"), "--min-compliance", "1.0", "--json"],
+        ["verify", path, *_traces(loop / RUNS[plan]), "--min-compliance", "1.0", "--json"],
         capsys,
     )
     assert code == 0, err
@@ -90,7 +97,7 @@ def test_the_written_plan_is_applied_unedited_and_verified(
         assert r["checked_transfers"] == r["planned_transfers"] == len(written)
         assert r["steps"] == STEPS - 2 and r["compliant_steps"] == r["steps"]
     for rank in (0, 1):  # every step, unprofiled ones too, as the hook launched them
-        steps = json.loads((loop / f"hook-{plan}" / f"steps_rank{rank}.json").read_text())
+        steps = json.loads((loop / RUNS[plan] / f"steps_rank{rank}.json").read_text())
         assert [tuple(s["order"]) for s in steps] == [written.order] * STEPS
 
 
@@ -102,16 +109,16 @@ def test_reversed_plan_is_followed_not_the_traced_order(loop: Path) -> None:
     assert bad.order == good.order[::-1]
     from planner.verify import verify
 
-    report = verify(loop / "plan" / "bucket_plan.json", _traces(loop / "hook-reversed"))
+    report = verify(loop / "plan" / "bucket_plan.json", _traces(loop / RUNS["reversed"]))
     assert report["matched"] and report["compliance"] == 0.0
 
 
 def test_gradients_are_bitwise_those_of_plain_ddp(loop: Path) -> None:
     torch = pytest.importorskip("torch")
-    reference = torch.load(loop / "none" / "params_rank0.pt")
-    for run in ("hook-bucket_plan", "hook-reversed"):
+    reference = torch.load(loop / RUNS["none"] / "params_rank0.pt")
+    for run in ("bucket_plan", "reversed"):
         for rank in (0, 1):
-            params = torch.load(loop / run / f"params_rank{rank}.pt")
+            params = torch.load(loop / RUNS[run] / f"params_rank{rank}.pt")
             assert all(torch.equal(params[n], v) for n, v in reference.items()), (run, rank)
 
 
@@ -123,7 +130,7 @@ def test_verify_fails_on_a_plan_it_cannot_match(
     foreign = loop / "plan" / "foreign.json"
     foreign.write_text(json.dumps({"schema": "planner.bucket_plan/1",
                                    "groups": [{"name": "x", "params": ["a.weight"]}]}))  # fmt: skip
-    code, out, err = run_cli(["verify", foreign, *_traces(loop / "hook-bucket_plan"), "--json"],
+    code, out, err = run_cli(["verify", foreign, *_traces(loop / RUNS["bucket_plan"]), "--json"],
                              capsys)  # fmt: skip
     assert code == 1
     report = json.loads(out)
