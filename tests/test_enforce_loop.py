@@ -4,8 +4,9 @@ examples/closed_loop.py runs it on the CPU DDP example (examples/train_ddp.py, g
 2 ranks on 127.0.0.1): traced without enforcement; `planner analyze` writes
 bucket_plan.json; the same job trains again with that file, unedited, through the DDP
 hook; `planner verify --min-compliance 1.0`. Then the job runs with a plan that
-reverses the order; `planner verify --min-compliance 1.0` must pass both (every
-planned transfer matched, every rank, every step), and fail on what it cannot check.
+reverses the order, and with GradSync on the written priorities_caramel.json.
+`planner verify --min-compliance 1.0` must pass all three (every planned transfer
+matched, every rank, every step), and fail on what it cannot check.
 """
 
 from __future__ import annotations
@@ -62,19 +63,20 @@ def loop(tmp_path_factory: pytest.TempPathFactory) -> Path:
                           timeout=400, env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     _reversed(out / "plan" / "bucket_plan.json", out / "plan" / "reversed.json")
-    _train(out, "hook:plan/reversed.json")
+    _train(out, "hook:plan/reversed.json", "gradsync:plan/priorities_caramel.json")
     return out
 
 
 RUNS = {"none": "traced/none", "bucket_plan": "enforced/hook-bucket_plan",
-        "reversed": "hook-reversed"}  # fmt: skip
+        "reversed": "hook-reversed",
+        "priorities_caramel": "gradsync-priorities_caramel"}  # fmt: skip
 
 
 def _traces(run: Path) -> list[Path]:
     return [run / f"rank{r}.json" for r in (0, 1)]
 
 
-@pytest.mark.parametrize("plan", ["bucket_plan", "reversed"])
+@pytest.mark.parametrize("plan", ["bucket_plan", "reversed", "priorities_caramel"])
 def test_the_written_plan_is_applied_unedited_and_verified(
     loop: Path, plan: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -116,7 +118,7 @@ def test_reversed_plan_is_followed_not_the_traced_order(loop: Path) -> None:
 def test_gradients_are_bitwise_those_of_plain_ddp(loop: Path) -> None:
     torch = pytest.importorskip("torch")
     reference = torch.load(loop / RUNS["none"] / "params_rank0.pt")
-    for run in ("bucket_plan", "reversed"):
+    for run in ("bucket_plan", "reversed", "priorities_caramel"):
         for rank in (0, 1):
             params = torch.load(loop / RUNS[run] / f"params_rank{rank}.pt")
             assert all(torch.equal(params[n], v) for n, v in reference.items()), (run, rank)
