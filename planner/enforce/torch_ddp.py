@@ -12,8 +12,14 @@
   planned depth; `attach(optimizer)` makes ``optimizer.step()`` wait for them: the full
   Caramel plan (batching, order, depth) in PyTorch.
 
-Each launch is recorded as a profiler range ``planner.transfer:<name>`` so that
-`planner verify` can read the order back from a torch.profiler trace.
+Both bind the plan to the model at registration (`planner.enforce.binding`: by names,
+or a traced job's DDP buckets by order, bytes and shape; a plan for another model is
+refused) and prove over the process group that every rank holds the same plan (a
+digest exchange). A failed all-reduce, or a step not done within the timeout (a peer
+died or stalled, a bucket never arrived), raises on this rank naming the transfer.
+
+Each launch is recorded as a profiler range ``planner.transfer:<name>`` (while a profiler
+records) so that `planner verify` can read the order back from a torch.profiler trace.
 Gradients are averaged (divided by the world size, then summed), as DDP's default.
 """
 
