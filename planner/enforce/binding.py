@@ -11,7 +11,9 @@ registration order (``model.named_parameters()``).
   registration, and reduces them in index order. The binding walks the planned buckets
   in index order and gives each planned tensor the last-registered parameter left with
   its shape (or, without shapes, its bytes); a bucket without tensors takes parameters
-  in reverse registration order until its bytes are full.
+  in reverse registration order until its bytes are full. When those bytes do not fall
+  on a boundary, `BoundariesUnknown`: only DDP's own buckets can tell (the DDP hook then
+  binds planned bucket k to DDP's rebuilt bucket k by bytes, at run time).
 
 A plan for another model is refused with `PlanMismatch`, one line naming the first
 difference.
@@ -30,6 +32,12 @@ ModelParam = tuple[str, int, tuple[int, ...]]  # name, bytes, shape
 
 class PlanMismatch(GateError):
     """The plan was made for another model (the first difference is in the message)."""
+
+
+class BoundariesUnknown(PlanMismatch):
+    """A plan without tensors whose bucket boundaries do not fall on the reverse
+    registration order: only DDP's own (rebuilt) buckets can tell (the DDP hook binds
+    them at run time; `GradSync` cannot)."""
 
 
 @dataclass(frozen=True)
@@ -104,7 +112,7 @@ def _by_buckets(plan: TransferPlan, params: Sequence[ModelParam]) -> Binding:
                 filled += params[i][1]
             if filled != bucket.nbytes:
                 at = params[mine[-1]][0] if mine else "-"
-                raise PlanMismatch(
+                raise BoundariesUnknown(
                     f"DDP bucket {bucket.index} of the plan holds {bucket.nbytes} bytes; the "
                     f"model's parameters in reverse order fill {filled} (up to {at!r}): is "
                     "the plan for another model, or another bucket_cap_mb?"

@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from planner.enforce.binding import Binding, PlanMismatch, bind
+from planner.enforce.binding import Binding, BoundariesUnknown, PlanMismatch, bind
 from planner.enforce.gate import GateError, PriorityGate
 from planner.enforce.plan_file import TransferPlan, canonical, first_difference, plan_digest
 
@@ -106,14 +106,14 @@ def _chunks(flat: torch.Tensor, depth: int) -> tuple[torch.Tensor, ...]:
 
 
 def _launch_chunks(
-    chunks: Sequence[torch.Tensor], flat: torch.Tensor, world: int, pg: Any, name: str
+    chunks: Sequence[torch.Tensor], flat: torch.Tensor, world: int, pg: Any, name: str | None
 ) -> list[torch.futures.Future]:
     """Average `flat` (cut into `chunks` views) across ranks: chunks all-reduced concurrently.
 
     The hot path: straight to the process group `pg`; the profiler range
-    ``planner.transfer:<name>`` only while a profiler records.
+    ``planner.transfer:<name>`` only while a profiler records (none for `name` None).
     """
-    if torch.autograd.profiler._is_profiler_enabled:  # noqa: SLF001
+    if name is not None and torch.autograd.profiler._is_profiler_enabled:  # noqa: SLF001
         with torch.profiler.record_function(f"{TRANSFER_PREFIX}{name}"):
             flat.div_(world)
             return [pg.allreduce([c]).get_future() for c in chunks]
@@ -203,12 +203,14 @@ class _Route:
     pieces: tuple[tuple[str, int, tuple[tuple[int, int], ...]], ...]
     whole: str | None = None
     chunks: tuple[torch.Tensor, ...] = ()
+    provisional: bool = False  # DDP's first-step buckets, before the binding (ungated)
 
 
 @dataclass
 class _Step:
     remaining: dict[str, int]
     pieces: dict[str, list[_Piece]] = field(default_factory=dict)
+    provisional: bool = False
 
 
 class PlanCommHook:
@@ -233,15 +235,26 @@ class PlanCommHook:
         self.gate = gate or PriorityGate(plan, timeout=timeout, strict=strict)
         self.strict = self.gate.strict
         named = _trainable(ddp)
-        self.binding = bind_model(plan, named, self.strict)
+        self._by_bucket: dict[int, tuple[str, int]] | None = None
+        try:
+            self.binding = bind_model(plan, named, self.strict)
+        except BoundariesUnknown as exc:  # bind to DDP's own buckets once it rebuilds them
+            log.info("plan %s: %s; binding DDP's rebuilt buckets by index and bytes",
+                     plan.source or "<plan>", exc)  # fmt: skip
+            self.binding = Binding({}, "ddp_buckets")
+            self._by_bucket = {b.index: (t.name, b.nbytes) for t in plan.transfers
+                               for b in t.buckets}  # fmt: skip
         self.owner = self.binding.owner
+        self._steps_done = 0
         self.digest = agree_on_plan(plan, group) if agree else plan_digest(plan)
         self.names = {id(p): n for n, p in named}
         self.depth = {t.name: t.depth for t in plan.transfers}
-        self.size = {t.name: 0 for t in plan.transfers}
+        self.size = {t.name: 0 for t in plan.transfers}  # units: parameters, or buckets
         for name, _ in named:
             if name in self.owner:
                 self.size[self.owner[name]] += 1
+        if self._by_bucket is not None:
+            self.size = {t.name: len(t.buckets) for t in plan.transfers}
         self._routes: dict[tuple[int, int, int], _Route] = {}
         self._step: _Step | None = None
         self._lock = threading.Lock()
@@ -261,8 +274,31 @@ class PlanCommHook:
 
     # ---------------------------------------------------------------- registration-time work
 
+    def _bucket_route(self, bucket: dist.GradBucket, buffer: torch.Tensor) -> _Route:
+        """A plan bound to DDP's buckets: planned bucket k is DDP's bucket k, same bytes."""
+        if self._steps_done == 0:  # DDP's first-step layout: it rebuilds after it
+            return _Route((), provisional=True)
+        k, nbytes = bucket.index(), buffer.numel() * buffer.element_size()
+        planned = (self._by_bucket or {}).get(k)
+        if planned is None or planned[1] != nbytes:
+            raise PlanMismatch(
+                f"DDP bucket {k} holds {nbytes} bytes, the plan's bucket {k} "
+                f"{planned[1] if planned else 'does not exist'}"
+                f"{' bytes' if planned else ''}: is the plan for another model, or another "
+                "bucket_cap_mb?"
+            )
+        transfer = planned[0]
+        names = ", ".join(self.names.get(id(p), "?") for p in bucket.parameters())
+        log.info("DDP bucket %d (%s) <- %s", k, transfer, names)
+        pieces = ((transfer, 1, ((0, buffer.numel()),)),)
+        if self.size[transfer] == 1:
+            return _Route(pieces, transfer, _chunks(buffer, self.depth.get(transfer, 1)))
+        return _Route(pieces)
+
     def _route(self, bucket: dist.GradBucket, buffer: torch.Tensor) -> _Route:
         """Cut a bucket layout into planned transfers (once per layout, not per step)."""
+        if self._by_bucket is not None:
+            return self._bucket_route(bucket, buffer)
         spans: dict[str, list[tuple[int, int]]] = {}
         counts: dict[str, int] = {}
         offset = 0
@@ -293,12 +329,22 @@ class PlanCommHook:
         key = (bucket.index(), buffer.data_ptr(), buffer.numel())
         route = self._routes.get(key)
         if route is None:
-            route = self._routes[key] = self._route(bucket, buffer)
+            route = self._route(bucket, buffer)
+            if not route.provisional:  # DDP may keep its first layout: decide again then
+                self._routes[key] = route
         step = self._step
         if step is None:
             step = self._step = _Step(dict(self.size))
         out: torch.futures.Future = torch.futures.Future()
-        if route.whole is not None:
+        if route.provisional:  # reduced at once, as DDP would; this step is not gated
+            step.provisional = True
+            self._watchdog.watch(out, f"DDP bucket {bucket.index()}")
+            futures = _launch_chunks((buffer,), buffer, self.world, self._pg, None)
+            futures[0].add_done_callback(
+                partial(self._settled, f"DDP bucket {bucket.index()}", futures,
+                        partial(_complete, out, buffer), (out,))
+            )  # fmt: skip
+        elif route.whole is not None:
             self._watchdog.watch(out, route.whole)
             step.remaining[route.whole] = 0
             self.gate.submit(route.whole, partial(self._launch_whole, route, buffer, out))
@@ -393,6 +439,10 @@ class PlanCommHook:
     def _end_iteration(self, step: _Step) -> None:
         """After the last bucket nothing more can arrive: every group must have launched."""
         self._step = None
+        self._steps_done += 1
+        if step.provisional:
+            self.launched_last = ()
+            return
         incomplete = [t for t, left in step.remaining.items() if left > 0]
         try:
             if incomplete and self.strict:
