@@ -86,12 +86,23 @@ def verify_command(
     plan: Path, traces: tuple[Path, ...], min_compliance: float | None, as_json: bool
 ) -> None:
     """Check a trace taken with enforcement on: steps in plan order, first violation,
-    measured vs predicted iteration time."""
+    measured vs predicted iteration time. Exits 1 when a planned transfer matched nothing
+    in the trace (it was not checked) or, with --min-compliance, a rank is below it."""
     document = verify_lib.verify(plan, traces)
     render.emit(document, as_json, _verify_view)
+    failed = False
+    if not document["matched"]:
+        missing = document["unmatched"]
+        shown = ", ".join(f"{u['rank']}:{u['transfer']}" for u in missing[:5])
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        render.note(f"{len(missing)} planned transfer(s) matched nothing in the trace: "
+                    f"{shown}{more}; not verified", as_json, error=True)  # fmt: skip
+        failed = True
     if min_compliance is not None and document["compliance"] < min_compliance:
         render.note(f"compliance {document['compliance']:.3f} below {min_compliance}", as_json,
                     error=True)  # fmt: skip
+        failed = True
+    if failed:
         sys.exit(1)
 
 
@@ -99,7 +110,7 @@ def _verify_view(document: dict[str, Any]) -> None:
     console = render.out()
     table = Table(title=f"Plan {document['plan']} ({document['transfers']} transfers)")
     busy = any(r.get("measured_busy_time") is not None for r in document["ranks"])
-    columns = ["rank", "steps", "in plan", "first violation", "measured"]
+    columns = ["rank", "steps", "matched", "in plan", "first violation", "measured"]
     columns += ["busy"] * busy + ["predicted", "error"]
     for column in columns:
         table.add_column(column)
@@ -116,6 +127,7 @@ def _verify_view(document: dict[str, Any]) -> None:
         cells = [
             r["rank"],
             str(r["steps"]),
+            f"{r['checked_transfers']}/{r['planned_transfers']}",
             f"{r['compliant_steps']}/{r['steps']} ({r['compliance']:.0%})",
             where,
             render.seconds_text(r["measured_iteration_time"]),

@@ -107,7 +107,7 @@ def schedule_command(
     """Order the transfers of each rank with TIC or TAC."""
     job = select_ranks(load(paths, as_json), rank)
     plans = analysis.schedule(job, algorithm, network=network)
-    document = analysis.plan_document(plans, job.graphs)
+    document = analysis.plan_document(plans, job.graphs, job.meta)
     network_notes(document, as_json)
     files = plan_files(document, fmt, output)
     for path, text in files.items():

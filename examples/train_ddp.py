@@ -7,9 +7,20 @@ Variants (``--variant``, repeatable; run one after another in the same processes
   planned depth);
 - ``gradsync:PLAN``: no DDP; `GradSync` all-reduces exactly the plan's groups.
 
-Each variant writes under ``--out/<label>/``: ``rank<r>.json`` (torch.profiler trace,
-steps ``ProfilerStep#N``), ``params_rank<r>.pt`` (final parameters) and
-``steps_rank<r>.json`` (wall time and launch order of each step).
+A PLAN path may hold ``{rank}`` (each rank reads its own file). Each variant writes
+under ``--out/<label>/``: ``rank<r>.json`` (torch.profiler trace, steps ``ProfilerStep#N``,
+with input shapes so that `planner analyze` can tell the parameters apart),
+``params_rank<r>.pt`` (final parameters) and ``steps_rank<r>.json`` (wall time and
+launch order of each step).
+
+``--fault KIND:RANK:STEP`` injects a fault on one rank (for the fault tests): ``kill``
+(the process dies after the forward pass), ``stall`` (it sleeps before the backward
+pass), ``nograd`` (the first layer gets no gradient, so its bucket never arrives).
+An error ends a rank with one line on stderr and exit status 1.
+
+Without ``--variant``, the environment decides (the contract of
+``examples/closed_loop.py``): ``PLANNER_PLAN`` set: the hook with that plan, else plain
+DDP; traces under ``PLANNER_TRACE_DIR``.
 
     python examples/train_ddp.py --write-plans plans/
     python examples/train_ddp.py --nproc 2 --variant none --variant hook:plans/good.json \
@@ -21,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -68,24 +80,36 @@ def write_plans(out: Path, depth_bytes: int = 512 * 1024) -> None:
         (out / f"{label}.json").write_text(json.dumps(doc, indent=2) + "\n")
 
 
-def train(variant: str, steps: int, out: Path, batch: int = 64) -> None:
+def train(
+    variant: str,
+    steps: int,
+    out: Path,
+    batch: int = 64,
+    gate_timeout: float = 60.0,
+    fault: str | None = None,
+) -> None:
     """Train `steps` steps of one variant on this rank; profile steps 2.. of them."""
     rank = dist.get_rank()
     mode, _, plan_path = variant.partition(":")
-    label = mode if not plan_path else f"{mode}-{Path(plan_path).stem}"
+    label = mode if not plan_path else f"{mode}-{Path(plan_path).stem}".replace("{rank}", "")
+    plan_path = plan_path.replace("{rank}", str(rank))
+    kind, fault_rank, fault_step = fault.split(":") if fault else ("", "-1", "-1")
     where = out / label
     where.mkdir(parents=True, exist_ok=True)
     model = make_model()
     sync = None
     if mode == "gradsync":
-        sync = GradSync(model, load_plan(plan_path), timeout=60)
+        sync = GradSync(model, load_plan(plan_path), timeout=gate_timeout)
         sync.broadcast_parameters()
         net: nn.Module = model
     else:
         net = nn.parallel.DistributedDataParallel(
             model, bucket_cap_mb=1, gradient_as_bucket_view=True
         )
-        hook = register_plan_hook(net, load_plan(plan_path), timeout=60) if plan_path else None
+        plan = load_plan(plan_path) if plan_path else None
+        hook = register_plan_hook(net, plan, timeout=gate_timeout) if plan else None
+        global HOOK
+        HOOK = hook
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     if sync is not None:
         sync.attach(opt)
@@ -95,16 +119,28 @@ def train(variant: str, steps: int, out: Path, batch: int = 64) -> None:
     prof = torch.profiler.profile(
         activities=[torch.profiler.ProfilerActivity.CPU],
         schedule=torch.profiler.schedule(wait=1, warmup=1, active=max(1, steps - 2)),
+        record_shapes=True,
         on_trace_ready=lambda p: p.export_chrome_trace(str(where / f"rank{rank}.json")),
     )
     with prof:
-        for _ in range(steps):
+        for number in range(steps):
             x = torch.randn(batch, width, generator=data)
             y = torch.randn(batch, width, generator=data)
             dist.barrier()
+            faulty = rank == int(fault_rank) and number == int(fault_step)
             start = time.perf_counter()
             with torch.profiler.record_function("forward"):
-                loss = nn.functional.mse_loss(net(x), y)
+                if faulty and kind == "nograd":
+                    x = model[1](model[0](x).detach())
+                    for layer in list(model)[2:]:
+                        x = layer(x)
+                    loss = nn.functional.mse_loss(x, y)
+                else:
+                    loss = nn.functional.mse_loss(net(x), y)
+            if faulty and kind == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if faulty and kind == "stall":
+                time.sleep(3600)
             with torch.profiler.record_function("backward"):
                 loss.backward()
             with torch.profiler.record_function("optimizer_step"):
@@ -118,6 +154,9 @@ def train(variant: str, steps: int, out: Path, batch: int = 64) -> None:
     torch.save({n: p.detach().clone() for n, p in model.named_parameters()},
                where / f"params_rank{rank}.pt")  # fmt: skip
     (where / f"steps_rank{rank}.json").write_text(json.dumps(records) + "\n")
+
+
+HOOK = None  # the hook of the variant running (its `failure` names a failed transfer)
 
 
 def free_port() -> int:
@@ -157,22 +196,35 @@ def main() -> int:
     parser.add_argument("--write-plans", type=Path, help="write good.json / bad.json here")
     parser.add_argument("--nproc", type=int, default=0, help="launch this many local ranks")
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--gate-timeout", type=float, default=60.0, help="hook/GradSync timeout")
+    parser.add_argument("--fault", help="KIND:RANK:STEP, KIND in kill, stall, nograd")
     args = parser.parse_args()
     if args.write_plans:
         write_plans(args.write_plans)
+    if not args.variant and os.environ.get("PLANNER_TRACE_DIR"):
+        plan = os.environ.get("PLANNER_PLAN")
+        args.variant = [f"hook:{plan}" if plan else "none"]
+        args.out = Path(os.environ["PLANNER_TRACE_DIR"])
     if not args.variant:
         return 0
     if args.nproc:
         rest = [a for v in args.variant for a in ("--variant", v)]
         rest += ["--steps", str(args.steps), "--out", str(args.out)]
+        rest += ["--gate-timeout", str(args.gate_timeout)] + (
+            ["--fault", args.fault] * bool(args.fault)
+        )
         return launch(args.nproc, rest, args.timeout)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="env://")
     try:
         for variant in args.variant:
-            train(variant, args.steps, args.out)
-    finally:
-        dist.destroy_process_group()
+            train(variant, args.steps, args.out, gate_timeout=args.gate_timeout, fault=args.fault)
+    except Exception as exc:  # one line, then out: a hung collective must not keep us
+        failure = getattr(HOOK, "failure", None)  # the hook's own error, unwrapped by DDP
+        line = (str(failure or exc).strip().splitlines() or [type(exc).__name__])[0]
+        print(f"rank {dist.get_rank()}: error: {line}", file=sys.stderr, flush=True)
+        os._exit(1)
+    dist.destroy_process_group()
     return 0
 
 

@@ -16,6 +16,7 @@ import pandas as pd
 from planner import __version__, buckets, simulate
 from planner.allreduce import allreduce_metrics, rank_parameters
 from planner.errors import InputError
+from planner.export import ddp_buckets
 from planner.export.caramel_files import bucket_plan_document, control_deps_document
 from planner.graph import OpGraph
 from planner.metrics import (
@@ -212,11 +213,15 @@ def caramel_job_plan(
     return plans
 
 
-def plan_document(plans: Mapping[str, Plan], graphs: Mapping[str, OpGraph]) -> dict[str, Any]:
-    """`planner.priorities/1`: per rank, every planned transfer with priority and order_index."""
+def plan_document(
+    plans: Mapping[str, Plan], graphs: Mapping[str, OpGraph], meta: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """`planner.priorities/1`: per rank, every planned transfer with priority and order_index
+    (and, for a DDP job, the buckets it carries and the traced model: `ddp_buckets`)."""
     ranks = []
     for rank in sorted(plans):
         plan, graph = plans[rank], graphs[rank]
+        params = list(((meta or {}).get("parameters") or {}).get(rank) or ())
         index = plan.order_index()
         transfers = []
         for name in plan.order:
@@ -229,20 +234,25 @@ def plan_document(plans: Mapping[str, Plan], graphs: Mapping[str, OpGraph]) -> d
                 "priority": plan.priority[name],
                 "order_index": index[name],
             }
+            buckets = ddp_buckets.bucket_entries(graph, [name], params)
+            if buckets is not None:
+                entry["buckets"] = buckets
             for prop, values in sorted(plan.properties.items()):
                 if name in values:
                     value = float(values[name])
                     entry[prop] = value if value != float("inf") else None
             transfers.append(entry)
-        ranks.append(
-            {
-                "rank": rank,
-                "algorithm": plan.algorithm,
-                "transfers": transfers,
-                "control_edges": [list(edge) for edge in plan.control_edges],
-                "inputs": dict(plan.inputs),
-            }
-        )
+        doc: dict[str, Any] = {
+            "rank": rank,
+            "algorithm": plan.algorithm,
+            "transfers": transfers,
+            "control_edges": [list(edge) for edge in plan.control_edges],
+            "inputs": dict(plan.inputs),
+        }
+        source = ((meta or {}).get("parameter_source") or {}).get(rank)
+        if (model := ddp_buckets.model_entry(graph, params, source)) is not None:
+            doc["model"] = model
+        ranks.append(doc)
     return {"schema": "planner.priorities/1", "ranks": ranks}
 
 
@@ -363,7 +373,7 @@ def analyze(
         "schema": "planner.report/1",
         "planner_version": __version__,
         "inspect": inspect(job),
-        "plans": {name: plan_document(p, job.graphs) for name, p in plans.items()},
+        "plans": {name: plan_document(p, job.graphs, job.meta) for name, p in plans.items()},
         "metrics": metrics(job) if timed else None,
         "observed_orders": observed_orders(job) if timed else [],
         "simulation": None,
@@ -377,7 +387,7 @@ def analyze(
     report["bucket_sweep"] = bucket_sweep(job, network) if "caramel" in plans else None
     if "caramel" in plans:
         report["exports"]["control_deps"] = control_deps_document(plans["caramel"])
-        bucket_plan = bucket_plan_document(plans["caramel"])
+        bucket_plan = bucket_plan_document(plans["caramel"], job.graphs, job.meta)
         _add_predictions(bucket_plan, report["simulation"])
         report["exports"]["bucket_plan"] = bucket_plan
     return report

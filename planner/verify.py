@@ -15,8 +15,13 @@ Where the order comes from:
   no record in a step (TensorFlow drops a RecvTensor record now and then) is listed as
   unrecorded and the step's order is checked without it.
 
-Planned transfers that never ran in any traced step of a rank (pruned by the run's
-fetches, or not in that run's graph) are listed as untraced and left out.
+A Caramel group stands for its traced ops (``transfers`` in the bucket plan): it starts
+when the first of them starts.
+
+A planned transfer that never ran in any traced step of a rank is unmatched: it is
+listed (``unmatched``), left out of the order check, and `verify` is not passed
+(``matched`` false; the CLI exits 1). Compliance counts matched transfers only, and a
+rank with no matched transfer is never compliant.
 """
 
 from __future__ import annotations
@@ -120,13 +125,37 @@ def _job_steps(job: Job, plans: dict[str, TransferPlan]) -> list[StepOrder]:
         if plan is None or step is None:
             continue
         busy = busy_time(step["start"].to_numpy(), step["duration"].to_numpy()) * 1e-9
-        mine = step[step["op"].isin(set(plan.order))].sort_values(["start", "op"])
         graph = job.graphs.get(row.rank)
+        alias = _aliases(plan, graph)
+        mine = step[step["op"].isin(set(alias))].sort_values(["start", "op"])
+        order = tuple(dict.fromkeys(alias[o] for o in mine["op"]))  # a group: its first op
         ops = graph.ops if graph is not None else {}
-        seen = set(mine["op"])
-        unrecorded = tuple(n for n in plan.order if n in ops and n not in seen)
-        out.append(StepOrder(row.rank, int(row.iteration), tuple(mine["op"]),
+        seen = set(order)
+        unrecorded = tuple(
+            t.name
+            for t in plan.transfers
+            if t.name not in seen and any(o in ops for o in (t.ops or (t.name,)))
+        )
+        out.append(StepOrder(row.rank, int(row.iteration), order,
                              (row.end - row.start) * 1e-9, (), unrecorded, busy))  # fmt: skip
+    return out
+
+
+def _aliases(plan: TransferPlan, graph: Any) -> dict[str, str]:
+    """traced op name -> planned transfer (a group's ops, else the transfer's own name).
+
+    A planned DDP bucket matches a traced op only when it carries the same bytes, so a
+    plan made for another model matches nothing.
+    """
+    ops = graph.ops if graph is not None else {}
+    out = {}
+    for t in plan.transfers:
+        names = t.ops or (t.name,)
+        sizes = [b.nbytes for b in t.buckets] if len(t.buckets) == len(names) else []
+        for i, name in enumerate(names):
+            if sizes and (name not in ops or ops[name].nbytes != sizes[i]):
+                continue
+            out[name] = t.name
     return out
 
 
@@ -225,9 +254,9 @@ def verify(plan_path: str | Path, traces: Sequence[str | Path]) -> dict[str, Any
         untraced = [n for n in plan.order if n not in traced]
         if untraced:
             notes.append(
-                f"{rank}: {len(untraced)} planned transfer(s) never ran in the traced steps "
-                f"and are left out of the order check (e.g. {untraced[0]!r}: pruned by the "
-                "run's fetches, or named differently)"
+                f"{rank}: {len(untraced)} of {len(plan)} planned transfer(s) matched nothing "
+                f"in the traced steps and are not checked (e.g. {untraced[0]!r}: a trace "
+                "without enforcement, a plan for another run, or pruned by the run's fetches)"
             )
         first: dict[str, Any] | None = None
         compliant = 0
@@ -238,7 +267,7 @@ def verify(plan_path: str | Path, traces: Sequence[str | Path]) -> dict[str, Any
                 for n, c in zip(s.order, s.chunks, strict=False)
                 if n in depth and c != depth[n]
             ]
-            ok = gone is None and not wrong_depth
+            ok = gone is None and not wrong_depth and bool(expected)
             compliant += ok
             doc: dict[str, Any] = {
                 "rank": rank,
@@ -274,6 +303,8 @@ def verify(plan_path: str | Path, traces: Sequence[str | Path]) -> dict[str, Any
                 "compliant_steps": compliant,
                 "compliance": compliant / len(mine),
                 "checked_transfers": len(expected),
+                "planned_transfers": len(plan),
+                "matched": not untraced,
                 "untraced": untraced,
                 "first_violation": first,
                 "measured_iteration_time": measured,
@@ -291,6 +322,8 @@ def verify(plan_path: str | Path, traces: Sequence[str | Path]) -> dict[str, Any
         "transfers": len(first_plan),
         "traces": [str(t) for t in traces],
         "compliance": min(r["compliance"] for r in ranks),
+        "matched": all(r["matched"] for r in ranks),
+        "unmatched": [{"rank": r["rank"], "transfer": n} for r in ranks for n in r["untraced"]],
         "ranks": ranks,
         "steps": step_docs,
         "notes": notes

@@ -77,13 +77,14 @@ def test_verify_catches_a_run_that_is_not_in_the_plan_order(runs: Path) -> None:
 
 
 def test_no_gradient_is_lost_or_changed(runs: Path) -> None:
+    """Bitwise: the hook and GradSync average exactly as DDP does (CPU, 2 ranks)."""
     reference = torch.load(runs / "none" / "params_rank0.pt")
     for variant in VARIANTS:
         for rank in (0, 1):
             params = torch.load(runs / variant / f"params_rank{rank}.pt")
             assert params.keys() == reference.keys()
             for name, value in reference.items():
-                assert torch.allclose(params[name], value, rtol=1e-6, atol=1e-7), (variant, name)
+                assert torch.equal(params[name], value), (variant, name)
     untrained = __import__("runpy").run_path(str(EXAMPLE))["make_model"]()
     moved = dict(untrained.named_parameters())
     assert any(not torch.equal(moved[n], v) for n, v in reference.items())  # it did train
@@ -149,3 +150,77 @@ def test_group_that_never_gets_a_gradient_raises_instead_of_hanging(single_rank:
     with pytest.raises(GateError, match="'a'"):
         opt.step()
     sync.close()
+
+
+class _Swapped(torch.nn.Module):
+    """Registration order differs from execution order: DDP's gradient-ready order (and
+    so its rebuilt buckets) is not the reverse of ``named_parameters()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.late = torch.nn.Linear(64, 8)  # 2080 bytes, runs last: ready first
+        self.early = torch.nn.Linear(32, 64)  # 8448 bytes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.late(self.early(x))
+
+
+def _bucket_plan(sizes: list[tuple[int, int]]) -> object:
+    """A plan as `analyze` writes it from a trace without shapes: (DDP bucket, bytes)."""
+    from planner.enforce import parse_plan
+
+    groups = [{"order_index": i, "name": f"b{k}", "params": [f"bucket{k}"], "depth": 1,
+               "transfers": [f"net/all_reduce#{k}"], "nbytes": n,
+               "buckets": [{"bucket": k, "nbytes": n, "tensors": []}]}
+              for i, (k, n) in enumerate(sizes)]  # fmt: skip
+    return parse_plan(json.dumps({"schema": "planner.bucket_plan/1", "groups": groups}))
+
+
+def _swapped_ddp() -> tuple[torch.nn.Module, object]:
+    model = _Swapped()
+    cap = 2080 / 2**20  # one bucket per layer once DDP rebuilds them
+    return model, torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap)
+
+
+def test_plan_without_tensors_binds_to_ddp_rebuilt_buckets(single_rank: object) -> None:
+    """No tensors and boundaries off the reverse registration order: the hook runs the
+    first step as DDP would, then binds planned bucket k to DDP's bucket k by bytes and
+    gates them in plan order (here bucket 1 before bucket 0)."""
+    from planner.enforce.binding import BoundariesUnknown, bind
+    from planner.enforce.torch_ddp import register_plan_hook
+
+    plan = _bucket_plan([(1, 8448), (0, 2080)])
+    model, ddp = _swapped_ddp()
+    with pytest.raises(BoundariesUnknown):  # what GradSync would say
+        bind(plan, [(n, p.numel() * 4, tuple(p.shape)) for n, p in model.named_parameters()])
+    hook = register_plan_hook(ddp, plan, timeout=10)
+    plain_model, plain = _swapped_ddp()
+    for step in range(3):
+        x = torch.randn(4, 32, generator=torch.Generator().manual_seed(step))
+        ddp(x).sum().backward()
+        plain(x).sum().backward()
+        assert hook.launched_last == (() if step == 0 else ("b1", "b0"))
+        for (n, p), q in zip(model.named_parameters(), plain_model.parameters(), strict=True):
+            assert torch.equal(p.grad, q.grad), (step, n)
+            p.grad = q.grad = None
+    hook.close()
+
+
+def test_plan_whose_buckets_differ_from_ddp_is_refused_at_the_rebuilt_step(
+    single_rank: object,
+) -> None:
+    from planner.enforce.binding import PlanMismatch
+    from planner.enforce.torch_ddp import register_plan_hook
+
+    model, ddp = _swapped_ddp()
+    with pytest.raises(
+        PlanMismatch,
+        match="hold 10080 bytes of gradients, the model's 4 trainable parameters 10528",
+    ):
+        register_plan_hook(ddp, _bucket_plan([(0, 2080), (1, 8000)]))  # another model
+    hook = register_plan_hook(ddp, _bucket_plan([(0, 2336), (1, 8192)]), timeout=10)
+    ddp(torch.randn(4, 32)).sum().backward()  # DDP's first step: reduced as DDP would
+    with pytest.raises(RuntimeError, match="DDP bucket 0 holds 2080 bytes, the plan's bucket 0"):
+        ddp(torch.randn(4, 32)).sum().backward()
+    hook.close()

@@ -1,6 +1,8 @@
 """Runtime side: apply a plan inside the training job.
 
 - `PriorityGate` (here, torch-free): TicTac's per-iteration sender counter.
+- `planner.enforce.binding` (torch-free): which model parameters each planned transfer
+  carries; plans made for another model are refused.
 - `planner.enforce.torch_ddp`: a DDP communication hook and a gradient-sync module
   (imports torch; import it explicitly).
 - `planner.enforce.tf_graph`: a plan's control edges as ``^name`` inputs of a GraphDef.

@@ -3,7 +3,8 @@
 Accepted (sniffed from the content, see docs/formats.md and docs/enforcement.md):
 
 - ``planner.priorities/1`` JSON: per rank, transfers with ``name`` and ``order_index``
-  (``param`` becomes the transfer's parameter list when present).
+  (``param`` becomes the transfer's parameter list when present; for a PyTorch DDP job
+  ``buckets`` says which traced DDP buckets the transfer carries, with their tensors).
 - ``planner.bucket_plan/1`` JSON (Caramel, `planner.export.caramel_files`): per rank,
   ``groups`` with ``order_index``, ``params`` (parameter names), ``depth``, ``nbytes``
   and the plan's ``predicted_iteration_time``; a top-level ``groups`` list is read too.
@@ -16,14 +17,34 @@ Torch-free, so the gate, `verify` and the TF rewrite can use it without PyTorch.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from planner.errors import InputError
+
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    """One gradient tensor of a traced DDP bucket: its trace label, shape and bytes."""
+
+    name: str
+    nbytes: int
+    shape: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """A traced DDP bucket: its index (DDP reduces buckets in index order), bytes, and
+    its tensors in bucket order (empty when the trace did not tell them apart)."""
+
+    index: int
+    nbytes: int
+    tensors: tuple[PlannedTensor, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -32,6 +53,8 @@ class Transfer:
 
     `params`: parameter names the transfer moves (a Caramel group; one name for a TicTac
     recv; empty when the plan does not say). `depth`: chunks all-reduced concurrently.
+    `buckets`: the traced DDP buckets it carries (PyTorch plans), matched to the live
+    model's parameters by order, size and shape at registration.
     """
 
     name: str
@@ -39,6 +62,8 @@ class Transfer:
     params: tuple[str, ...] = ()
     depth: int = 1
     nbytes: int = 0
+    buckets: tuple[Bucket, ...] = ()
+    ops: tuple[str, ...] = ()  # the traced ops it stands for (a Caramel group's transfers)
 
 
 @dataclass(frozen=True)
@@ -62,6 +87,35 @@ class TransferPlan:
         return len(self.transfers)
 
 
+def canonical(plan: TransferPlan) -> list[tuple[Any, ...]]:
+    """What every rank must agree on: per transfer in order, name, parameters, depth and
+    buckets (not the rank label, the source path or predictions)."""
+    return [
+        (t.order_index, t.name, t.params, t.depth,
+         tuple((b.index, b.nbytes, len(b.tensors)) for b in t.buckets))
+        for t in plan.transfers
+    ]  # fmt: skip
+
+
+def plan_digest(plan: TransferPlan) -> str:
+    """SHA-256 of `canonical(plan)`: equal on two ranks iff they enforce the same plan."""
+    return hashlib.sha256(repr(canonical(plan)).encode("utf-8")).hexdigest()
+
+
+def first_difference(mine: TransferPlan, other: list[tuple[Any, ...]]) -> str | None:
+    """The first place where `mine` differs from another rank's `canonical` plan."""
+    ours = canonical(mine)
+    fields = ("order_index", "name", "parameters", "depth", "buckets")
+    for a, b in zip(ours, other, strict=False):
+        if a != b:
+            at = next(i for i in range(len(fields)) if a[i] != b[i])
+            here, there = a[at], b[at]
+            return f"transfer at order_index {a[0]} ({a[1]!r}): {fields[at]} {here!r} here, {there!r} there"  # noqa: E501
+    if len(ours) != len(other):
+        return f"{len(ours)} transfers here, {len(other)} there"
+    return None
+
+
 def plan_from_groups(
     groups: Sequence[Sequence[str]],
     depths: Sequence[int] | None = None,
@@ -81,6 +135,16 @@ def plan_from_groups(
     return TransferPlan(transfers, algorithm=algorithm)
 
 
+def _ddp_only(transfers: list[Transfer]) -> list[Transfer]:
+    """In a plan for a DDP job (some transfers carry buckets), the transfers that carry no
+    DDP bucket (a barrier's all-reduce, a buffer broadcast) are not the hook's to order:
+    they are left out and the rest renumbered 0..n-1 in plan order."""
+    if not any(t.buckets for t in transfers) or all(t.buckets for t in transfers):
+        return transfers
+    kept = sorted((t for t in transfers if t.buckets), key=lambda t: t.order_index)
+    return [replace(t, order_index=i) for i, t in enumerate(kept)]
+
+
 def _check(transfers: Sequence[Transfer], where: str) -> None:
     names = [t.name for t in transfers]
     if len(set(names)) != len(names):
@@ -98,6 +162,29 @@ def _check(transfers: Sequence[Transfer], where: str) -> None:
             if p in seen and seen[p] != t.name:
                 raise InputError(where, f"parameter {p!r} is in both {seen[p]!r} and {t.name!r}")
             seen[p] = t.name
+    owner: dict[int, str] = {}
+    for t in transfers:
+        for b in t.buckets:
+            if b.index in owner:
+                raise InputError(where, f"DDP bucket {b.index} is in both {owner[b.index]!r} "
+                                 f"and {t.name!r}")  # fmt: skip
+            owner[b.index] = t.name
+
+
+def _buckets(entry: dict[str, Any]) -> tuple[Bucket, ...]:
+    """The ``buckets`` of a transfer or group (PyTorch DDP plans); () when absent."""
+    out = []
+    for b in entry.get("buckets") or ():
+        tensors = tuple(
+            PlannedTensor(
+                str(t["name"]),
+                int(t["nbytes"]),
+                tuple(int(d) for d in t["shape"]) if t.get("shape") is not None else None,
+            )
+            for t in b.get("tensors") or ()
+        )
+        out.append(Bucket(int(b["bucket"]), int(b["nbytes"]), tensors))
+    return tuple(out)
 
 
 def _pick_rank(entries: list[dict[str, Any]], rank: str | None, where: str) -> dict[str, Any]:
@@ -125,20 +212,23 @@ def _from_priorities(doc: dict[str, Any], rank: str | None, where: str) -> Trans
     transfers = []
     for t in entry.get("transfers", []):
         try:
+            buckets = _buckets(t)
             params = t.get("params") or ([t["param"]] if t.get("param") else [])
             transfers.append(
                 Transfer(
                     str(t["name"]),
                     int(t["order_index"]),
-                    tuple(map(str, params)),
+                    () if buckets else tuple(map(str, params)),  # DDP: params are labels
                     int(t.get("depth") or 1),
                     int(t.get("nbytes") or 0),
+                    buckets,
                 )
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InputError(where, f"bad transfer entry {t!r} ({exc})") from None
     transfers.sort(key=lambda t: t.order_index)
     _check(transfers, where)
+    transfers = _ddp_only(transfers)
     return TransferPlan(
         tuple(transfers), str(entry.get("rank")), str(entry.get("algorithm", "")), where
     )
@@ -155,7 +245,8 @@ def _from_bucket_plan(doc: dict[str, Any], rank: str | None, where: str) -> Tran
     for i, g in enumerate(groups):
         try:
             index = int(g.get("order_index", i))
-            params = tuple(str(p) for p in g["params"])
+            buckets = _buckets(g)
+            params = () if buckets else tuple(str(p) for p in g["params"])
             transfers.append(
                 Transfer(
                     str(g.get("name") or f"group{index}"),
@@ -163,12 +254,15 @@ def _from_bucket_plan(doc: dict[str, Any], rank: str | None, where: str) -> Tran
                     params,
                     int(g.get("depth") or 1),
                     int(g.get("nbytes") or g.get("bytes") or 0),
+                    buckets,
+                    tuple(str(o) for o in g.get("transfers") or ()),
                 )
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InputError(where, f"bad group {i} ({exc})") from None
     transfers.sort(key=lambda t: t.order_index)
     _check(transfers, where)
+    transfers = _ddp_only(transfers)
     algorithm = str(holder.get("algorithm") or doc.get("algorithm") or "caramel")
     predicted = holder.get("predicted_iteration_time")
     return TransferPlan(

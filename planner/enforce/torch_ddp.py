@@ -12,59 +12,174 @@
   planned depth; `attach(optimizer)` makes ``optimizer.step()`` wait for them: the full
   Caramel plan (batching, order, depth) in PyTorch.
 
-Each launch is recorded as a profiler range ``planner.transfer:<name>`` so that
-`planner verify` can read the order back from a torch.profiler trace.
+Both bind the plan to the model at registration (`planner.enforce.binding`: by names,
+or a traced job's DDP buckets by order, bytes and shape; a plan for another model is
+refused) and prove over the process group that every rank holds the same plan (a
+digest exchange). A failed all-reduce, or a step not done within the timeout (a peer
+died or stalled, a bucket never arrived), raises on this rank naming the transfer.
+
+Each launch is recorded as a profiler range ``planner.transfer:<name>`` (while a profiler
+records) so that `planner verify` can read the order back from a torch.profiler trace.
 Gradients are averaged (divided by the world size, then summed), as DDP's default.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import logging
+import re
 import threading
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from planner.enforce.binding import Binding, BoundariesUnknown, PlanMismatch, bind
 from planner.enforce.gate import GateError, PriorityGate
-from planner.enforce.plan_file import TransferPlan
+from planner.enforce.plan_file import TransferPlan, canonical, first_difference, plan_digest
 
 TRANSFER_PREFIX = "planner.transfer:"
+log = logging.getLogger("planner.enforce")
 
 
-def _param_names(module: nn.Module) -> dict[int, str]:
-    """id(parameter) -> its name in the (unwrapped) model."""
+class TransferFailed(GateError):
+    """A planned all-reduce failed or did not finish in time (a peer died or stalled)."""
+
+
+def _trainable(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """(name, parameter) of the trainable parameters of the (unwrapped) model."""
     inner = module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module
-    return {id(p): name for name, p in inner.named_parameters()}
+    return [(n, p) for n, p in inner.named_parameters() if p.requires_grad]
 
 
-def _group_of(plan: TransferPlan, names: Iterable[str], strict: bool) -> dict[str, str]:
-    """parameter name -> planned transfer; every trainable parameter must be in the plan."""
-    owner = {p.removeprefix("module."): t.name for t in plan.transfers for p in t.params}
-    missing = [n for n in names if n not in owner]
-    if missing and strict:
-        raise GateError(
-            f"{len(missing)} parameter(s) are in no planned group, e.g. {missing[0]!r}; "
-            "is the plan for another model?"
-        )
-    unknown = set(owner) - set(names)
-    if unknown and strict:
-        raise GateError(f"the plan names parameters the model lacks, e.g. {sorted(unknown)[0]!r}")
-    return owner
+def bind_model(
+    plan: TransferPlan, named: Sequence[tuple[str, nn.Parameter]], strict: bool
+) -> Binding:
+    """Bind `plan` to the parameters `named` (`planner.enforce.binding`); log the mapping."""
+    binding = bind(plan, [(n, p.numel() * p.element_size(), tuple(p.shape)) for n, p in named],
+                   strict)  # fmt: skip
+    for line in binding.mapping:
+        log.info("plan %s: %s", plan.source or "<plan>", line)
+    return binding
+
+
+def agree_on_plan(plan: TransferPlan, group: Any = None) -> str:
+    """Prove that every rank of `group` holds the same plan; returns its digest.
+
+    The ranks exchange `plan_digest` and `canonical` over the process group (once, at
+    registration); on a difference every rank raises `PlanMismatch` naming the first.
+    """
+    digest = plan_digest(plan)
+    world = dist.get_world_size(group)
+    if world == 1:
+        return digest
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, (digest, canonical(plan)), group=group)
+    me = dist.get_rank(group)
+    for rank, (other, plan_there) in enumerate(gathered):
+        if other != digest:
+            where = first_difference(plan, plan_there) or "same transfers, other digest"
+            raise PlanMismatch(
+                f"rank {me} and rank {rank} hold different plans (digest {digest[:12]} vs "
+                f"{other[:12]}): {where}"
+            )
+    return digest
+
+
+def _one_line(exc: BaseException) -> str:
+    """The first sentence of an error, without gloo's ``[file.cc:123]`` prefix."""
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    text = re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", text)
+    return text.split(". ", 1)[0]
+
+
+def _chunks(flat: torch.Tensor, depth: int) -> tuple[torch.Tensor, ...]:
+    """`flat` cut into `depth` non-empty views (fewer when it has fewer elements)."""
+    parts = torch.tensor_split(flat, max(1, min(depth, flat.numel())))
+    return tuple(c for c in parts if c.numel())
 
 
 def _launch_chunks(
-    flat: torch.Tensor, depth: int, world: int, group: Any, name: str
-) -> torch.futures.Future:
-    """Average `flat` across ranks in `depth` chunks all-reduced concurrently (in place)."""
-    with torch.profiler.record_function(f"{TRANSFER_PREFIX}{name}"):
-        flat.div_(world)
-        parts = torch.tensor_split(flat, max(1, min(depth, flat.numel())))
-        chunks = [c for c in parts if c.numel()]
-        works = [dist.all_reduce(c, group=group, async_op=True) for c in chunks]
-    return torch.futures.collect_all([w.get_future() for w in works])
+    chunks: Sequence[torch.Tensor], flat: torch.Tensor, world: int, pg: Any, name: str | None
+) -> list[torch.futures.Future]:
+    """Average `flat` (cut into `chunks` views) across ranks: chunks all-reduced concurrently.
+
+    The hot path: straight to the process group `pg`; the profiler range
+    ``planner.transfer:<name>`` only while a profiler records (none for `name` None).
+    """
+    if name is not None and torch.autograd.profiler._is_profiler_enabled:  # noqa: SLF001
+        with torch.profiler.record_function(f"{TRANSFER_PREFIX}{name}"):
+            flat.div_(world)
+            return [pg.allreduce([c]).get_future() for c in chunks]
+    flat.div_(world)
+    return [pg.allreduce([c]).get_future() for c in chunks]
+
+
+def _process_group(group: Any) -> Any:
+    """The process group object itself (None: the default group)."""
+    return group if group is not None else dist.distributed_c10d._get_default_group()  # noqa: SLF001
+
+
+class _Watchdog:
+    """Fails futures not done `timeout` seconds after they were watched (a daemon thread).
+
+    DDP waits for every bucket's future at the end of backward, and gloo waits for a
+    peer up to the process group's timeout (30 min): failing the future ends the step on
+    this rank within the gate timeout instead, naming the transfer.
+    """
+
+    def __init__(self, timeout: float, describe: Callable[[str], str]) -> None:
+        self.timeout = timeout
+        self.failure: TransferFailed | None = None
+        self._describe = describe
+        self._items: collections.deque[tuple[float, torch.futures.Future, str]] = (
+            collections.deque()
+        )
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="planner-watchdog", daemon=True)
+        self._thread.start()
+
+    def watch(self, future: torch.futures.Future, transfer: str) -> None:
+        self._items.append((time.monotonic() + self.timeout, future, transfer))
+
+    def _run(self) -> None:
+        tick = min(1.0, max(0.05, self.timeout / 10))
+        while not self._closed.wait(tick):
+            now = time.monotonic()
+            while self._items and self._items[0][1].done():
+                self._items.popleft()
+            if not self._items or self._items[0][0] > now:
+                continue
+            error = self.failure = TransferFailed(self._describe(self._items[0][2]))
+            while self._items:
+                _, future, _ = self._items.popleft()
+                _fail(future, error)
+
+    def close(self) -> None:
+        self._closed.set()
+
+
+def _when_all(futures: Sequence[torch.futures.Future]) -> torch.futures.Future:
+    """One future done when all `futures` are (the future itself when there is one)."""
+    return futures[0] if len(futures) == 1 else torch.futures.collect_all(list(futures))
+
+
+def _fail(future: torch.futures.Future, error: BaseException) -> None:
+    with contextlib.suppress(RuntimeError):  # already completed
+        future.set_exception(error)
+
+
+@dataclass
+class _BucketState:
+    buffer: torch.Tensor
+    future: torch.futures.Future
+    outstanding: int = 0
 
 
 @dataclass
@@ -76,17 +191,26 @@ class _Piece:
     numel: int
 
 
-@dataclass
-class _BucketState:
-    buffer: torch.Tensor
-    future: torch.futures.Future
-    outstanding: int = 0
+@dataclass(frozen=True)
+class _Route:
+    """How one DDP bucket (a layout DDP keeps until it rebuilds) maps to planned transfers.
+
+    `pieces`: per transfer, its parameter count in the bucket and its (offset, numel)
+    slices. `whole`: the bucket is exactly one planned transfer, all-reduced in place
+    through `chunks` (views of the bucket buffer, cut to the planned depth).
+    """
+
+    pieces: tuple[tuple[str, int, tuple[tuple[int, int], ...]], ...]
+    whole: str | None = None
+    chunks: tuple[torch.Tensor, ...] = ()
+    provisional: bool = False  # DDP's first-step buckets, before the binding (ungated)
 
 
 @dataclass
-class _GroupState:
-    remaining: int
-    pieces: list[_Piece] = field(default_factory=list)
+class _Step:
+    remaining: dict[str, int]
+    pieces: dict[str, list[_Piece]] = field(default_factory=dict)
+    provisional: bool = False
 
 
 class PlanCommHook:
@@ -101,102 +225,249 @@ class PlanCommHook:
         group: Any = None,
         strict: bool = True,
         timeout: float = 30.0,
+        agree: bool = True,
     ) -> None:
         self.plan = plan
         self.group = group
         self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self._pg = _process_group(group)
         self.gate = gate or PriorityGate(plan, timeout=timeout, strict=strict)
         self.strict = self.gate.strict
-        self.names = _param_names(ddp)
-        trainable = [self.names[id(p)] for p in ddp.parameters() if p.requires_grad]
-        self.owner = _group_of(plan, trainable, self.strict)
+        named = _trainable(ddp)
+        self._by_bucket: dict[int, tuple[str, int]] | None = None
+        try:
+            self.binding = bind_model(plan, named, self.strict)
+        except BoundariesUnknown as exc:  # bind to DDP's own buckets once it rebuilds them
+            log.info("plan %s: %s; binding DDP's rebuilt buckets by index and bytes",
+                     plan.source or "<plan>", exc)  # fmt: skip
+            self.binding = Binding({}, "ddp_buckets")
+            self._by_bucket = {b.index: (t.name, b.nbytes) for t in plan.transfers
+                               for b in t.buckets}  # fmt: skip
+        self.owner = self.binding.owner
+        self._steps_done = 0
+        self.digest = agree_on_plan(plan, group) if agree else plan_digest(plan)
+        self.names = {id(p): n for n, p in named}
         self.depth = {t.name: t.depth for t in plan.transfers}
-        self.size = {t.name: 0 for t in plan.transfers}
-        for name in trainable:
+        self.size = {t.name: 0 for t in plan.transfers}  # units: parameters, or buckets
+        for name, _ in named:
             if name in self.owner:
                 self.size[self.owner[name]] += 1
+        if self._by_bucket is not None:
+            self.size = {t.name: len(t.buckets) for t in plan.transfers}
+        self._routes: dict[tuple[int, int, int], _Route] = {}
+        self._step: _Step | None = None
         self._lock = threading.Lock()
-        self._groups: dict[str, _GroupState] = {}
+        self._watchdog = _Watchdog(self.gate.timeout, self._stuck)
         self.launched: list[str] = []  # this iteration, in launch order
+        self.launched_last: tuple[str, ...] = ()
+        self._failure: TransferFailed | None = None
 
-    def _new_iteration(self) -> None:
-        self._groups = {
-            name: _GroupState(remaining=count) for name, count in self.size.items() if count
-        }
-        self.launched = []
+    @property
+    def failure(self) -> TransferFailed | None:
+        """The error that failed a step (DDP re-raises it wrapped; this is the plain one)."""
+        return self._failure or self._watchdog.failure
 
-    def __call__(self, bucket: dist.GradBucket) -> torch.futures.Future:
-        if not self._groups and not self.launched:
-            self._new_iteration()
-        buffer = bucket.buffer()
-        state = _BucketState(buffer, torch.futures.Future())
+    @failure.setter
+    def failure(self, error: TransferFailed) -> None:
+        self._failure = error
+
+    # ---------------------------------------------------------------- registration-time work
+
+    def _bucket_route(self, bucket: dist.GradBucket, buffer: torch.Tensor) -> _Route:
+        """A plan bound to DDP's buckets: planned bucket k is DDP's bucket k, same bytes."""
+        if self._steps_done == 0:  # DDP's first-step layout: it rebuilds after it
+            return _Route((), provisional=True)
+        k, nbytes = bucket.index(), buffer.numel() * buffer.element_size()
+        planned = (self._by_bucket or {}).get(k)
+        if planned is None or planned[1] != nbytes:
+            raise PlanMismatch(
+                f"DDP bucket {k} holds {nbytes} bytes, the plan's bucket {k} "
+                f"{planned[1] if planned else 'does not exist'}"
+                f"{' bytes' if planned else ''}: is the plan for another model, or another "
+                "bucket_cap_mb?"
+            )
+        transfer = planned[0]
+        names = ", ".join(self.names.get(id(p), "?") for p in bucket.parameters())
+        log.info("DDP bucket %d (%s) <- %s", k, transfer, names)
+        pieces = ((transfer, 1, ((0, buffer.numel()),)),)
+        if self.size[transfer] == 1:
+            return _Route(pieces, transfer, _chunks(buffer, self.depth.get(transfer, 1)))
+        return _Route(pieces)
+
+    def _route(self, bucket: dist.GradBucket, buffer: torch.Tensor) -> _Route:
+        """Cut a bucket layout into planned transfers (once per layout, not per step)."""
+        if self._by_bucket is not None:
+            return self._bucket_route(bucket, buffer)
+        spans: dict[str, list[tuple[int, int]]] = {}
+        counts: dict[str, int] = {}
         offset = 0
-        ready: list[str] = []
-        pieces: dict[str, list[_Piece]] = {}
         for param in bucket.parameters():
             name = self.names.get(id(param), f"<unnamed {tuple(param.shape)}>")
             transfer = self.owner.get(name, f"unplanned:bucket{bucket.index()}")
-            pieces.setdefault(transfer, []).append(_Piece(state, offset, param.numel()))
+            mine = spans.setdefault(transfer, [])
+            if mine and mine[-1][0] + mine[-1][1] == offset:  # contiguous: one slice
+                mine[-1] = (mine[-1][0], mine[-1][1] + param.numel())
+            else:
+                mine.append((offset, param.numel()))
+            counts[transfer] = counts.get(transfer, 0) + 1
             offset += param.numel()
         if offset != buffer.numel():
-            raise GateError(f"bucket {bucket.index()}: parameters do not tile its buffer")
-        state.outstanding = sum(len(parts) for parts in pieces.values())
-        for transfer, parts in pieces.items():
-            if transfer not in self._groups:  # unplanned: one transfer of its own
-                self._groups[transfer] = _GroupState(remaining=len(parts))
-            g = self._groups[transfer]
-            g.pieces.extend(parts)
-            g.remaining -= len(parts)
-            if g.remaining == 0:
-                ready.append(transfer)
-        for transfer in ready:
-            self.gate.submit(transfer, lambda t=transfer: self._launch(t))
+            raise GateError(f"DDP bucket {bucket.index()}: parameters do not tile its buffer")
+        pieces = tuple((t, counts[t], tuple(spans[t])) for t in spans)
+        if len(pieces) == 1 and counts[pieces[0][0]] == self.size.get(pieces[0][0], -1):
+            t = pieces[0][0]
+            return _Route(pieces, t, _chunks(buffer, self.depth.get(t, 1)))
+        log.info("DDP bucket %d is cut into %d planned transfer(s): %s", bucket.index(),
+                 len(pieces), ", ".join(t for t, _, _ in pieces))  # fmt: skip
+        return _Route(pieces)
+
+    # ---------------------------------------------------------------- per step (hot path)
+
+    def __call__(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        buffer = bucket.buffer()
+        key = (bucket.index(), buffer.data_ptr(), buffer.numel())
+        route = self._routes.get(key)
+        if route is None:
+            route = self._route(bucket, buffer)
+            if not route.provisional:  # DDP may keep its first layout: decide again then
+                self._routes[key] = route
+        step = self._step
+        if step is None:
+            step = self._step = _Step(dict(self.size))
+        out: torch.futures.Future = torch.futures.Future()
+        if route.provisional:  # reduced at once, as DDP would; this step is not gated
+            step.provisional = True
+            self._watchdog.watch(out, f"DDP bucket {bucket.index()}")
+            futures = _launch_chunks((buffer,), buffer, self.world, self._pg, None)
+            futures[0].add_done_callback(
+                partial(self._settled, f"DDP bucket {bucket.index()}", futures,
+                        partial(_complete, out, buffer), (out,))
+            )  # fmt: skip
+        elif route.whole is not None:
+            self._watchdog.watch(out, route.whole)
+            step.remaining[route.whole] = 0
+            self.gate.submit(route.whole, partial(self._launch_whole, route, buffer, out))
+        else:
+            self._watchdog.watch(out, route.pieces[0][0])
+            state = _BucketState(buffer, out, sum(len(spans) for _, _, spans in route.pieces))
+            for transfer, count, spans in route.pieces:
+                parts = step.pieces.setdefault(transfer, [])
+                parts.extend(_Piece(state, o, n) for o, n in spans)
+                left = step.remaining.get(transfer, count) - count
+                step.remaining[transfer] = left
+                if left == 0:
+                    self.gate.submit(transfer, partial(self._launch_pieces, transfer, step))
         if bucket.is_last():
-            self._end_iteration()
-        return state.future
+            self._end_iteration(step)
+        return out
 
-    def _launch(self, transfer: str) -> None:
-        g = self._groups[transfer]
-        flat = torch.cat([p.bucket.buffer[p.offset : p.offset + p.numel] for p in g.pieces])
+    def _launch_whole(self, route: _Route, buffer: torch.Tensor, out: torch.futures.Future) -> None:
+        transfer = route.whole or ""
         self.launched.append(transfer)
-        fut = _launch_chunks(flat, self.depth.get(transfer, 1), self.world, self.group, transfer)
+        futures = _launch_chunks(route.chunks, buffer, self.world, self._pg, transfer)
+        _when_all(futures).add_done_callback(
+            partial(self._settled, transfer, futures, partial(_complete, out, buffer), (out,))
+        )
 
-        def scatter(_: torch.futures.Future) -> None:
+    def _launch_pieces(self, transfer: str, step: _Step) -> None:
+        pieces = step.pieces[transfer]
+        flat = torch.cat([p.bucket.buffer[p.offset : p.offset + p.numel] for p in pieces])
+        self.launched.append(transfer)
+        chunks = _chunks(flat, self.depth.get(transfer, 1))
+        futures = _launch_chunks(chunks, flat, self.world, self._pg, transfer)
+
+        def scatter() -> None:
             at = 0
             finished = []
             with self._lock:
-                for p in g.pieces:
+                for p in pieces:
                     p.bucket.buffer[p.offset : p.offset + p.numel].copy_(flat[at : at + p.numel])
                     at += p.numel
                     p.bucket.outstanding -= 1
                     if p.bucket.outstanding == 0:
                         finished.append(p.bucket)
             for b in finished:
-                b.future.set_result(b.buffer)
+                _complete(b.future, b.buffer)
 
-        fut.then(scatter)
+        outs = [p.bucket.future for p in pieces]
+        _when_all(futures).add_done_callback(
+            partial(self._settled, transfer, futures, scatter, outs)
+        )
 
-    def _end_iteration(self) -> None:
+    def _settled(
+        self,
+        transfer: str,
+        futures: Sequence[torch.futures.Future],
+        then: Callable[[], None],
+        outs: Sequence[torch.futures.Future],
+        _: torch.futures.Future,
+    ) -> None:
+        """Called once every chunk's all-reduce has ended: fail the step on an error,
+        else run `then`."""
+        for f in futures:
+            try:
+                f.value()
+            except Exception as exc:  # a failed collective fails the step, as in DDP
+                error = TransferFailed(
+                    f"transfer {transfer!r} (order_index {self.gate.index.get(transfer, -1)}) "
+                    f"failed on rank {self.rank}: {_one_line(exc)}"
+                )
+                self.failure = error
+                for out in outs:
+                    _fail(out, error)
+                return
+        then()
+
+    def _stuck(self, transfer: str) -> str:
+        """The one-line error for a step that did not finish within the gate timeout."""
+        waiting = self.gate.pending
+        if waiting:
+            at = self.gate.counter
+            name = self.gate.order[at] if at < len(self.gate.order) else waiting[0]
+            return (
+                f"planned transfer {name!r} (order_index {at}) never arrived on rank "
+                f"{self.rank} within {self.gate.timeout:g} s ({len(waiting)} transfer(s) queued "
+                "behind it)"
+            )
+        name = self.launched[-1] if self.launched else transfer
+        return (
+            f"transfer {name!r} (order_index {self.gate.index.get(name, -1)}) did not finish "
+            f"on rank {self.rank} within {self.gate.timeout:g} s: a peer rank stalled or died"
+        )
+
+    def _end_iteration(self, step: _Step) -> None:
         """After the last bucket nothing more can arrive: every group must have launched."""
-        incomplete = [t for t, g in self._groups.items() if g.remaining > 0]
+        self._step = None
+        self._steps_done += 1
+        if step.provisional:
+            self.launched_last = ()
+            return
+        incomplete = [t for t, left in step.remaining.items() if left > 0]
         try:
             if incomplete and self.strict:
                 raise _never_ready(self.gate, incomplete[0])
             for t in incomplete:  # lenient: reduce what arrived
-                if self._groups[t].pieces:
-                    self.gate.submit(t, lambda t=t: self._launch(t))
+                if step.pieces.get(t):
+                    self.gate.submit(t, partial(self._launch_pieces, t, step))
             self.gate.flush(timeout=0.0)
         except GateError as exc:
-            for g in self._groups.values():
-                for p in g.pieces:
-                    if not p.bucket.future.done():
-                        p.bucket.future.set_exception(exc)
+            for parts in step.pieces.values():
+                for p in parts:
+                    _fail(p.bucket.future, exc)
             self.gate.reset()
-            self._groups = {}
             raise
-        self._groups = {}
         self.launched_last = tuple(self.launched)
         self.launched = []
+
+    def close(self) -> None:
+        """Stop the watchdog thread."""
+        self._watchdog.close()
+
+
+def _complete(future: torch.futures.Future, value: torch.Tensor) -> None:
+    with contextlib.suppress(RuntimeError):  # failed by the watchdog meanwhile
+        future.set_result(value)
 
 
 def _never_ready(gate: PriorityGate, transfer: str) -> GateError:
@@ -224,10 +495,17 @@ def register_plan_hook(
     strict: bool = True,
     timeout: float = 30.0,
     gate: PriorityGate | None = None,
+    agree: bool = True,
 ) -> PlanCommHook:
-    """Register the gated, depth-splitting all-reduce hook on `ddp`; returns its state."""
+    """Register the gated, depth-splitting all-reduce hook on `ddp`; returns its state.
+
+    Binds the plan to the model (refusing one made for another model) and, with `agree`,
+    checks over the process group that every rank holds the same plan. A step whose
+    transfers do not all finish within `timeout` seconds (a peer stalled or died, a
+    bucket never arrived) or whose all-reduce fails raises `GateError` from backward.
+    """
     state = PlanCommHook(ddp, plan, gate=gate, group=ddp.process_group, strict=strict,
-                         timeout=timeout)  # fmt: skip
+                         timeout=timeout, agree=agree)  # fmt: skip
     ddp.register_comm_hook(state, _hook)
     return state
 
@@ -248,28 +526,30 @@ class GradSync:
         strict: bool = True,
         timeout: float = 30.0,
         gate: PriorityGate | None = None,
+        agree: bool = True,
     ) -> None:
         self.model = model
         self.plan = plan
         self.group = group
         self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
         self.gate = gate or PriorityGate(plan, timeout=timeout, strict=strict)
         self.strict = self.gate.strict
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        self.owner = _group_of(plan, [n for n, _ in named], self.strict)
-        by_name = dict(named)
-        self.members: dict[str, list[nn.Parameter]] = {
-            t.name: [by_name[p.removeprefix("module.")] for p in t.params
-                     if p.removeprefix("module.") in by_name]
-            for t in plan.transfers
-        }  # fmt: skip
+        named = _trainable(model)
+        self.binding = bind_model(plan, named, self.strict)
+        self.owner = dict(self.binding.owner)
+        self.digest = agree_on_plan(plan, group) if agree else plan_digest(plan)
+        self.members: dict[str, list[nn.Parameter]] = {t.name: [] for t in plan.transfers}
+        for name, p in named:
+            if name in self.owner:
+                self.members[self.owner[name]].append(p)
         for name, p in named:
             if name not in self.owner:  # lenient: an unplanned transfer of its own
                 self.members[f"unplanned:{name}"] = [p]
                 self.owner[name] = f"unplanned:{name}"
         self.depth = {t.name: t.depth for t in plan.transfers}
         self._remaining: dict[str, int] = {}
-        self._inflight: list[tuple[str, torch.Tensor, torch.futures.Future]] = []
+        self._inflight: list[tuple[str, torch.Tensor, list[torch.futures.Future]]] = []
         self._lock = threading.Lock()
         self.launched: list[str] = []
         self.last_order: tuple[str, ...] = ()
@@ -294,8 +574,9 @@ class GradSync:
         params = self.members[transfer]
         flat = torch.cat([p.grad.reshape(-1) for p in params])
         self.launched.append(transfer)
-        fut = _launch_chunks(flat, self.depth.get(transfer, 1), self.world, self.group, transfer)
-        self._inflight.append((transfer, flat, fut))
+        chunks = _chunks(flat, self.depth.get(transfer, 1))
+        futures = _launch_chunks(chunks, flat, self.world, _process_group(self.group), transfer)
+        self._inflight.append((transfer, flat, futures))
 
     def wait(self) -> tuple[str, ...]:
         """Block until every group of this step is averaged into ``.grad``; returns the
@@ -311,8 +592,9 @@ class GradSync:
             self.gate.reset()
             self._reset()
             raise
-        for transfer, flat, fut in self._inflight:
-            fut.wait()
+        deadline = time.monotonic() + self.gate.timeout
+        for transfer, flat, futures in self._inflight:
+            self._wait(transfer, futures, deadline)
             at = 0
             for p in self.members[transfer]:
                 p.grad.copy_(flat[at : at + p.numel()].view_as(p.grad))
@@ -320,6 +602,28 @@ class GradSync:
         self.last_order = tuple(self.launched)
         self._reset()
         return self.last_order
+
+    def _wait(
+        self, transfer: str, futures: Sequence[torch.futures.Future], deadline: float
+    ) -> None:
+        """Wait for one transfer's chunks until `deadline`; a failure or a stall raises."""
+        where = f"transfer {transfer!r} (order_index {self.gate.index.get(transfer, -1)})"
+        while not all(f.done() for f in futures):
+            if time.monotonic() > deadline:
+                self._reset()
+                raise TransferFailed(
+                    f"{where} did not finish on rank {self.rank} within {self.gate.timeout:g}"
+                    " s: a peer rank stalled or died"
+                )
+            time.sleep(0.0005)
+        for f in futures:
+            try:
+                f.value()
+            except Exception as exc:
+                self._reset()
+                raise TransferFailed(
+                    f"{where} failed on rank {self.rank}: {_one_line(exc)}"
+                ) from None
 
     def attach(self, optimizer: torch.optim.Optimizer) -> Callable[[], None]:
         """Make ``optimizer.step()`` wait for the gradients; returns a remover."""
