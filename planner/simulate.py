@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -392,36 +392,342 @@ def measured(rows: pd.DataFrame) -> tuple[float, float]:
     return busy_time(starts, durations) / 1e9, span
 
 
-def _replay_rank(
-    compiled: Compiled, rows_of_rank: pd.DataFrame, oracle: TimeOracle, seed: int
-) -> list[dict[str, Any]]:
-    fallback = op_seconds(compiled, oracle)
-    steps = []
-    for iteration, rows in rows_of_rank.groupby("iteration", sort=True):
-        seconds = step_seconds(compiled, rows, fallback)
-        result = run(compiled, seconds, observed_priority(compiled, rows), seed=seed)
-        busy, span = measured(rows)
-        predicted = float(result.makespan[0])
-        steps.append(
-            {
-                "iteration": int(iteration),
-                "predicted": predicted,
-                "measured": busy,
-                "span": span,
-                "idle": span - busy,
-                "replay_error": predicted / busy - 1.0 if busy > 0 else None,
-                "ops_observed": int(rows["op"].isin(compiled.index).sum()),
-            }
+@dataclass(frozen=True)
+class StepModel:
+    """One traced step as the replay runs it (see `step_model`).
+
+    `compiled`: the rank's n ops followed by n overhead ops (op i waits for overhead op
+    n + i, which waits for op i's predecessors and lane predecessor), with `cap` threads
+    or channels per resource; `seconds`: per op the observed duration, per overhead op
+    the overhead; `overhead`: the overhead per op (s); `observed`: ops with a record
+    this step; `tail`: the step's closing time after its last op (s); `missing`: ops
+    recorded in every other step of the rank but not in this one; `violated`: the DAG
+    edge (u, v, seconds) the trace contradicts most (v started before u ended), if any.
+    """
+
+    compiled: Compiled
+    cap: np.ndarray
+    priority: np.ndarray
+    seconds: np.ndarray
+    overhead: np.ndarray
+    observed: np.ndarray
+    tail: float
+    missing: tuple[str, ...]
+    violated: tuple[str, str, float] | None
+    ready: np.ndarray
+    t0: int
+
+
+def step_model(
+    compiled: Compiled,
+    rows: pd.DataFrame,
+    span: tuple[int, int],
+    fallback: np.ndarray,
+    missing: Sequence[str] = (),
+    release: np.ndarray | None = None,
+) -> StepModel:
+    """The replay model of one step: what plain list scheduling misses, taken from it.
+
+    - Concurrency: a resource runs as many ops at once as the step ever ran on it (TF's
+      inter-op thread pool, gRPC serving 12-14 transfers on one channel, one thread or
+      stream: 1), each at its observed duration, not the processor-shared `dedicated`
+      one; ops start in observed order (priority), and a resource that ran one op at a
+      time (a Python thread, a GPU stream) keeps its exact order (chain edges).
+    - Overhead: the time between an op being ready (its DAG and chain predecessors done,
+      the step begun) and its start: framework and Python overhead, launch latency and
+      CPU-ahead queues, PS-side and peer waits the DAG has no edge for. An overhead op
+      before each op carries it without holding the op's resource.
+    - Peers: `release` (ns from the step's start per op, -1 for none) is the time the
+      other ranks were ready for the same collective or transfer in the same step (from
+      their traces): it cannot start before, as a collective waits for the slowest rank.
+    - Tail: the step's span after its last op (closing overhead), kept as observed.
+    Ops without a record this step run at their `fallback` time, unconstrained, so a
+    partial step still replays (and is flagged).
+    """
+    n = len(compiled.names)
+    rows = rows[rows["op"].isin(compiled.index)]
+    idx = rows["op"].map(compiled.index).to_numpy(dtype=np.int64)
+    t0, t1 = span
+    start = rows["start"].to_numpy(dtype=np.int64) - t0
+    dur = rows["duration"].to_numpy(dtype=np.int64)
+    lane = lanes(compiled.res[idx], start.astype(np.float64), dur.astype(np.float64))
+    observed = np.zeros(n, dtype=bool)
+    observed[idx] = True
+    n_res = len(compiled.resources)
+    width = np.ones(n_res, dtype=np.int64)
+    np.maximum.at(width, compiled.res[idx], lane + 1)
+    res = compiled.res.copy()
+    res[~observed] = n_res
+    # observed start order per resource -> priorities, and chains on one-at-a-time ones
+    order = np.lexsort((start, res[idx]))
+    o_idx, o_res = idx[order], res[idx][order]
+    first = np.searchsorted(o_res, o_res, side="left")
+    priority = np.full(2 * n, -1, dtype=np.int64)
+    priority[o_idx] = np.arange(len(o_idx)) - first
+    same = (o_res[1:] == o_res[:-1]) & (width[o_res[1:]] == 1)
+    chain_src, chain_dst = o_idx[:-1][same], o_idx[1:][same]
+    end_of = np.zeros(n, dtype=np.int64)
+    end_of[idx] = start + dur
+    start_of = np.zeros(n, dtype=np.int64)
+    start_of[idx] = start
+    src = np.concatenate([compiled.src, chain_src])
+    dst = np.concatenate([compiled.dst, chain_dst])
+    ready = np.zeros(n, dtype=np.int64)
+    both = observed[src] & observed[dst]
+    np.maximum.at(ready, dst[both], end_of[src[both]])
+    own_ready = ready.copy()
+    held = np.zeros(0, dtype=np.int64)
+    if release is not None:
+        # a collective that started before its peers were ready waited inside its
+        # observed duration (gloo, NCCL kernels): no release for it
+        held = np.flatnonzero(observed & (release > 0) & (release <= start_of))
+        ready[held] = np.maximum(ready[held], release[held])
+    gap = np.where(observed, np.maximum(start_of - ready, 0), 0)
+    g_src, g_dst = compiled.src, compiled.dst
+    late = end_of[g_src] - start_of[g_dst]
+    late = np.where(observed[g_src] & observed[g_dst], late, 0)
+    violated = None
+    if len(late) and late.max() > 0:
+        k = int(np.argmax(late))
+        violated = (compiled.names[g_src[k]], compiled.names[g_dst[k]], float(late[k]) / 1e9)
+    k = len(held)
+    seconds = np.concatenate([fallback, np.zeros(n), np.zeros(k)])
+    seconds[idx] = dur / 1e9
+    seconds[n + idx] = gap[idx] / 1e9
+    if k:
+        seconds[2 * n :] = release[held] / 1e9
+    every = np.arange(n, dtype=np.int64)
+    expanded = Compiled(
+        compiled.graph,
+        (
+            *compiled.names,
+            *(f"(overhead) {name}" for name in compiled.names),
+            *(f"(peers) {compiled.names[i]}" for i in held),
+        ),
+        compiled.index,
+        (*compiled.resources, "(unrecorded)", "(overhead)"),
+        np.concatenate([res, np.full(n + k, n_res + 1, dtype=np.int64)]),
+        np.concatenate([src, n + every, 2 * n + np.arange(k)]),
+        np.concatenate([n + dst, every, n + held]),
+        np.concatenate([compiled.transfer, np.zeros(n + k, dtype=bool)]),
+    )
+    priority = np.concatenate([priority, np.full(k, -1, dtype=np.int64)])
+    cap = np.concatenate([width, [max(1, n), max(1, n + k)]]).astype(np.int64)
+    tail = max(0, t1 - t0 - int(end_of[idx].max(initial=0))) / 1e9
+    return StepModel(
+        expanded, cap, priority, seconds, gap / 1e9, observed, tail, tuple(missing), violated,
+        own_ready, t0,
+    )  # fmt: skip
+
+
+def typical_overheads(models: Mapping[int, StepModel]) -> dict[int, np.ndarray]:
+    """Step -> the overhead per op the replay of that step uses: the median of the op's
+    overhead over the *other* steps of the rank (leave one out).
+
+    The replay must not be handed the step's own waits, or it reproduces the step by
+    construction and its error says nothing: with the overhead of the other steps it
+    predicts the step from what is typical of each op, as a plan's prediction must. An op
+    seen in no other step (or a rank with one step) keeps its own overhead.
+    """
+    items = sorted(models)
+    if not items:
+        return {}
+    table = np.stack([np.where(models[i].observed, models[i].overhead, np.nan) for i in items])
+    out = {}
+    for row, it in enumerate(items):
+        others = np.delete(table, row, axis=0)
+        typical = np.full(table.shape[1], np.nan)
+        seen = (~np.isnan(others)).any(axis=0) if len(others) else np.zeros(len(typical), bool)
+        if seen.any():
+            typical[seen] = np.nanmedian(others[:, seen], axis=0)
+        out[it] = np.where(np.isnan(typical), models[it].overhead, typical)
+    return out
+
+
+def with_overhead(model: StepModel, overhead: np.ndarray) -> StepModel:
+    """`model` with `overhead` (s per op) in place of its own, on its observed ops."""
+    n = len(new := np.where(model.observed, overhead, 0.0))
+    seconds = model.seconds.copy()
+    seconds[n : 2 * n] = new
+    return replace(model, seconds=seconds, overhead=new)
+
+
+def missing_ops(compiled: Compiled, rows_of_rank: pd.DataFrame) -> dict[int, tuple[str, ...]]:
+    """Step -> ops recorded in every other step of the rank but not in it.
+
+    A record missing from one step only (an incomplete PS-side RecvTensor log, a dropped
+    profiler event) makes that step partial: its busy time lacks the op and its replay
+    runs the op at an estimated time.
+    """
+    known = rows_of_rank[rows_of_rank["op"].isin(compiled.index)]
+    steps = sorted(known["iteration"].unique().tolist())
+    if len(steps) < 2:
+        return {}
+    seen = known.groupby("op")["iteration"].nunique()
+    out = {}
+    for step, rows in known.groupby("iteration", sort=True):
+        candidates = seen[seen == len(steps) - 1].index
+        gone = tuple(sorted(set(candidates) - set(rows["op"])))
+        if gone:
+            out[int(step)] = gone
+    return out
+
+
+def _cause(model: StepModel, error: float) -> str:
+    """The largest unmodelled gap of a step, in words."""
+    parts = []
+    if model.missing:
+        parts.append(
+            f"{len(model.missing)} op(s) without a record in this step "
+            f"(e.g. {model.missing[0]}), run at the oracle's time"
         )
+    if model.violated is not None and model.violated[2] > 0:
+        u, v, late = model.violated
+        parts.append(
+            f"DAG edge {u} -> {v} not kept by the trace ({v} started {late * 1e3:.3g} ms "
+            f"before {u} ended)"
+        )
+    if not parts and len(model.overhead):
+        k = int(np.argmax(model.overhead))
+        parts.append(
+            f"largest overhead {model.overhead[k] * 1e3:.3g} ms before "
+            f"{model.compiled.names[k]} (the median of the other steps)"
+        )
+    return "; ".join(parts) if abs(error) > 0 or parts else ""
+
+
+def _step_models(
+    compiled: Compiled,
+    rows_of_rank: pd.DataFrame,
+    oracle: TimeOracle,
+    spans: Mapping[int, tuple[int, int]] | None,
+    releases: Mapping[int, np.ndarray] | None = None,
+) -> dict[int, tuple[pd.DataFrame, tuple[int, int], StepModel]]:
+    """Step -> (its rows, its span, its `step_model`) for each step of one rank."""
+    fallback = op_seconds(compiled, oracle)
+    gone = missing_ops(compiled, rows_of_rank)
+    models = {}
+    for iteration, rows in rows_of_rank.groupby("iteration", sort=True):
+        it = int(iteration)
+        known = rows[rows["op"].isin(compiled.index)]
+        if not len(known):
+            continue
+        first = int(known["start"].min())
+        last = int((known["start"] + known["duration"]).max())
+        span = (spans or {}).get(it, (first, last))
+        span = (min(span[0], first), max(span[1], last))
+        release = None
+        if releases is not None and it in releases:
+            release = releases[it] - span[0]
+            release[releases[it] < 0] = -1
+        models[it] = (
+            known,
+            span,
+            step_model(compiled, known, span, fallback, gone.get(it, ()), release),
+        )
+    return models
+
+
+def peer_releases(
+    compiled: Mapping[str, Compiled],
+    models: Mapping[str, Mapping[int, tuple[pd.DataFrame, tuple[int, int], StepModel]]],
+) -> dict[str, dict[int, np.ndarray]]:
+    """Rank -> step -> per op the latest time (epoch ns, -1 none) another rank was ready
+    for the same collective or transfer (same name) in the same step.
+
+    A collective starts when the slowest rank joins it; one rank's trace shows that
+    wait only as a late start. With the peers' traces of the step the replay starts it
+    no earlier than they were ready (hosts' clocks are taken as synchronised).
+    """
+    ready: dict[str, dict[int, dict[str, int]]] = {}
+    for rank, steps in models.items():
+        c = compiled[rank]
+        shared = c.transfer
+        for it, (_, _, model) in steps.items():
+            keep = np.flatnonzero(shared & model.observed)
+            ready.setdefault(rank, {})[it] = {
+                c.names[i]: int(model.ready[i]) + model.t0 for i in keep
+            }
+    out: dict[str, dict[int, np.ndarray]] = {}
+    for rank, steps in models.items():
+        c = compiled[rank]
+        for it in steps:
+            latest = np.full(len(c.names), -1, dtype=np.int64)
+            for peer, of_peer in ready.items():
+                if peer == rank or it not in of_peer:
+                    continue
+                for name, t in of_peer[it].items():
+                    i = c.index.get(name)
+                    if i is not None and c.transfer[i]:
+                        latest[i] = max(latest[i], t)
+            out.setdefault(rank, {})[it] = latest
+    return out
+
+
+def _replay_rank(
+    compiled: Compiled,
+    rows_of_rank: pd.DataFrame,
+    oracle: TimeOracle,
+    seed: int,
+    spans: Mapping[int, tuple[int, int]] | None = None,
+    releases: Mapping[int, np.ndarray] | None = None,
+) -> list[dict[str, Any]]:
+    models = _step_models(compiled, rows_of_rank, oracle, spans, releases)
+    overheads = typical_overheads({it: m for it, (_, _, m) in models.items()})
+    steps = []
+    for it, (known, span, own) in models.items():
+        model = with_overhead(own, overheads[it])
+        arrays = _arrays(model.compiled, model.priority, (), model.cap)
+        ticks = to_ticks(model.seconds)
+        _, start, _ = _kernel(arrays, ticks, _draws(seed, [0], len(ticks)), True)
+        n = len(compiled.names)
+        begin, took = start[0][:n], ticks[:n]
+        predicted_wall = float((begin + took).max(initial=0)) / TICKS_PER_SECOND + model.tail
+        keep = model.observed
+        predicted = busy_time(begin[keep], took[keep]) / TICKS_PER_SECOND
+        busy, op_span = measured(known)
+        wall = (span[1] - span[0]) / 1e9
+        error = predicted / busy - 1.0 if busy > 0 else None
+        wall_error = predicted_wall / wall - 1.0 if wall > 0 else None
+        step: dict[str, Any] = {
+            "iteration": it,
+            "predicted": predicted,
+            "measured": busy,
+            "span": op_span,
+            "idle": op_span - busy,
+            "replay_error": error,
+            "wall": wall,
+            "predicted_wall": predicted_wall,
+            "wall_error": wall_error,
+            "overhead": float(model.overhead[keep].sum()),
+            "ops_observed": int(len(known)),
+            "cause": _cause(model, max(abs(error or 0.0), abs(wall_error or 0.0))),
+        }
+        if model.missing:
+            step["partial"] = (
+                f"step {it}: {len(model.missing)} op(s) recorded in every other step have "
+                f"no record (e.g. {', '.join(model.missing[:3])})"
+            )
+        steps.append(step)
     return steps
 
 
-def _error_summary(steps: Sequence[dict[str, Any]]) -> dict[str, float | None]:
-    errors = np.array([s["replay_error"] for s in steps if s["replay_error"] is not None])
-    if not len(errors):
-        return {"replay_error_median": None, "replay_error_max": None}
-    worst = errors[np.argmax(np.abs(errors))]
-    return {"replay_error_median": float(np.median(errors)), "replay_error_max": float(worst)}
+def _error_summary(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Median and largest-magnitude (signed) error against busy and wall-clock time, over
+    the complete steps (partial ones are left out and counted), and the cause of the worst."""
+    complete = [s for s in steps if not s.get("partial")]
+    out: dict[str, Any] = {"partial_steps": len(steps) - len(complete)}
+    for key, name in (("replay_error", "replay_error"), ("wall_error", "wall_error")):
+        errors = np.array([s[key] for s in complete if s.get(key) is not None])
+        if not len(errors):
+            out[f"{name}_median"] = out[f"{name}_max"] = None
+            continue
+        out[f"{name}_median"] = float(np.median(errors))
+        out[f"{name}_max"] = float(errors[np.argmax(np.abs(errors))])
+    scored = [s for s in complete if s.get("wall_error") is not None]
+    worst = max(scored, key=lambda s: abs(s["wall_error"]), default=None)
+    out["cause"] = worst.get("cause", "") if worst else ""
+    return out
 
 
 def replay(job: Job, *, seed: int = 0, frame: pd.DataFrame | None = None) -> dict[str, Any]:
@@ -432,14 +738,42 @@ def replay(job: Job, *, seed: int = 0, frame: pd.DataFrame | None = None) -> dic
     `frame`: the job's `with_dedicated` timings, when the caller has them already.
     """
     frame = _frame(job) if frame is None else frame
+    releases = job_releases(job, frame)
     ranks = []
     for rank in job.ranks:
         graph = job.graphs[rank]
         compiled = compile_graph(graph)
         rows = frame[frame["rank"] == rank]
-        steps = _replay_rank(compiled, rows, mean_of_runs(graph, rows), seed)
+        oracle = mean_of_runs(graph, rows)
+        spans = spans_of(job, rank)
+        steps = _replay_rank(compiled, rows, oracle, seed, spans, releases.get(rank))
         ranks.append({"rank": rank, **_error_summary(steps), "steps": steps})
     return {"schema": SCHEMA, "kind": "replay", "ranks": ranks, **_all_errors(ranks)}
+
+
+def job_releases(job: Job, frame: pd.DataFrame) -> dict[str, dict[int, np.ndarray]]:
+    """`peer_releases` of a job (empty with one rank)."""
+    if len(job.ranks) < 2:
+        return {}
+    compiled, models = {}, {}
+    for rank in job.ranks:
+        graph = job.graphs[rank]
+        compiled[rank] = compile_graph(graph)
+        rows = frame[frame["rank"] == rank]
+        models[rank] = _step_models(
+            compiled[rank], rows, mean_of_runs(graph, rows), spans_of(job, rank)
+        )
+    return peer_releases(compiled, models)
+
+
+def spans_of(job: Job, rank: str) -> dict[int, tuple[int, int]]:
+    """Iteration -> (start, end) ns of the rank's recorded step spans (wall-clock)."""
+    spans = job.trace.spans
+    mine = spans[spans["rank"] == rank]
+    return {
+        int(i): (int(a), int(b))
+        for i, a, b in zip(mine["iteration"], mine["start"], mine["end"], strict=True)
+    }
 
 
 def replayed_steps(document: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
@@ -618,7 +952,7 @@ def compare(
         if replayed is not None and rank in replayed:
             steps = replayed[rank]
         else:
-            steps = _replay_rank(compiled, rows, oracle, seed)
+            steps = _replay_rank(compiled, rows, oracle, seed, spans_of(job, rank))
         of_rank = {name: p[rank] for name, p in plans.items() if rank in p}
         seconds = op_seconds(
             compiled,
