@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from planner import __version__, simulate
+from planner import __version__, records, simulate
 from planner.allreduce import allreduce_metrics, rank_parameters
 from planner.errors import InputError
 from planner.export.caramel_files import bucket_plan_document, control_deps_document
@@ -26,6 +26,7 @@ from planner.metrics import (
 )
 from planner.oracle import TimeOracle, min_of_runs
 from planner.plan import Plan
+from planner.records import partial_steps
 from planner.schedule import caramel, tictac
 from planner.trace import Job, with_dedicated
 
@@ -231,7 +232,14 @@ def metrics(job: Job) -> dict[str, Any]:
             step_metrics(graph, rank, int(number), rows, device)
             for number, rows in of_rank.groupby("iteration", sort=True)
         ]
-        steps.extend(_step_dict(s) for s in per_step)
+        partial = partial_steps(of_rank, graph.ops)
+        for s in per_step:
+            entry = _step_dict(s)
+            if s.iteration in partial:
+                entry["partial"] = records.note(rank, s.iteration, partial[s.iteration])
+                notes.append(entry["partial"])
+            steps.append(entry)
+        per_step = [s for s in per_step if s.iteration not in partial] or per_step
         times = oracle[rank].times
         if device is not None:
             times = {n: t for n, t in times.items() if n in device}

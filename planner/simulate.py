@@ -35,12 +35,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from planner import _simkernel
+from planner import _simkernel, records
 from planner.errors import InputError
 from planner.graph import OpGraph
 from planner.metrics import caramel_figures, efficiency
 from planner.oracle import TimeOracle, mean_of_runs
 from planner.plan import Plan
+from planner.records import partial_steps
 from planner.schedule.ticks import TICKS_PER_SECOND
 from planner.trace import Job, busy_time, with_dedicated
 
@@ -53,6 +54,7 @@ KNOBS: dict[str, float] = {
     "channels": 1,
 }
 REFERENCE_PLANS = ("baseline", "observed")
+RELIABLE = 0.05  # largest replay error (fraction) at which a prediction is shown unflagged
 
 
 @dataclass(frozen=True)
@@ -552,27 +554,6 @@ def with_overhead(model: StepModel, overhead: np.ndarray) -> StepModel:
     return replace(model, seconds=seconds, overhead=new)
 
 
-def missing_ops(compiled: Compiled, rows_of_rank: pd.DataFrame) -> dict[int, tuple[str, ...]]:
-    """Step -> ops recorded in every other step of the rank but not in it.
-
-    A record missing from one step only (an incomplete PS-side RecvTensor log, a dropped
-    profiler event) makes that step partial: its busy time lacks the op and its replay
-    runs the op at an estimated time.
-    """
-    known = rows_of_rank[rows_of_rank["op"].isin(compiled.index)]
-    steps = sorted(known["iteration"].unique().tolist())
-    if len(steps) < 2:
-        return {}
-    seen = known.groupby("op")["iteration"].nunique()
-    out = {}
-    for step, rows in known.groupby("iteration", sort=True):
-        candidates = seen[seen == len(steps) - 1].index
-        gone = tuple(sorted(set(candidates) - set(rows["op"])))
-        if gone:
-            out[int(step)] = gone
-    return out
-
-
 def _cause(model: StepModel, error: float) -> str:
     """The largest unmodelled gap of a step, in words."""
     parts = []
@@ -605,7 +586,7 @@ def _step_models(
 ) -> dict[int, tuple[pd.DataFrame, tuple[int, int], StepModel]]:
     """Step -> (its rows, its span, its `step_model`) for each step of one rank."""
     fallback = op_seconds(compiled, oracle)
-    gone = missing_ops(compiled, rows_of_rank)
+    gone = partial_steps(rows_of_rank, compiled.index)
     models = {}
     for iteration, rows in rows_of_rank.groupby("iteration", sort=True):
         it = int(iteration)
@@ -700,14 +681,12 @@ def _replay_rank(
             "predicted_wall": predicted_wall,
             "wall_error": wall_error,
             "overhead": float(model.overhead[keep].sum()),
+            "overhead_from": "other steps" if len(models) > 1 else "own step",
             "ops_observed": int(len(known)),
             "cause": _cause(model, max(abs(error or 0.0), abs(wall_error or 0.0))),
         }
         if model.missing:
-            step["partial"] = (
-                f"step {it}: {len(model.missing)} op(s) recorded in every other step have "
-                f"no record (e.g. {', '.join(model.missing[:3])})"
-            )
+            step["partial"] = records.note(str(known["rank"].iloc[0]), it, model.missing)
         steps.append(step)
     return steps
 
@@ -727,7 +706,25 @@ def _error_summary(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
     scored = [s for s in complete if s.get("wall_error") is not None]
     worst = max(scored, key=lambda s: abs(s["wall_error"]), default=None)
     out["cause"] = worst.get("cause", "") if worst else ""
+    out["warning"] = reliability_warning(out)
     return out
+
+
+def reliability_warning(summary: Mapping[str, Any]) -> str | None:
+    """A warning when the replay of the observed order misses a complete step by more
+    than `RELIABLE` (wall-clock or busy time), naming the largest unmodelled gap; None
+    when every prediction beside it can be trusted to that error."""
+    keys = ("wall_error_max", "replay_error_max")
+    worst = [abs(summary[k]) for k in keys if summary.get(k) is not None]
+    if not worst:
+        return "no complete step to replay: predictions have no measured error"
+    if max(worst) <= RELIABLE:
+        return None
+    return (
+        f"predictions unreliable: the replay of the observed order misses a traced step by "
+        f"{max(worst) * 100:.1f}% (> {RELIABLE * 100:g}%); largest unmodelled gap: "
+        f"{summary.get('cause') or 'unknown'}"
+    )
 
 
 def replay(job: Job, *, seed: int = 0, frame: pd.DataFrame | None = None) -> dict[str, Any]:
