@@ -8,7 +8,11 @@ wall-clock time (its recorded span: ``ProfilerStep#N`` for PyTorch, first to las
 record of the RunMetadata for TF) and against its busy time (the union of its op
 intervals); then the overall figures and the five worst steps with the largest
 unmodelled gap the replay names as their cause. Steps flagged partial (records
-missing) are listed apart and left out of the figures, as CI gates leave them out.
+missing) are listed apart and left out of the figures, as CI gates leave them out; so
+are ranks with a single step (no other step to take the overheads from: the replay
+would reproduce the step by construction). `cover` is the share of the wall-clock time
+in which some traced op runs; the overall figures are also given for the steps whose
+records cover at least half of their time.
 Files that cannot be replayed (no graph, no timed op) are listed with the reason.
 
 Run: ``nice python bench/bench_replay.py`` from the repo root (``--only SUBSTRING`` to
@@ -82,6 +86,22 @@ def pct(x: float) -> str:
     return f"{x * 100:.2f}%"
 
 
+def summary(steps: list[tuple[str, str, dict]], what: str) -> None:
+    """One line of overall figures over `steps`."""
+    if not steps:
+        print(f"\n{what}: none")
+        return
+    wall = np.array([abs(s["wall_error"]) for _, _, s in steps])
+    busy = np.array([abs(s["replay_error"]) for _, _, s in steps])
+    traces = len({name for name, _, _ in steps})
+    print(
+        f"\n{what} ({len(steps)} steps of {traces} traces): wall-clock median |error| "
+        f"{pct(np.median(wall))}, worst {pct(wall.max())}; busy time median "
+        f"{pct(np.median(busy))}, worst {pct(busy.max())} "
+        f"(targets: median <= {pct(TARGET_MEDIAN)}, worst <= {pct(TARGET_WORST)})"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seed", type=int, default=0)
@@ -103,7 +123,7 @@ def main() -> int:
         if isinstance(doc, str):
             skipped.append((name, doc))
             continue
-        wall, busy, n = [], [], 0
+        wall, busy, cover, n = [], [], [], 0
         for rank in doc["ranks"]:
             for step in rank["steps"]:
                 if step.get("partial"):
@@ -112,30 +132,40 @@ def main() -> int:
                 n += 1
                 wall.append(abs(step["wall_error"]))
                 busy.append(abs(step["replay_error"]))
+                cover.append(step["measured"] / step["wall"])
                 steps_all.append((name, rank["rank"], step))
         if not n:
             skipped.append((name, "no complete step"))
             continue
-        rows.append((name, n, np.median(wall), max(wall), np.median(busy), max(busy), took))
+        own = any(s["overhead_from"] == "own step" for r in doc["ranks"] for s in r["steps"])
+        rows.append(
+            (name, n, np.median(wall), max(wall), np.median(busy), max(busy), np.median(cover),
+             own, took)
+        )  # fmt: skip
 
     width = max((len(r[0]) for r in rows), default=10)
-    print(f"{'trace':<{width}}  steps  wall med  wall worst  busy med  busy worst   time")
-    for name, n, wm, ww, bm, bw, took in rows:
+    print(f"{'trace':<{width}}  steps  wall med  wall worst  busy med  busy worst  cover   time")
+    for name, n, wm, ww, bm, bw, cv, own, took in rows:
         print(
             f"{name:<{width}}  {n:>5}  {pct(wm):>8}  {pct(ww):>10}  {pct(bm):>8}  "
-            f"{pct(bw):>10}  {took:>5.1f}s"
+            f"{pct(bw):>10}  {cv * 100:4.0f}%  {took:>5.1f}s{'  (1 step: own overheads)' * own}"
         )
     if not steps_all:
         print("no step replayed")
         return 1
+    print(
+        "\ncover: median share of the step's wall-clock time in which some traced op runs. "
+        "A rank with one step has no other step to take overheads from: its replay uses its "
+        "own (it reproduces the step by construction) and is left out of the figures below."
+    )
+    steps_all = [x for x in steps_all if x[2]["overhead_from"] == "other steps"]
+    summary(steps_all, "all steps replayed from the other steps' overheads")
+    summary(
+        [x for x in steps_all if x[2]["measured"] >= 0.5 * x[2]["wall"]],
+        "of them, steps whose records cover at least half of their wall-clock time",
+    )
     wall = np.array([abs(s["wall_error"]) for _, _, s in steps_all])
     busy = np.array([abs(s["replay_error"]) for _, _, s in steps_all])
-    print(
-        f"\nall {len(steps_all)} steps of {len(rows)} traces: wall-clock median |error| "
-        f"{pct(np.median(wall))}, worst {pct(wall.max())}; busy time median "
-        f"{pct(np.median(busy))}, worst {pct(busy.max())} "
-        f"(targets: median <= {pct(TARGET_MEDIAN)}, worst <= {pct(TARGET_WORST)})"
-    )
     print("\nfive worst steps (wall-clock error):")
     worst = sorted(steps_all, key=lambda x: -abs(x[2]["wall_error"]))[:5]
     for name, rank, step in worst:

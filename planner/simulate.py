@@ -554,27 +554,32 @@ def with_overhead(model: StepModel, overhead: np.ndarray) -> StepModel:
     return replace(model, seconds=seconds, overhead=new)
 
 
-def _cause(model: StepModel, error: float) -> str:
-    """The largest unmodelled gap of a step, in words."""
+def _cause(own: StepModel, used: StepModel) -> str:
+    """The largest unmodelled gap of a step, in words: missing records, the DAG edge the
+    trace contradicts most, and the op whose wait in this step differs most from the
+    typical one the replay used (a PS-side or peer wait, a slow input batch)."""
     parts = []
-    if model.missing:
+    if own.missing:
         parts.append(
-            f"{len(model.missing)} op(s) without a record in this step "
-            f"(e.g. {model.missing[0]}), run at the oracle's time"
+            f"{len(own.missing)} op(s) without a record in this step "
+            f"(e.g. {own.missing[0]}), run at the oracle's time"
         )
-    if model.violated is not None and model.violated[2] > 0:
-        u, v, late = model.violated
+    if own.violated is not None and own.violated[2] > 1e-4:
+        u, v, late = own.violated
         parts.append(
             f"DAG edge {u} -> {v} not kept by the trace ({v} started {late * 1e3:.3g} ms "
             f"before {u} ended)"
         )
-    if not parts and len(model.overhead):
-        k = int(np.argmax(model.overhead))
-        parts.append(
-            f"largest overhead {model.overhead[k] * 1e3:.3g} ms before "
-            f"{model.compiled.names[k]} (the median of the other steps)"
-        )
-    return "; ".join(parts) if abs(error) > 0 or parts else ""
+    if len(own.overhead):
+        diff = own.overhead - used.overhead
+        k = int(np.argmax(np.abs(diff)))
+        if diff[k] != 0:
+            parts.append(
+                f"{own.compiled.names[k]} waited {own.overhead[k] * 1e3:.3g} ms before it "
+                f"started in this step, {used.overhead[k] * 1e3:.3g} ms in the other steps "
+                "(median)"
+            )
+    return "; ".join(parts)
 
 
 def _step_models(
@@ -683,7 +688,7 @@ def _replay_rank(
             "overhead": float(model.overhead[keep].sum()),
             "overhead_from": "other steps" if len(models) > 1 else "own step",
             "ops_observed": int(len(known)),
-            "cause": _cause(model, max(abs(error or 0.0), abs(wall_error or 0.0))),
+            "cause": _cause(own, model),
         }
         if model.missing:
             step["partial"] = records.note(str(known["rank"].iloc[0]), it, model.missing)
