@@ -177,3 +177,12 @@ def test_no_warning_where_the_replay_is_within_five_percent(capsys):
     for r in json.loads(out)["comparison"]["ranks"]:
         assert max(abs(r["wall_error_max"]), abs(r["replay_error_max"])) <= sim.RELIABLE
         assert r["warning"] is None and math.isfinite(r["wall_error_median"])
+
+
+def test_report_shows_the_warning_beside_the_predictions(tmp_path, capsys):
+    paths = [need(TF / "cnn_ps_ingraph")]
+    code, _, _ = run_cli(["analyze", *paths, "-o", tmp_path], capsys)
+    assert code == 0
+    page = (tmp_path / "report.html").read_text()
+    assert "against the wall-clock step" in page
+    assert "<b>Warning:</b> predictions unreliable" in page
