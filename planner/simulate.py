@@ -404,7 +404,7 @@ class StepModel:
     the overhead; `overhead`: the overhead per op (s); `observed`: ops with a record
     this step; `tail`: the step's closing time after its last op (s); `missing`: ops
     recorded in every other step of the rank but not in this one; `violated`: the DAG
-    edge (u, v, seconds) the trace contradicts most (v started before u ended), if any.
+    edge (u, v, seconds) the trace contradicts most (v started before u did), if any.
     """
 
     compiled: Compiled
@@ -472,11 +472,26 @@ def step_model(
     end_of[idx] = start + dur
     start_of = np.zeros(n, dtype=np.int64)
     start_of[idx] = start
-    src = np.concatenate([compiled.src, chain_src])
-    dst = np.concatenate([compiled.dst, chain_dst])
+    # an edge u -> v whose v started before u ended was issued from inside u (a kernel
+    # launched, a collective started by a hook, mid-op): v waits for that point, u's
+    # start plus the observed offset, not for u's end; one whose v started even before
+    # u did is contradicted by the trace and dropped
+    g_src, g_dst = compiled.src, compiled.dst
+    inside = observed[g_src] & observed[g_dst] & (end_of[g_src] > start_of[g_dst])
+    launch = inside & (start_of[g_dst] >= start_of[g_src])
+    contradicted = np.flatnonzero(inside & ~launch)
+    violated = None
+    if len(contradicted):
+        late = start_of[g_src[contradicted]] - start_of[g_dst[contradicted]]
+        j = contradicted[int(np.argmax(late))]
+        violated = (compiled.names[g_src[j]], compiled.names[g_dst[j]], float(late.max()) / 1e9)
+    l_src, l_dst = g_src[launch], g_dst[launch]
+    src = np.concatenate([g_src[~inside], chain_src])
+    dst = np.concatenate([g_dst[~inside], chain_dst])
     ready = np.zeros(n, dtype=np.int64)
     both = observed[src] & observed[dst]
     np.maximum.at(ready, dst[both], end_of[src[both]])
+    np.maximum.at(ready, l_dst, start_of[l_dst])
     own_ready = ready.copy()
     held = np.zeros(0, dtype=np.int64)
     if release is not None:
@@ -485,36 +500,36 @@ def step_model(
         held = np.flatnonzero(observed & (release > 0) & (release <= start_of))
         ready[held] = np.maximum(ready[held], release[held])
     gap = np.where(observed, np.maximum(start_of - ready, 0), 0)
-    g_src, g_dst = compiled.src, compiled.dst
-    late = end_of[g_src] - start_of[g_dst]
-    late = np.where(observed[g_src] & observed[g_dst], late, 0)
-    violated = None
-    if len(late) and late.max() > 0:
-        k = int(np.argmax(late))
-        violated = (compiled.names[g_src[k]], compiled.names[g_dst[k]], float(late[k]) / 1e9)
-    k = len(held)
-    seconds = np.concatenate([fallback, np.zeros(n), np.zeros(k)])
+    k, m = len(held), len(l_src)
+    seconds = np.concatenate([fallback, np.zeros(n), np.zeros(k), np.zeros(m)])
     seconds[idx] = dur / 1e9
     seconds[n + idx] = gap[idx] / 1e9
     if k:
-        seconds[2 * n :] = release[held] / 1e9
+        seconds[2 * n : 2 * n + k] = release[held] / 1e9
+    if m:
+        seconds[2 * n + k :] = (start_of[l_dst] - start_of[l_src]) / 1e9
     every = np.arange(n, dtype=np.int64)
+    lag = 2 * n + k + np.arange(m)
     expanded = Compiled(
         compiled.graph,
         (
             *compiled.names,
             *(f"(overhead) {name}" for name in compiled.names),
             *(f"(peers) {compiled.names[i]}" for i in held),
+            *(
+                f"(issued) {compiled.names[u]} -> {compiled.names[v]}"
+                for u, v in zip(l_src, l_dst, strict=True)
+            ),
         ),
         compiled.index,
         (*compiled.resources, "(unrecorded)", "(overhead)"),
-        np.concatenate([res, np.full(n + k, n_res + 1, dtype=np.int64)]),
-        np.concatenate([src, n + every, 2 * n + np.arange(k)]),
-        np.concatenate([n + dst, every, n + held]),
-        np.concatenate([compiled.transfer, np.zeros(n + k, dtype=bool)]),
+        np.concatenate([res, np.full(n + k + m, n_res + 1, dtype=np.int64)]),
+        np.concatenate([src, n + every, 2 * n + np.arange(k), n + l_src, lag]),
+        np.concatenate([n + dst, every, n + held, lag, n + l_dst]),
+        np.concatenate([compiled.transfer, np.zeros(n + k + m, dtype=bool)]),
     )
-    priority = np.concatenate([priority, np.full(k, -1, dtype=np.int64)])
-    cap = np.concatenate([width, [max(1, n), max(1, n + k)]]).astype(np.int64)
+    priority = np.concatenate([priority, np.full(k + m, -1, dtype=np.int64)])
+    cap = np.concatenate([width, [max(1, n), max(1, n + k + m)]]).astype(np.int64)
     tail = max(0, t1 - t0 - int(end_of[idx].max(initial=0))) / 1e9
     return StepModel(
         expanded, cap, priority, seconds, gap / 1e9, observed, tail, tuple(missing), violated,
@@ -567,8 +582,8 @@ def _cause(own: StepModel, used: StepModel) -> str:
     if own.violated is not None and own.violated[2] > 1e-4:
         u, v, late = own.violated
         parts.append(
-            f"DAG edge {u} -> {v} not kept by the trace ({v} started {late * 1e3:.3g} ms "
-            f"before {u} ended)"
+            f"DAG edge {u} -> {v} contradicted by the trace ({v} started {late * 1e3:.3g} "
+            f"ms before {u} started): dropped"
         )
     if len(own.overhead):
         diff = own.overhead - used.overhead
