@@ -195,6 +195,7 @@ def simulation_view(document: dict[str, Any]) -> None:
                 f"replay error on the observed run: median {_pct(r['replay_error_median'])}, "
                 f"worst {_pct(r['replay_error_max'])} (wall-clock: median "
                 f"{_pct(r.get('wall_error_median'))}, worst {_pct(r.get('wall_error_max'))}); "
+                f"comparison on the observed order {_pct(r.get('comparison_error'))}; "
                 f"Umax {render.seconds_text(r['umax'])}, Lmin {render.seconds_text(r['lmin'])}"
             ),
         )
@@ -217,8 +218,9 @@ def simulation_view(document: dict[str, Any]) -> None:
                 _num(p["alpha"]),
             )
         console.print(table)
-        if r.get("warning"):
-            render.note(f"{r['rank']}: {r['warning']}", False, error=True)
+        for key in ("warning", "comparison_warning"):
+            if r.get(key):
+                render.note(f"{r['rank']}: {r[key]}", False, error=True)
     sweep = document.get("sweep")
     if sweep:
         for r in sweep["ranks"]:

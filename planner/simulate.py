@@ -730,6 +730,27 @@ def _error_summary(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _comparison_error(
+    entries: Sequence[dict[str, Any]], steps: Sequence[dict[str, Any]], knobs: Mapping[str, float]
+) -> dict[str, Any]:
+    """The comparison's own error: its prediction for the observed order (mean op times,
+    one op at a time per resource) against the mean measured busy time of the complete
+    steps. Meaningful only without what-if knobs; a warning above `RELIABLE`."""
+    observed = next((e for e in entries if e["plan"] == "observed"), None)
+    busy = [s["measured"] for s in steps if not s.get("partial") and s["measured"] > 0]
+    if observed is None or not busy or any(knobs[k] != v for k, v in KNOBS.items()):
+        return {"comparison_error": None, "comparison_warning": None}
+    error = observed["predicted"] / float(np.mean(busy)) - 1.0
+    warning = None
+    if abs(error) > RELIABLE:
+        warning = (
+            f"the plan comparison predicts the observed order {error * 100:+.1f}% off the "
+            "measured busy time (mean op times, one op at a time per resource): its plan "
+            "gains are uncertain by as much"
+        )
+    return {"comparison_error": error, "comparison_warning": warning}
+
+
 def reliability_warning(summary: Mapping[str, Any]) -> str | None:
     """A warning when the replay of the observed order misses a complete step by more
     than `RELIABLE` (wall-clock or busy time), naming the largest unmodelled gap; None
@@ -997,6 +1018,7 @@ def compare(
                 "rho": transfer / compute if compute > 0 else None,
                 "best_plan": best["plan"],
                 **_error_summary(steps),
+                **_comparison_error(entries, steps, settings),
                 "plans": entries,
             }
         )

@@ -167,8 +167,11 @@ def test_prediction_carries_its_error_and_a_warning_when_unreliable(capsys):
         worst = max(abs(r["wall_error_max"]), abs(r["replay_error_max"]))
         assert worst > sim.RELIABLE  # the TF in-graph replay misses by more than 5%
         assert r["warning"].startswith("predictions unreliable") and r["cause"] in r["warning"]
+    worker1 = document["comparison"]["ranks"][1]
+    assert worker1["comparison_error"] < -sim.RELIABLE and worker1["comparison_warning"]
     code, out, err = run_cli(["simulate", *paths, "--samples", "5"], capsys)
     assert "predictions unreliable" in err and "wall-clock: median" in out
+    assert "comparison on the observed order" in out
 
 
 def test_no_warning_where_the_replay_is_within_five_percent(capsys):
@@ -177,6 +180,7 @@ def test_no_warning_where_the_replay_is_within_five_percent(capsys):
     for r in json.loads(out)["comparison"]["ranks"]:
         assert max(abs(r["wall_error_max"]), abs(r["replay_error_max"])) <= sim.RELIABLE
         assert r["warning"] is None and math.isfinite(r["wall_error_median"])
+        assert abs(r["comparison_error"]) <= 0.01 and r["comparison_warning"] is None
 
 
 def test_report_shows_the_warning_beside_the_predictions(tmp_path, capsys):

@@ -494,8 +494,9 @@ def comparison_section(report: Mapping[str, Any]) -> str:
             f"<b>{percent(entry.get('wall_error_max'))}</b>. Measured mean busy makespan "
             f"{seconds(measured)}.</p>"
         )
-        if entry.get("warning"):
-            parts.append(f"<p><b>Warning:</b> {esc(entry['warning'])}</p>")
+        for key in ("warning", "comparison_warning"):
+            if entry.get(key):
+                parts.append(f"<p><b>Warning:</b> {esc(entry[key])}</p>")
         parts.append(
             figure(plots.plan_comparison(entry["plans"], measured, f"{rank}: predicted time"))
         )
