@@ -22,6 +22,7 @@ restrict to some traces). Exit status 1 when median > 2% or worst > 5% over all 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -66,6 +67,25 @@ def public_jobs() -> list[tuple[str, list[Path]]]:
             continue
         jobs.append((str(path.relative_to(SHARED)), [path]))
     return jobs
+
+
+def recorded_walls(paths: list[Path]) -> dict[tuple[str, int], float]:
+    """(rank, step) -> the step's wall time the generating script recorded outside the
+    profiler (meta.json / meta_rank*.json of the generated runs; empty elsewhere)."""
+    out: dict[tuple[str, int], float] = {}
+    for path in paths:
+        meta = path / "meta.json"
+        if meta.is_file():  # TF: one file per client (both workers of an in-graph job)
+            steps = json.loads(meta.read_text()).get("steps", [])
+            ranks = [path.name] if path.name.startswith("worker") else ["worker0", "worker1"]
+            for step in steps:
+                for rank in ranks:
+                    out[(rank, int(step["step"]))] = float(step["wall_s"])
+        for meta in sorted(path.glob("meta_rank*.json")):  # torch: one file per rank
+            walls = json.loads(meta.read_text()).get("step_wall_s", [])
+            rank = meta.stem.removeprefix("meta_")
+            out.update({(rank, i): float(w) for i, w in enumerate(walls)})
+    return out
 
 
 def replay_job(name: str, paths: list[Path], seed: int) -> dict | str:
@@ -114,6 +134,7 @@ def main() -> int:
     steps_all: list[tuple[str, str, dict]] = []
     partial: list[tuple[str, str, dict]] = []
     skipped: list[tuple[str, str]] = []
+    rec_rows: list[tuple[str, float]] = []
     for name, paths in generated_jobs() + public_jobs():
         if args.only not in name:
             continue
@@ -124,12 +145,16 @@ def main() -> int:
             skipped.append((name, doc))
             continue
         wall, busy, cover, n = [], [], [], 0
+        walls = recorded_walls(paths)
         for rank in doc["ranks"]:
             for step in rank["steps"]:
                 if step.get("partial"):
                     partial.append((name, rank["rank"], step))
                     continue
                 n += 1
+                key = (rank["rank"], step["iteration"])
+                if key in walls:
+                    rec_rows.append((name, step["predicted_wall"] / walls[key] - 1))
                 wall.append(abs(step["wall_error"]))
                 busy.append(abs(step["replay_error"]))
                 cover.append(step["measured"] / step["wall"])
@@ -166,6 +191,19 @@ def main() -> int:
     )
     wall = np.array([abs(s["wall_error"]) for _, _, s in steps_all])
     busy = np.array([abs(s["replay_error"]) for _, _, s in steps_all])
+    if rec_rows:
+        print(
+            "\nagainst the step times the generating scripts recorded outside the profiler "
+            "(meta*.json; TF: session.run on the client, which also covers time before the "
+            "first and after the last RunMetadata record):"
+        )
+        for trace in dict.fromkeys(n for n, _ in rec_rows):
+            e = np.array([abs(x) for n, x in rec_rows if n == trace])
+            signed = np.array([x for n, x in rec_rows if n == trace])
+            print(
+                f"  {trace}: median |error| {pct(np.median(e))}, worst {pct(e.max())} "
+                f"(median signed {signed[np.argsort(signed)[len(signed) // 2]] * 100:+.1f}%)"
+            )
     print("\nfive worst steps (wall-clock error):")
     worst = sorted(steps_all, key=lambda x: -abs(x[2]["wall_error"]))[:5]
     for name, rank, step in worst:
