@@ -443,8 +443,8 @@ def step_model(
       other ranks were ready for the same collective or transfer in the same step (from
       their traces): it cannot start before, as a collective waits for the slowest rank.
     - Tail: the step's span after its last op (closing overhead), kept as observed.
-    Ops without a record this step run at their `fallback` time, unconstrained, so a
-    partial step still replays (and is flagged).
+    Ops without a record this step run at their `fallback` time, unconstrained (their
+    edges dropped), so a partial step still replays (and is flagged).
     """
     n = len(compiled.names)
     rows = rows[rows["op"].isin(compiled.index)]
@@ -461,7 +461,9 @@ def step_model(
     res = compiled.res.copy()
     res[~observed] = n_res
     # observed start order per resource -> priorities, and chains on one-at-a-time ones
-    order = np.lexsort((start, res[idx]))
+    # ties in start time go by the DAG's topological order, so that a chain never runs
+    # against an edge (zero-length ops at one instant)
+    order = np.lexsort((topological_positions(compiled)[idx], start, res[idx]))
     o_idx, o_res = idx[order], res[idx][order]
     first = np.searchsorted(o_res, o_res, side="left")
     priority = np.full(2 * n, -1, dtype=np.int64)
@@ -486,8 +488,11 @@ def step_model(
         j = contradicted[int(np.argmax(late))]
         violated = (compiled.names[g_src[j]], compiled.names[g_dst[j]], float(late.max()) / 1e9)
     l_src, l_dst = g_src[launch], g_dst[launch]
-    src = np.concatenate([g_src[~inside], chain_src])
-    dst = np.concatenate([g_dst[~inside], chain_dst])
+    # edges to or from an op without a record this step are dropped: through it, a path
+    # could run against the observed order (and close a cycle with the lane chains)
+    kept = ~inside & observed[g_src] & observed[g_dst]
+    src = np.concatenate([g_src[kept], chain_src])
+    dst = np.concatenate([g_dst[kept], chain_dst])
     ready = np.zeros(n, dtype=np.int64)
     both = observed[src] & observed[dst]
     np.maximum.at(ready, dst[both], end_of[src[both]])
@@ -595,6 +600,37 @@ def _cause(own: StepModel, used: StepModel) -> str:
                 "(median)"
             )
     return "; ".join(parts)
+
+
+def topological_positions(compiled: Compiled) -> np.ndarray:
+    """Position of each op in one topological order of the graph (cached per graph)."""
+    cached = _TOPO.get(id(compiled.graph))
+    if cached is not None and cached[0] is compiled.graph:
+        return cached[1]
+    n = len(compiled.names)
+    indeg = np.bincount(compiled.dst, minlength=n)
+    order = np.argsort(compiled.src, kind="stable")
+    succ, ptr = (
+        compiled.dst[order],
+        np.concatenate([[0], np.cumsum(np.bincount(compiled.src, minlength=n))]),
+    )
+    position = np.empty(n, dtype=np.int64)
+    frontier = list(np.flatnonzero(indeg == 0)[::-1])
+    k = 0
+    while frontier:
+        i = frontier.pop()
+        position[i] = k
+        k += 1
+        for j in succ[ptr[i] : ptr[i + 1]]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                frontier.append(j)
+    _TOPO.clear()
+    _TOPO[id(compiled.graph)] = (compiled.graph, position)
+    return position
+
+
+_TOPO: dict[int, tuple[OpGraph, np.ndarray]] = {}
 
 
 def _step_models(
