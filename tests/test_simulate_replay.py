@@ -190,3 +190,52 @@ def test_report_shows_the_warning_beside_the_predictions(tmp_path, capsys):
     page = (tmp_path / "report.html").read_text()
     assert "against the wall-clock step" in page
     assert "<b>Warning:</b> predictions unreliable" in page
+
+
+def _two_steps(ops, edges, rows, spans):
+    """A one-rank job of two identical steps (each step's overheads come from the other)."""
+    from planner.graph import build_graph
+    from planner.trace import Job, make_trace
+
+    graph = build_graph(ops, edges)
+    timed = [
+        ("rank0", it, op, start + off, dur)
+        for it, off in ((1, 0), (2, 1000))
+        for op, start, dur in rows
+    ]
+    spanned = [
+        ("rank0", it, a + off, b + off) for it, off in ((1, 0), (2, 1000)) for a, b in [spans]
+    ]
+    return Job(framework="pytorch", graphs={"rank0": graph}, trace=make_trace(timed, spanned))
+
+
+def test_a_kernel_launched_inside_its_cpu_op_starts_at_the_launch():
+    """cpu op [0, 100) launches a kernel that runs [30, 70): the edge waits for the launch
+    point (30 after the op's start), not for the op's end, so the step stays 100 long."""
+    from planner.graph import Op
+
+    job = _two_steps(
+        [Op("cpu", "compute", "main"), Op("k", "compute", "stream")],
+        [("cpu", "k")],
+        [("cpu", 0, 100), ("k", 30, 40)],
+        (0, 100),
+    )
+    for step in sim.replay(job)["ranks"][0]["steps"]:
+        assert step["predicted_wall"] == pytest.approx(100e-9)
+        assert step["wall_error"] == pytest.approx(0.0)
+
+
+def test_concurrent_transfers_on_one_channel_run_at_their_observed_width():
+    """Three recvs overlap on one channel (gRPC); replayed one at a time they would take
+    3 x 60; at the observed width of 3 they take the step's 80."""
+    from planner.graph import Op
+
+    job = _two_steps(
+        [Op(f"r{i}", "recv", "w0<-ps0", param=f"p{i}", nbytes=8) for i in range(3)]
+        + [Op("c", "compute", "cpu")],
+        [(f"r{i}", "c") for i in range(3)],
+        [("r0", 0, 60), ("r1", 5, 60), ("r2", 10, 60), ("c", 70, 10)],
+        (0, 80),
+    )
+    for step in sim.replay(job)["ranks"][0]["steps"]:
+        assert step["predicted_wall"] == pytest.approx(80e-9)
