@@ -763,6 +763,12 @@ def _error_summary(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
     worst = max(scored, key=lambda s: abs(s["wall_error"]), default=None)
     out["cause"] = worst.get("cause", "") if worst else ""
     out["warning"] = reliability_warning(out)
+    if complete and all(s.get("overhead_from") == "own step" for s in complete):
+        out["warning"] = (
+            "one traced step per rank: its replay takes the overheads from the step itself "
+            "and reproduces it by construction, so the predictions have no measured error "
+            "(trace several steps)"
+        )
     return out
 
 

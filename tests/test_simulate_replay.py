@@ -239,3 +239,31 @@ def test_concurrent_transfers_on_one_channel_run_at_their_observed_width():
     )
     for step in sim.replay(job)["ranks"][0]["steps"]:
         assert step["predicted_wall"] == pytest.approx(80e-9)
+
+
+def test_a_single_step_gives_no_measured_error_and_says_so():
+    """With one traced step the replay can only take the overheads from the step itself:
+    its error is 0 by construction, which must not read as a trusted prediction."""
+    from planner.graph import Op
+    from planner.trace import Job
+
+    job = _two_steps(
+        [Op("a", "compute", "main"), Op("b", "compute", "main")],
+        [("a", "b")],
+        [("a", 0, 40), ("b", 50, 40)],
+        (0, 100),
+    )
+    one = Job(
+        framework=job.framework,
+        graphs=job.graphs,
+        trace=type(job.trace)(
+            job.trace.timings[job.trace.timings["iteration"] == 1],
+            job.trace.spans[job.trace.spans["iteration"] == 1],
+        ),
+    )
+    document = sim.replay(one)
+    rank = document["ranks"][0]
+    assert rank["steps"][0]["overhead_from"] == "own step"
+    assert rank["wall_error_max"] == pytest.approx(0.0)
+    assert "reproduces it by construction" in rank["warning"]
+    assert sim.replay(job)["ranks"][0]["warning"] is None  # two steps: measured, small
