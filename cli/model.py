@@ -171,6 +171,18 @@ def model_view(document: dict[str, Any]) -> None:
         if bw
         else "[bold]Calibration[/bold]: no bandwidth"
     )
+    val = document["validation"]
+    console.print(
+        f"calibrated on the traced configuration: network x{cal['network_scale']:.3g} the "
+        f"formulas' time (measured N {render.seconds_text(cal['network_time'] or 0.0)}), "
+        f"untraced overhead {render.seconds_text(cal['overhead_time'])} per step; model "
+        + (
+            f"{render.seconds_text(val['model_iteration_time'])} vs measured "
+            f"{render.seconds_text(val['measured_iteration_time'])} ({val['model_error']:+.1%})"
+            if val["model_error"] is not None
+            else "not checked (no measured step)"
+        )
+    )
     console.print(
         f"overlap alpha = {assume['alpha']:.3f} ({assume['alpha_source']}); throughput in "
         f"{assume['throughput_unit']}; {assume['scaling']}"
@@ -215,6 +227,8 @@ def model_view(document: dict[str, Any]) -> None:
             f"{assume['throughput_unit']}, scaling efficiency {rec['scaling_efficiency']:.2f} "
             f"({rec['reason']})"
         )
+    elif val.get("recommendation_withheld"):
+        console.print(f"[bold red]no recommendation:[/bold red] {val['recommendation_withheld']}")
     omni = document["omnivore"]
     if omni:
         groups = Table(title=f"Omnivore compute groups for N = {omni['devices']} (§IV-B, §IV-C)")
@@ -235,7 +249,6 @@ def model_view(document: dict[str, Any]) -> None:
         console.print(f"suggested g = {omni['suggested_groups']} ({saturates}); assuming:")
         for line in omni["assumptions"]:
             console.print(f"  - {line}")
-    val = document["validation"]
     if val["model_error"] is not None:
         console.print(
             f"model vs trace ({val['arch']}, {val['workers']} worker(s)): "

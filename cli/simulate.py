@@ -167,17 +167,19 @@ def simulation_view(document: dict[str, Any]) -> None:
     """Replay table, comparison table per rank, sweep curve."""
     console = render.out()
     replay = Table(title="Replay of the observed order (replay_error = predicted/measured - 1)")
-    for column in ("rank", "step", "measured", "predicted", "replay_error", "span", "idle"):
+    columns = ("rank", "step", "measured", "predicted", "replay_error", "wall", "wall_error")
+    for column in (*columns, "idle"):
         replay.add_column(column, justify="right")
     for r in document["replay"]["ranks"]:
         for s in r["steps"]:
             replay.add_row(
                 r["rank"],
-                str(s["iteration"]),
+                str(s["iteration"]) + (" (partial)" if s.get("partial") else ""),
                 render.seconds_text(s["measured"]),
                 render.seconds_text(s["predicted"]),
                 _pct(s["replay_error"]),
-                render.seconds_text(s["span"]),
+                render.seconds_text(s.get("wall", s["span"])),
+                _pct(s.get("wall_error")),
                 render.seconds_text(s["idle"]),
             )
     console.print(replay)
@@ -191,8 +193,10 @@ def simulation_view(document: dict[str, Any]) -> None:
             ),
             caption=(
                 f"replay error on the observed run: median {_pct(r['replay_error_median'])}, "
-                f"worst {_pct(r['replay_error_max'])}; Umax {render.seconds_text(r['umax'])}, "
-                f"Lmin {render.seconds_text(r['lmin'])}"
+                f"worst {_pct(r['replay_error_max'])} (wall-clock: median "
+                f"{_pct(r.get('wall_error_median'))}, worst {_pct(r.get('wall_error_max'))}); "
+                f"comparison on the observed order {_pct(r.get('comparison_error'))}; "
+                f"Umax {render.seconds_text(r['umax'])}, Lmin {render.seconds_text(r['lmin'])}"
             ),
         )
         unit, scale = _unit(r["plans"][0]["predicted"])
@@ -214,6 +218,9 @@ def simulation_view(document: dict[str, Any]) -> None:
                 _num(p["alpha"]),
             )
         console.print(table)
+        for key in ("warning", "comparison_warning"):
+            if r.get(key):
+                render.note(f"{r['rank']}: {r[key]}", False, error=True)
     sweep = document.get("sweep")
     if sweep:
         for r in sweep["ranks"]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from planner import __version__, buckets, simulate
+from planner import __version__, buckets, records, simulate
 from planner.allreduce import allreduce_metrics, rank_parameters
 from planner.errors import InputError
 from planner.export import ddp_buckets
@@ -29,6 +29,7 @@ from planner.metrics import (
 )
 from planner.oracle import NetworkModel, TimeOracle, min_of_runs
 from planner.plan import Plan
+from planner.records import partial_steps
 from planner.schedule import caramel, tictac
 from planner.trace import Job, with_dedicated
 
@@ -289,7 +290,14 @@ def metrics(job: Job) -> dict[str, Any]:
             step_metrics(graph, rank, int(number), rows, device)
             for number, rows in of_rank.groupby("iteration", sort=True)
         ]
-        steps.extend(_step_dict(s) for s in per_step)
+        partial = partial_steps(of_rank, graph.ops)
+        for s in per_step:
+            entry = _step_dict(s)
+            if s.iteration in partial:
+                entry["partial"] = records.note(rank, s.iteration, partial[s.iteration])
+                notes.append(entry["partial"])
+            steps.append(entry)
+        per_step = [s for s in per_step if s.iteration not in partial] or per_step
         times = oracle[rank].times
         if device is not None:
             times = {n: t for n, t in times.items() if n in device}

@@ -24,7 +24,7 @@ import math
 import re
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from planner.errors import InputError
 from planner.graph import OpGraph
 from planner.metrics import caramel_figures
 from planner.oracle import NetworkModel, fit_network_model
+from planner.records import partial_steps
 from planner.trace import Job, busy_time, with_dedicated
 
 SCHEMA = "planner.model/1"
@@ -42,6 +43,8 @@ ARCHITECTURES: tuple[str, ...] = ("ps", "p2p", "ring")
 #: Tie-break between equal iteration times: fewer machines, then the bandwidth-optimal one.
 PREFERENCE: tuple[str, ...] = ("ring", "p2p", "ps")
 TIE_TOLERANCE = 1e-9
+#: The model must predict the traced configuration within this fraction to recommend.
+CALIBRATION_TOLERANCE = 0.10
 
 _UPDATE_TYPES = re.compile(r"apply|optimizer|\.step\b|adam|sgd", re.IGNORECASE)
 _CONV_TYPES = re.compile(r"conv", re.IGNORECASE)
@@ -65,6 +68,12 @@ class Calibration:
     `alpha`: the measured compute/communication overlap (None: no transfers traced).
     `conv_fraction`: share of the layer compute in convolutions (Omnivore's conv phase;
     None when no conv/FC op types are recognised); `conv_bytes`: the conv model size.
+    Calibration on the traced configuration (`calibrate`): `network_time` is the measured
+    N (union of the transfer intervals, median over steps), `network_scale` the measured
+    N over the formula's network time at the traced configuration (gRPC's concurrent
+    transfers, PS-side waits, protocol cost: what f(d) per link misses), applied to every
+    configuration; `overhead_time` is the median time per step in which no traced op
+    runs (framework, Python, input pipeline), added to every configuration.
     """
 
     processing_time: float
@@ -81,6 +90,9 @@ class Calibration:
     conv_fraction: float | None = None
     conv_bytes: int = 0
     notes: tuple[str, ...] = ()
+    network_time: float | None = None
+    overhead_time: float = 0.0
+    network_scale: float = 1.0
 
     @property
     def bandwidth(self) -> float:
@@ -221,6 +233,9 @@ def calibrate(
     notes: list[str] = []
     processing: list[float] = []
     updates: list[float] = []
+    net: list[float] = []
+    idle: list[float] = []
+    walls: list[float] = []
     ps_names: set[str] = set()
     conv_time = fc_time = 0.0
     for rank in job.ranks:
@@ -230,18 +245,30 @@ def calibrate(
             if op.is_transfer:
                 ps_names.update(re.findall(r"ps\d+", op.resource))
         rows = job.trace.of(rank)
+        partial = partial_steps(rows, graph.ops)  # left out of the fits
+        if partial and rows["iteration"].nunique() > len(partial):
+            rows = rows[~rows["iteration"].isin(list(partial))]
         in_layer = rows["op"].isin(layer).to_numpy()
         in_update = rows["op"].isin(update).to_numpy()
-        for _, idx in rows.groupby("iteration").indices.items():
+        in_net = rows["op"].isin(graph.transfers).to_numpy()
+        span_of = _spans(job, rank)
+        for step, idx in rows.groupby("iteration").indices.items():
             starts = rows["start"].to_numpy()[idx]
             durations = rows["duration"].to_numpy()[idx]
             processing.append(busy_time(starts[in_layer[idx]], durations[in_layer[idx]]) / 1e9)
             updates.append(busy_time(starts[in_update[idx]], durations[in_update[idx]]) / 1e9)
+            if in_net[idx].any():
+                net.append(busy_time(starts[in_net[idx]], durations[in_net[idx]]) / 1e9)
+            busy = busy_time(starts, durations) / 1e9
+            first, last = int(starts.min()), int((starts + durations).max())
+            begin, end = span_of.get(int(step), (first, last))
+            wall = (max(end, last) - min(begin, first)) / 1e9
+            idle.append(max(0.0, wall - busy))
+            walls.append(wall)
         layer_of = {n: _layer_kind(o.type) for n, o in graph.ops.items() if o.kind == "compute"}
         kinds = rows["op"].map(layer_of)
         conv_time += float(rows.loc[kinds == "conv", "duration"].sum()) / 1e9
         fc_time += float(rows.loc[kinds == "fc", "duration"].sum()) / 1e9
-    spans = ((job.trace.spans["end"] - job.trace.spans["start"]) / 1e9).tolist()
 
     params: dict[str, int] = {}
     for graph in job.graphs.values():
@@ -288,7 +315,7 @@ def calibrate(
             conv_bytes += size
     if not any(g.recvs for g in job.graphs.values()):
         conv_bytes = _meta_conv_bytes(meta) or conv_bytes
-    return Calibration(
+    cal = Calibration(
         processing_time=float(statistics.median(processing)) if processing else 0.0,
         update_time=float(update_time),
         model_bytes=int(sum(params.values())),
@@ -298,12 +325,46 @@ def calibrate(
         alpha=measured_alpha(job),
         workers=len(job.ranks),
         ps=len(ps_names),
-        measured_iteration_time=float(statistics.median(spans)) if spans else None,
+        measured_iteration_time=float(statistics.median(walls)) if walls else None,
         batch_size=batch_size,
         conv_fraction=conv_fraction,
         conv_bytes=conv_bytes,
         notes=tuple(notes),
+        network_time=float(statistics.median(net)) if net else None,
+        overhead_time=float(statistics.median(idle)) if idle else 0.0,
     )
+    return on_traced_configuration(cal)
+
+
+def _spans(job: Job, rank: str) -> dict[int, tuple[int, int]]:
+    spans = job.trace.spans
+    mine = spans[spans["rank"] == rank]
+    return {
+        int(i): (int(a), int(b))
+        for i, a, b in zip(mine["iteration"], mine["start"], mine["end"], strict=True)
+    }
+
+
+def traced_network(cal: Calibration) -> float:
+    """The formulas' network time per iteration at the traced configuration (PS with the
+    traced number of servers, else ring), before any calibration scale."""
+    if cal.ps > 0:
+        available = ps_available_bandwidth(cal.bandwidth, cal.workers, cal.ps)
+        return ps_pull(cal.model_bytes, available, cal.latency) + ps_push(
+            cal.model_bytes, cal.workers, available, cal.latency
+        )
+    return ring_network(cal.model_bytes, cal.workers, cal.bandwidth, cal.latency)
+
+
+def on_traced_configuration(cal: Calibration) -> Calibration:
+    """`cal` with `network_scale` = measured N / the formulas' network time at the traced
+    configuration (1 when either is unknown), so the model starts from the job it saw."""
+    if not cal.network_time or cal.model_bytes <= 0 or not math.isfinite(cal.bandwidth):
+        return cal
+    formula = traced_network(cal)
+    if formula <= 0:
+        return cal
+    return replace(cal, network_scale=cal.network_time / formula)
 
 
 def _metadata(job: Job) -> dict[str, object]:
@@ -477,7 +538,11 @@ def point(
         network = ring_network(W, workers, B, a)
     else:
         raise InputError(None, f"unknown architecture {arch!r} (choose from {ARCHITECTURES})")
+    network *= cal.network_scale
+    if pull is not None and push is not None:
+        pull, push = pull * cal.network_scale, push * cal.network_scale
     t = iteration_time(cal.processing_time, cal.update_time, network, settings.alpha)
+    t += cal.overhead_time
     b = settings.batch_size or 1
     single = cal.processing_time + cal.update_time
     epoch = None
@@ -891,6 +956,9 @@ def calibration_dict(cal: Calibration) -> dict[str, Any]:
         "workers": cal.workers,
         "ps": cal.ps,
         "measured_iteration_time": cal.measured_iteration_time,
+        "network_time": cal.network_time,
+        "network_scale": cal.network_scale,
+        "overhead_time": cal.overhead_time,
         "batch_size": cal.batch_size,
         "conv_fraction": cal.conv_fraction,
         "conv_bytes": cal.conv_bytes,
@@ -972,11 +1040,22 @@ def model_document(
         cal, workers, architectures=architectures, ps_counts=ps_counts, settings=settings
     )
     rec = recommend(curves, workers)
-    omni = omnivore_from_calibration(cal, max(workers), target_momentum)
-    check = ring_cross_check(job, cal, settings, simulator)
     own = "ps" if cal.ps > 0 else "ring"
     own_point = point(own, cal.workers, cal, settings, ps=cal.ps if own == "ps" else None)
     measured = cal.measured_iteration_time
+    error = own_point.iteration_time / measured - 1 if measured else None
+    withheld = None
+    if error is None:
+        withheld = "no measured step to calibrate on: no recommendation"
+    elif abs(error) > CALIBRATION_TOLERANCE:
+        withheld = (
+            f"the model misses the traced configuration ({own}, {cal.workers} workers) by "
+            f"{error:+.1%} (more than {CALIBRATION_TOLERANCE:.0%}): no recommendation"
+        )
+    if withheld is not None:
+        rec = None
+    omni = omnivore_from_calibration(cal, max(workers), target_momentum)
+    check = ring_cross_check(job, cal, settings, simulator)
     return {
         "schema": SCHEMA,
         "framework": job.framework,
@@ -1031,7 +1110,9 @@ def model_document(
             "ps": cal.ps if own == "ps" else None,
             "measured_iteration_time": measured,
             "model_iteration_time": own_point.iteration_time,
-            "model_error": own_point.iteration_time / measured - 1 if measured else None,
+            "model_error": error,
+            "tolerance": CALIBRATION_TOLERANCE,
+            "recommendation_withheld": withheld,
         },
         "omnivore": None if omni is None else omnivore_dict(omni),
         "cross_check": check

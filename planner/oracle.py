@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from planner.graph import OpGraph
+from planner.records import partial_steps
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,12 @@ def mean_of_runs(graph: OpGraph, timings: pd.DataFrame) -> TimeOracle:
 
 def of_runs(graph: OpGraph, timings: pd.DataFrame, statistic: str) -> TimeOracle:
     """Per-op `statistic` ("min", "mean" or "median") of the dedicated times over
-    iterations."""
+    iterations, and the network fit on them. Steps with missing records
+    (`planner.records`) are left out while a complete one remains: their processor-shared
+    times lack the missing ops' share."""
+    partial = partial_steps(timings, graph.ops) if len(timings) else {}
+    if partial and timings["iteration"].nunique() > len(partial):
+        timings = timings[~timings["iteration"].isin(list(partial))]
     grouped = timings.groupby("op")["dedicated"]
     minimum = (grouped.agg(statistic) / 1e9).to_dict()
     count = grouped.size().to_dict()

@@ -29,18 +29,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from planner import _simkernel
+from planner import _simkernel, records
 from planner.errors import InputError
 from planner.graph import OpGraph
 from planner.metrics import caramel_figures, efficiency
 from planner.oracle import TimeOracle, mean_of_runs
 from planner.plan import Plan
+from planner.records import partial_steps
 from planner.schedule.ticks import TICKS_PER_SECOND
 from planner.trace import Job, busy_time, with_dedicated
 
@@ -53,6 +54,7 @@ KNOBS: dict[str, float] = {
     "channels": 1,
 }
 REFERENCE_PLANS = ("baseline", "observed")
+RELIABLE = 0.05  # largest replay error (fraction) at which a prediction is shown unflagged
 
 
 @dataclass(frozen=True)
@@ -398,36 +400,420 @@ def measured(rows: pd.DataFrame) -> tuple[float, float]:
     return busy_time(starts, durations) / 1e9, span
 
 
-def _replay_rank(
-    compiled: Compiled, rows_of_rank: pd.DataFrame, oracle: TimeOracle, seed: int
-) -> list[dict[str, Any]]:
-    fallback = op_seconds(compiled, oracle)
-    steps = []
-    for iteration, rows in rows_of_rank.groupby("iteration", sort=True):
-        seconds = step_seconds(compiled, rows, fallback)
-        result = run(compiled, seconds, observed_priority(compiled, rows), seed=seed)
-        busy, span = measured(rows)
-        predicted = float(result.makespan[0])
-        steps.append(
-            {
-                "iteration": int(iteration),
-                "predicted": predicted,
-                "measured": busy,
-                "span": span,
-                "idle": span - busy,
-                "replay_error": predicted / busy - 1.0 if busy > 0 else None,
-                "ops_observed": int(rows["op"].isin(compiled.index).sum()),
-            }
+@dataclass(frozen=True)
+class StepModel:
+    """One traced step as the replay runs it (see `step_model`).
+
+    `compiled`: the rank's n ops followed by n overhead ops (op i waits for overhead op
+    n + i, which waits for op i's predecessors and lane predecessor), with `cap` threads
+    or channels per resource; `seconds`: per op the observed duration, per overhead op
+    the overhead; `overhead`: the overhead per op (s); `observed`: ops with a record
+    this step; `tail`: the step's closing time after its last op (s); `missing`: ops
+    recorded in every other step of the rank but not in this one; `violated`: the DAG
+    edge (u, v, seconds) the trace contradicts most (v started before u did), if any.
+    """
+
+    compiled: Compiled
+    cap: np.ndarray
+    priority: np.ndarray
+    seconds: np.ndarray
+    overhead: np.ndarray
+    observed: np.ndarray
+    tail: float
+    missing: tuple[str, ...]
+    violated: tuple[str, str, float] | None
+    ready: np.ndarray
+    t0: int
+
+
+def step_model(
+    compiled: Compiled,
+    rows: pd.DataFrame,
+    span: tuple[int, int],
+    fallback: np.ndarray,
+    missing: Sequence[str] = (),
+    release: np.ndarray | None = None,
+) -> StepModel:
+    """The replay model of one step: what plain list scheduling misses, taken from it.
+
+    - Concurrency: a resource runs as many ops at once as the step ever ran on it (TF's
+      inter-op thread pool, gRPC serving 12-14 transfers on one channel, one thread or
+      stream: 1), each at its observed duration, not the processor-shared `dedicated`
+      one; ops start in observed order (priority), and a resource that ran one op at a
+      time (a Python thread, a GPU stream) keeps its exact order (chain edges).
+    - Overhead: the time between an op being ready (its DAG and chain predecessors done,
+      the step begun) and its start: framework and Python overhead, launch latency and
+      CPU-ahead queues, PS-side and peer waits the DAG has no edge for. An overhead op
+      before each op carries it without holding the op's resource.
+    - Peers: `release` (ns from the step's start per op, -1 for none) is the time the
+      other ranks were ready for the same collective or transfer in the same step (from
+      their traces): it cannot start before, as a collective waits for the slowest rank.
+    - Tail: the step's span after its last op (closing overhead), kept as observed.
+    Ops without a record this step run at their `fallback` time, unconstrained (their
+    edges dropped), so a partial step still replays (and is flagged).
+    """
+    n = len(compiled.names)
+    rows = rows[rows["op"].isin(compiled.index)]
+    idx = rows["op"].map(compiled.index).to_numpy(dtype=np.int64)
+    t0, t1 = span
+    start = rows["start"].to_numpy(dtype=np.int64) - t0
+    dur = rows["duration"].to_numpy(dtype=np.int64)
+    lane = lanes(compiled.res[idx], start.astype(np.float64), dur.astype(np.float64))
+    observed = np.zeros(n, dtype=bool)
+    observed[idx] = True
+    n_res = len(compiled.resources)
+    width = np.ones(n_res, dtype=np.int64)
+    np.maximum.at(width, compiled.res[idx], lane + 1)
+    res = compiled.res.copy()
+    res[~observed] = n_res
+    # observed start order per resource -> priorities, and chains on one-at-a-time ones
+    # ties in start time go by the DAG's topological order, so that a chain never runs
+    # against an edge (zero-length ops at one instant)
+    order = np.lexsort((topological_positions(compiled)[idx], start, res[idx]))
+    o_idx, o_res = idx[order], res[idx][order]
+    first = np.searchsorted(o_res, o_res, side="left")
+    priority = np.full(2 * n, -1, dtype=np.int64)
+    priority[o_idx] = np.arange(len(o_idx)) - first
+    same = (o_res[1:] == o_res[:-1]) & (width[o_res[1:]] == 1)
+    chain_src, chain_dst = o_idx[:-1][same], o_idx[1:][same]
+    end_of = np.zeros(n, dtype=np.int64)
+    end_of[idx] = start + dur
+    start_of = np.zeros(n, dtype=np.int64)
+    start_of[idx] = start
+    # an edge u -> v whose v started before u ended was issued from inside u (a kernel
+    # launched, a collective started by a hook, mid-op): v waits for that point, u's
+    # start plus the observed offset, not for u's end; one whose v started even before
+    # u did is contradicted by the trace and dropped
+    g_src, g_dst = compiled.src, compiled.dst
+    inside = observed[g_src] & observed[g_dst] & (end_of[g_src] > start_of[g_dst])
+    launch = inside & (start_of[g_dst] >= start_of[g_src])
+    contradicted = np.flatnonzero(inside & ~launch)
+    violated = None
+    if len(contradicted):
+        late = start_of[g_src[contradicted]] - start_of[g_dst[contradicted]]
+        j = contradicted[int(np.argmax(late))]
+        violated = (compiled.names[g_src[j]], compiled.names[g_dst[j]], float(late.max()) / 1e9)
+    l_src, l_dst = g_src[launch], g_dst[launch]
+    # edges to or from an op without a record this step are dropped: through it, a path
+    # could run against the observed order (and close a cycle with the lane chains)
+    kept = ~inside & observed[g_src] & observed[g_dst]
+    src = np.concatenate([g_src[kept], chain_src])
+    dst = np.concatenate([g_dst[kept], chain_dst])
+    ready = np.zeros(n, dtype=np.int64)
+    both = observed[src] & observed[dst]
+    np.maximum.at(ready, dst[both], end_of[src[both]])
+    np.maximum.at(ready, l_dst, start_of[l_dst])
+    own_ready = ready.copy()
+    held = np.zeros(0, dtype=np.int64)
+    if release is not None:
+        # a collective that started before its peers were ready waited inside its
+        # observed duration (gloo, NCCL kernels): no release for it
+        held = np.flatnonzero(observed & (release > 0) & (release <= start_of))
+        ready[held] = np.maximum(ready[held], release[held])
+    gap = np.where(observed, np.maximum(start_of - ready, 0), 0)
+    k, m = len(held), len(l_src)
+    seconds = np.concatenate([fallback, np.zeros(n), np.zeros(k), np.zeros(m)])
+    seconds[idx] = dur / 1e9
+    seconds[n + idx] = gap[idx] / 1e9
+    if k:
+        seconds[2 * n : 2 * n + k] = release[held] / 1e9
+    if m:
+        seconds[2 * n + k :] = (start_of[l_dst] - start_of[l_src]) / 1e9
+    every = np.arange(n, dtype=np.int64)
+    lag = 2 * n + k + np.arange(m)
+    expanded = Compiled(
+        compiled.graph,
+        (
+            *compiled.names,
+            *(f"(overhead) {name}" for name in compiled.names),
+            *(f"(peers) {compiled.names[i]}" for i in held),
+            *(
+                f"(issued) {compiled.names[u]} -> {compiled.names[v]}"
+                for u, v in zip(l_src, l_dst, strict=True)
+            ),
+        ),
+        compiled.index,
+        (*compiled.resources, "(unrecorded)", "(overhead)"),
+        np.concatenate([res, np.full(n + k + m, n_res + 1, dtype=np.int64)]),
+        np.concatenate([src, n + every, 2 * n + np.arange(k), n + l_src, lag]),
+        np.concatenate([n + dst, every, n + held, lag, n + l_dst]),
+        np.concatenate([compiled.transfer, np.zeros(n + k + m, dtype=bool)]),
+    )
+    priority = np.concatenate([priority, np.full(k + m, -1, dtype=np.int64)])
+    cap = np.concatenate([width, [max(1, n), max(1, n + k + m)]]).astype(np.int64)
+    tail = max(0, t1 - t0 - int(end_of[idx].max(initial=0))) / 1e9
+    return StepModel(
+        expanded, cap, priority, seconds, gap / 1e9, observed, tail, tuple(missing), violated,
+        own_ready, t0,
+    )  # fmt: skip
+
+
+def typical_overheads(models: Mapping[int, StepModel]) -> dict[int, np.ndarray]:
+    """Step -> the overhead per op the replay of that step uses: the median of the op's
+    overhead over the *other* steps of the rank (leave one out).
+
+    The replay must not be handed the step's own waits, or it reproduces the step by
+    construction and its error says nothing: with the overhead of the other steps it
+    predicts the step from what is typical of each op, as a plan's prediction must. An op
+    seen in no other step (or a rank with one step) keeps its own overhead.
+    """
+    items = sorted(models)
+    if not items:
+        return {}
+    table = np.stack([np.where(models[i].observed, models[i].overhead, np.nan) for i in items])
+    out = {}
+    for row, it in enumerate(items):
+        others = np.delete(table, row, axis=0)
+        typical = np.full(table.shape[1], np.nan)
+        seen = (~np.isnan(others)).any(axis=0) if len(others) else np.zeros(len(typical), bool)
+        if seen.any():
+            typical[seen] = np.nanmedian(others[:, seen], axis=0)
+        out[it] = np.where(np.isnan(typical), models[it].overhead, typical)
+    return out
+
+
+def with_overhead(model: StepModel, overhead: np.ndarray) -> StepModel:
+    """`model` with `overhead` (s per op) in place of its own, on its observed ops."""
+    n = len(new := np.where(model.observed, overhead, 0.0))
+    seconds = model.seconds.copy()
+    seconds[n : 2 * n] = new
+    return replace(model, seconds=seconds, overhead=new)
+
+
+def _cause(own: StepModel, used: StepModel) -> str:
+    """The largest unmodelled gap of a step, in words: missing records, the DAG edge the
+    trace contradicts most, and the op whose wait in this step differs most from the
+    typical one the replay used (a PS-side or peer wait, a slow input batch)."""
+    parts = []
+    if own.missing:
+        parts.append(
+            f"{len(own.missing)} op(s) without a record in this step "
+            f"(e.g. {own.missing[0]}), run at the oracle's time"
         )
+    if own.violated is not None and own.violated[2] > 1e-4:
+        u, v, late = own.violated
+        parts.append(
+            f"DAG edge {u} -> {v} contradicted by the trace ({v} started {late * 1e3:.3g} "
+            f"ms before {u} started): dropped"
+        )
+    if len(own.overhead):
+        diff = own.overhead - used.overhead
+        k = int(np.argmax(np.abs(diff)))
+        if diff[k] != 0:
+            parts.append(
+                f"{own.compiled.names[k]} waited {own.overhead[k] * 1e3:.3g} ms before it "
+                f"started in this step, {used.overhead[k] * 1e3:.3g} ms in the other steps "
+                "(median)"
+            )
+    return "; ".join(parts)
+
+
+def topological_positions(compiled: Compiled) -> np.ndarray:
+    """Position of each op in one topological order of the graph (cached per graph)."""
+    cached = _TOPO.get(id(compiled.graph))
+    if cached is not None and cached[0] is compiled.graph:
+        return cached[1]
+    n = len(compiled.names)
+    indeg = np.bincount(compiled.dst, minlength=n)
+    order = np.argsort(compiled.src, kind="stable")
+    succ, ptr = (
+        compiled.dst[order],
+        np.concatenate([[0], np.cumsum(np.bincount(compiled.src, minlength=n))]),
+    )
+    position = np.empty(n, dtype=np.int64)
+    frontier = list(np.flatnonzero(indeg == 0)[::-1])
+    k = 0
+    while frontier:
+        i = frontier.pop()
+        position[i] = k
+        k += 1
+        for j in succ[ptr[i] : ptr[i + 1]]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                frontier.append(j)
+    _TOPO.clear()
+    _TOPO[id(compiled.graph)] = (compiled.graph, position)
+    return position
+
+
+_TOPO: dict[int, tuple[OpGraph, np.ndarray]] = {}
+
+
+def _step_models(
+    compiled: Compiled,
+    rows_of_rank: pd.DataFrame,
+    oracle: TimeOracle,
+    spans: Mapping[int, tuple[int, int]] | None,
+    releases: Mapping[int, np.ndarray] | None = None,
+) -> dict[int, tuple[pd.DataFrame, tuple[int, int], StepModel]]:
+    """Step -> (its rows, its span, its `step_model`) for each step of one rank."""
+    fallback = op_seconds(compiled, oracle)
+    gone = partial_steps(rows_of_rank, compiled.index)
+    models = {}
+    for iteration, rows in rows_of_rank.groupby("iteration", sort=True):
+        it = int(iteration)
+        known = rows[rows["op"].isin(compiled.index)]
+        if not len(known):
+            continue
+        first = int(known["start"].min())
+        last = int((known["start"] + known["duration"]).max())
+        span = (spans or {}).get(it, (first, last))
+        span = (min(span[0], first), max(span[1], last))
+        release = None
+        if releases is not None and it in releases:
+            release = releases[it] - span[0]
+            release[releases[it] < 0] = -1
+        models[it] = (
+            known,
+            span,
+            step_model(compiled, known, span, fallback, gone.get(it, ()), release),
+        )
+    return models
+
+
+def peer_releases(
+    compiled: Mapping[str, Compiled],
+    models: Mapping[str, Mapping[int, tuple[pd.DataFrame, tuple[int, int], StepModel]]],
+) -> dict[str, dict[int, np.ndarray]]:
+    """Rank -> step -> per op the latest time (epoch ns, -1 none) another rank was ready
+    for the same collective or transfer (same name) in the same step.
+
+    A collective starts when the slowest rank joins it; one rank's trace shows that
+    wait only as a late start. With the peers' traces of the step the replay starts it
+    no earlier than they were ready (hosts' clocks are taken as synchronised).
+    """
+    ready: dict[str, dict[int, dict[str, int]]] = {}
+    for rank, steps in models.items():
+        c = compiled[rank]
+        shared = c.transfer
+        for it, (_, _, model) in steps.items():
+            keep = np.flatnonzero(shared & model.observed)
+            ready.setdefault(rank, {})[it] = {
+                c.names[i]: int(model.ready[i]) + model.t0 for i in keep
+            }
+    out: dict[str, dict[int, np.ndarray]] = {}
+    for rank, steps in models.items():
+        c = compiled[rank]
+        for it in steps:
+            latest = np.full(len(c.names), -1, dtype=np.int64)
+            for peer, of_peer in ready.items():
+                if peer == rank or it not in of_peer:
+                    continue
+                for name, t in of_peer[it].items():
+                    i = c.index.get(name)
+                    if i is not None and c.transfer[i]:
+                        latest[i] = max(latest[i], t)
+            out.setdefault(rank, {})[it] = latest
+    return out
+
+
+def _replay_rank(
+    compiled: Compiled,
+    rows_of_rank: pd.DataFrame,
+    oracle: TimeOracle,
+    seed: int,
+    spans: Mapping[int, tuple[int, int]] | None = None,
+    releases: Mapping[int, np.ndarray] | None = None,
+) -> list[dict[str, Any]]:
+    models = _step_models(compiled, rows_of_rank, oracle, spans, releases)
+    overheads = typical_overheads({it: m for it, (_, _, m) in models.items()})
+    steps = []
+    for it, (known, span, own) in models.items():
+        model = with_overhead(own, overheads[it])
+        arrays = _arrays(model.compiled, model.priority, (), model.cap)
+        ticks = to_ticks(model.seconds)
+        _, start, _ = _kernel(arrays, ticks, _draws(seed, [0], len(ticks)), True)
+        n = len(compiled.names)
+        begin, took = start[0][:n], ticks[:n]
+        predicted_wall = float((begin + took).max(initial=0)) / TICKS_PER_SECOND + model.tail
+        keep = model.observed
+        predicted = busy_time(begin[keep], took[keep]) / TICKS_PER_SECOND
+        busy, op_span = measured(known)
+        wall = (span[1] - span[0]) / 1e9
+        error = predicted / busy - 1.0 if busy > 0 else None
+        wall_error = predicted_wall / wall - 1.0 if wall > 0 else None
+        step: dict[str, Any] = {
+            "iteration": it,
+            "predicted": predicted,
+            "measured": busy,
+            "span": op_span,
+            "idle": op_span - busy,
+            "replay_error": error,
+            "wall": wall,
+            "predicted_wall": predicted_wall,
+            "wall_error": wall_error,
+            "overhead": float(model.overhead[keep].sum()),
+            "overhead_from": "other steps" if len(models) > 1 else "own step",
+            "ops_observed": int(len(known)),
+            "cause": _cause(own, model),
+        }
+        if model.missing:
+            step["partial"] = records.note(str(known["rank"].iloc[0]), it, model.missing)
+        steps.append(step)
     return steps
 
 
-def _error_summary(steps: Sequence[dict[str, Any]]) -> dict[str, float | None]:
-    errors = np.array([s["replay_error"] for s in steps if s["replay_error"] is not None])
-    if not len(errors):
-        return {"replay_error_median": None, "replay_error_max": None}
-    worst = errors[np.argmax(np.abs(errors))]
-    return {"replay_error_median": float(np.median(errors)), "replay_error_max": float(worst)}
+def _error_summary(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Median and largest-magnitude (signed) error against busy and wall-clock time, over
+    the complete steps (partial ones are left out and counted), and the cause of the worst."""
+    complete = [s for s in steps if not s.get("partial")]
+    out: dict[str, Any] = {"partial_steps": len(steps) - len(complete)}
+    for key, name in (("replay_error", "replay_error"), ("wall_error", "wall_error")):
+        errors = np.array([s[key] for s in complete if s.get(key) is not None])
+        if not len(errors):
+            out[f"{name}_median"] = out[f"{name}_max"] = None
+            continue
+        out[f"{name}_median"] = float(np.median(errors))
+        out[f"{name}_max"] = float(errors[np.argmax(np.abs(errors))])
+    scored = [s for s in complete if s.get("wall_error") is not None]
+    worst = max(scored, key=lambda s: abs(s["wall_error"]), default=None)
+    out["cause"] = worst.get("cause", "") if worst else ""
+    out["warning"] = reliability_warning(out)
+    if complete and all(s.get("overhead_from") == "own step" for s in complete):
+        out["warning"] = (
+            "one traced step per rank: its replay takes the overheads from the step itself "
+            "and reproduces it by construction, so the predictions have no measured error "
+            "(trace several steps)"
+        )
+    return out
+
+
+def _comparison_error(
+    entries: Sequence[dict[str, Any]], steps: Sequence[dict[str, Any]], knobs: Mapping[str, float]
+) -> dict[str, Any]:
+    """The comparison's own error: its prediction for the observed order (mean op times,
+    one op at a time per resource) against the mean measured busy time of the complete
+    steps. Meaningful only without what-if knobs; a warning above `RELIABLE`."""
+    observed = next((e for e in entries if e["plan"] == "observed"), None)
+    busy = [s["measured"] for s in steps if not s.get("partial") and s["measured"] > 0]
+    if observed is None or not busy or any(knobs[k] != v for k, v in KNOBS.items()):
+        return {"comparison_error": None, "comparison_warning": None}
+    error = observed["predicted"] / float(np.mean(busy)) - 1.0
+    warning = None
+    if abs(error) > RELIABLE:
+        warning = (
+            f"the plan comparison predicts the observed order {error * 100:+.1f}% off the "
+            "measured busy time (mean op times, one op at a time per resource): its plan "
+            "gains are uncertain by as much"
+        )
+    return {"comparison_error": error, "comparison_warning": warning}
+
+
+def reliability_warning(summary: Mapping[str, Any]) -> str | None:
+    """A warning when the replay of the observed order misses a complete step by more
+    than `RELIABLE` (wall-clock or busy time), naming the largest unmodelled gap; None
+    when every prediction beside it can be trusted to that error."""
+    keys = ("wall_error_max", "replay_error_max")
+    worst = [abs(summary[k]) for k in keys if summary.get(k) is not None]
+    if not worst:
+        return "no complete step to replay: predictions have no measured error"
+    if max(worst) <= RELIABLE:
+        return None
+    return (
+        f"predictions unreliable: the replay of the observed order misses a traced step by "
+        f"{max(worst) * 100:.1f}% (> {RELIABLE * 100:g}%); largest unmodelled gap: "
+        f"{summary.get('cause') or 'unknown'}"
+    )
 
 
 def replay(job: Job, *, seed: int = 0, frame: pd.DataFrame | None = None) -> dict[str, Any]:
@@ -438,14 +824,42 @@ def replay(job: Job, *, seed: int = 0, frame: pd.DataFrame | None = None) -> dic
     `frame`: the job's `with_dedicated` timings, when the caller has them already.
     """
     frame = _frame(job) if frame is None else frame
+    releases = job_releases(job, frame)
     ranks = []
     for rank in job.ranks:
         graph = job.graphs[rank]
         compiled = compile_graph(graph)
         rows = frame[frame["rank"] == rank]
-        steps = _replay_rank(compiled, rows, mean_of_runs(graph, rows), seed)
+        oracle = mean_of_runs(graph, rows)
+        spans = spans_of(job, rank)
+        steps = _replay_rank(compiled, rows, oracle, seed, spans, releases.get(rank))
         ranks.append({"rank": rank, **_error_summary(steps), "steps": steps})
     return {"schema": SCHEMA, "kind": "replay", "ranks": ranks, **_all_errors(ranks)}
+
+
+def job_releases(job: Job, frame: pd.DataFrame) -> dict[str, dict[int, np.ndarray]]:
+    """`peer_releases` of a job (empty with one rank)."""
+    if len(job.ranks) < 2:
+        return {}
+    compiled, models = {}, {}
+    for rank in job.ranks:
+        graph = job.graphs[rank]
+        compiled[rank] = compile_graph(graph)
+        rows = frame[frame["rank"] == rank]
+        models[rank] = _step_models(
+            compiled[rank], rows, mean_of_runs(graph, rows), spans_of(job, rank)
+        )
+    return peer_releases(compiled, models)
+
+
+def spans_of(job: Job, rank: str) -> dict[int, tuple[int, int]]:
+    """Iteration -> (start, end) ns of the rank's recorded step spans (wall-clock)."""
+    spans = job.trace.spans
+    mine = spans[spans["rank"] == rank]
+    return {
+        int(i): (int(a), int(b))
+        for i, a, b in zip(mine["iteration"], mine["start"], mine["end"], strict=True)
+    }
 
 
 def replayed_steps(document: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
@@ -624,7 +1038,7 @@ def compare(
         if replayed is not None and rank in replayed:
             steps = replayed[rank]
         else:
-            steps = _replay_rank(compiled, rows, oracle, seed)
+            steps = _replay_rank(compiled, rows, oracle, seed, spans_of(job, rank))
         of_rank = {name: p[rank] for name, p in plans.items() if rank in p}
         seconds = op_seconds(
             compiled,
@@ -652,6 +1066,7 @@ def compare(
                 "rho": transfer / compute if compute > 0 else None,
                 "best_plan": best["plan"],
                 **_error_summary(steps),
+                **_comparison_error(entries, steps, settings),
                 "plans": entries,
             }
         )

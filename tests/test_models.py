@@ -302,3 +302,67 @@ def test_ring_cross_check_on_the_same_calibration(resnet):
     check = doc["cross_check"]
     assert check["simulated_iteration_time"] == pytest.approx(two)
     assert check["gap"] == pytest.approx(check["model_iteration_time"] / two - 1)
+
+
+TRACED = {
+    "tf/cnn_ps_ingraph": TF_RUNS["cnn_ps_ingraph"],
+    "tf/mlp_ps_betweengraph_sync": TF_RUNS["mlp_ps_betweengraph_sync"],
+    **{f"torch/{k}": [TF.parent / "torch" / k] for k in ("resnet_ddp", "transformer_ddp")},
+    "torch/resnet_ddp_bucket1mb": [TF.parent / "torch" / "resnet_ddp_bucket1mb"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRACED))
+def test_model_reproduces_the_traced_configuration_first(name):
+    """Calibrated on the trace, the model predicts the traced configuration (its
+    architecture, workers and PS) within 10% of the measured step (median of the trace's
+    complete step spans), and only then recommends."""
+    from planner.records import partial_steps
+
+    job = detect.load([need(p) for p in TRACED[name]])
+    walls = []
+    for rank, graph in job.graphs.items():
+        partial = partial_steps(job.trace.of(rank), graph.ops)
+        spans = job.trace.spans[job.trace.spans["rank"] == rank]
+        spans = spans[~spans["iteration"].isin(list(partial))]
+        walls.extend(((spans["end"] - spans["start"]) / 1e9).tolist())
+    measured = sorted(walls)[(len(walls) - 1) // 2 : len(walls) // 2 + 1]
+    measured_step = sum(measured) / len(measured)
+    cal = models.calibrate(job)
+    doc = models.model_document(job, cal, [1, 2, 4, 8])
+    val = doc["validation"]
+    assert val["workers"] == len(job.ranks)
+    assert val["arch"] == ("ps" if name.startswith("tf/") else "ring")
+    assert abs(val["model_iteration_time"] / measured_step - 1) <= models.CALIBRATION_TOLERANCE
+    assert val["recommendation_withheld"] is None and doc["recommendation"] is not None
+    # the calibration is stated: a network time scale and an untraced overhead per step
+    assert cal.network_time is not None and cal.network_scale > 0 and cal.overhead_time >= 0
+
+
+@pytest.mark.parametrize("run", ["resnet_ddp", "transformer_ddp"])
+def test_model_matches_the_recorded_step_wall_times(run):
+    """The torch runs recorded each step's wall time in their metadata (time.perf_counter
+    around the step, outside the profiler): the model is within 10% of their median."""
+    path = need(TF.parent / "torch" / run)
+    meta = json.loads((path / "meta_rank0.json").read_text())
+    profiled = [meta["step_wall_s"][s] for s in meta["profiled_steps"]]
+    recorded = sorted(profiled)[len(profiled) // 2]
+    job = detect.load([path])
+    doc = models.model_document(job, models.calibrate(job), [2])
+    assert abs(doc["validation"]["model_iteration_time"] / recorded - 1) <= 0.10
+
+
+def test_no_recommendation_when_the_traced_configuration_is_missed(capsys):
+    """Told to assume no overlap, the model misses the traced in-graph PS job by far more
+    than 10%: it says so and recommends nothing (JSON and text)."""
+    path = need(TF / "cnn_ps_ingraph")
+    job = detect.load([path])
+    doc = models.model_document(job, models.calibrate(job), [1, 2, 4], overlap=0.0)
+    val = doc["validation"]
+    assert val["model_error"] > models.CALIBRATION_TOLERANCE
+    assert doc["recommendation"] is None
+    assert "misses the traced configuration" in val["recommendation_withheld"]
+    code, out, _ = run_cli(["model", path, "--overlap", "0"], capsys)
+    lines = out.splitlines()
+    assert code == 0 and any(line.startswith("no recommendation: ") for line in lines)
+    assert not any(line.startswith("recommendation:") for line in lines)

@@ -15,6 +15,7 @@ from planner.errors import InputError
 from planner.ingest import detect
 from planner.ingest.proto import tf_subset_pb2 as tfpb
 from planner.ingest.tf_graphdef import task_of
+from planner.records import partial_steps
 from planner.trace import with_dedicated
 
 
@@ -133,6 +134,8 @@ def test_oracle_is_minimum_over_steps(tf_run):
     oracles = analysis.oracles(job)
     for rank in job.ranks:
         of_rank = frame[frame["rank"] == rank]
+        partial = partial_steps(of_rank, job.graphs[rank].ops)  # left out of the oracle
+        of_rank = of_rank[~of_rank["iteration"].isin(list(partial))]
         for op, rows in list(of_rank.groupby("op"))[:50]:
             assert oracles[rank].times[op] == pytest.approx(rows["dedicated"].min() / 1e9)
             assert oracles[rank].observed_in[op] == len(rows)

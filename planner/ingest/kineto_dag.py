@@ -34,11 +34,15 @@ def collective_edges(
     lane_of_row: np.ndarray,
     op_at_row: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Edges launcher -> collective and collective -> the op that waits for it.
+    """Edges launcher -> collective and collective -> the ops that wait for it.
 
     The waiting op is the step's first optimizer op starting after the launcher, else
     the first op on the launching thread starting after the collective ends (and after
-    the launcher: a GPU clock can lag the CPU one). Candidates are ordered by a
+    the launcher: a GPU clock can lag the CPU one). With an optimizer, the first op on
+    the launching thread after both the collective's end and the thread's last
+    collective launch of the step waits too (DDP waits for every bucket after launching
+    the last, then copies each back to the gradients: without the edge the replay ran
+    that copy work during the 64 MiB all-reduce). Candidates are ordered by a
     quicksort on start time, so ties resolve as they always have.
     """
     comp_op = op_id[:n_comp]
@@ -50,6 +54,11 @@ def collective_edges(
     src: list[int] = []
     dst: list[int] = []
     tag: list[int] = []
+    last_launch: dict[tuple[int, int], int] = {}
+    for step, launcher in zip(c_step.tolist(), c_launcher.tolist(), strict=True):
+        if launcher >= 0:
+            key = (step, int(lane_of_row[launcher]))
+            last_launch[key] = max(last_launch.get(key, 0), int(ts[launcher]))
     for step, cop, launcher, cend in zip(
         c_step.tolist(),
         op_id[n_comp:].tolist(),
@@ -63,16 +72,6 @@ def collective_edges(
             tag.append(step)
         if launcher < 0:
             continue
-        a = int(np.searchsorted(opt_step, step))
-        b = int(np.searchsorted(opt_step, step, side="right"))
-        if b > a:  # the optimizer waits for the gradients
-            cand = opt[a:b]
-            i = int(np.searchsorted(o_start[cand], ts[launcher], side="right"))
-            if i < len(cand):
-                src.append(cop)
-                dst.append(int(comp_op[cand[i]]))
-                tag.append(step)
-                continue
         key = (step, int(lane_of_row[launcher]))
         group = lane_groups.get(key)
         if group is None:
@@ -81,6 +80,26 @@ def collective_edges(
             group = lane_groups[key] = (members, o_start[members])
         members, starts = group
         i = int(np.searchsorted(starts, max(cend, int(ts[launcher]) + 1), side="left"))
+        # DDP waits for every bucket's all-reduce once the thread has launched the last
+        # one, then copies each bucket back (copy_bucket_to_grad / as_strided): the first
+        # op on the thread after both the collective's end and that last launch waits
+        after = max(cend, last_launch.get(key, int(ts[launcher])) + 1)
+        w = int(np.searchsorted(starts, after, side="left"))
+        waiter = int(comp_op[members[w]]) if w < len(members) else -1
+        a = int(np.searchsorted(opt_step, step))
+        b = int(np.searchsorted(opt_step, step, side="right"))
+        if b > a:  # the optimizer waits for the gradients
+            cand = opt[a:b]
+            j = int(np.searchsorted(o_start[cand], ts[launcher], side="right"))
+            if j < len(cand):
+                src.append(cop)
+                dst.append(int(comp_op[cand[j]]))
+                tag.append(step)
+                if waiter >= 0 and waiter != int(comp_op[cand[j]]):
+                    src.append(cop)
+                    dst.append(waiter)
+                    tag.append(step)
+                continue
         if i < len(members):
             src.append(cop)
             dst.append(int(comp_op[members[i]]))

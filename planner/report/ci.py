@@ -91,6 +91,17 @@ def cases(document: Mapping[str, Any], thresholds: Thresholds) -> list[StepCase]
         t = thresholds
         efficiency = s["efficiency"]
         skipped = None
+        if s.get("partial"):
+            out.append(
+                StepCase(
+                    rank=rank, iteration=iteration, makespan=s.get("makespan", 0.0),
+                    efficiency=efficiency,
+                    speedup_bound=s.get("speedup_bound"), utilization=util,
+                    straggler_time=straggler_time, slowest=slowest, failures=(),
+                    skipped="partial step (records missing): not gated",
+                )
+            )  # fmt: skip
+            continue
         if t.min_efficiency is not None and efficiency is None:
             skipped = "efficiency E does not apply (no transfers): min-efficiency not checked"
         elif t.min_efficiency is not None and efficiency < t.min_efficiency:

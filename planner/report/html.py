@@ -489,9 +489,14 @@ def comparison_section(report: Mapping[str, Any]) -> str:
         parts.append(
             f"<p>Replay error (predicted / measured − 1 of the traced steps): median "
             f"<b>{percent(entry.get('replay_error_median'))}</b>, worst "
-            f"<b>{percent(entry.get('replay_error_max'))}</b>. Measured mean busy makespan "
+            f"<b>{percent(entry.get('replay_error_max'))}</b>; against the wall-clock step: "
+            f"median <b>{percent(entry.get('wall_error_median'))}</b>, worst "
+            f"<b>{percent(entry.get('wall_error_max'))}</b>. Measured mean busy makespan "
             f"{seconds(measured)}.</p>"
         )
+        for key in ("warning", "comparison_warning"):
+            if entry.get(key):
+                parts.append(f"<p><b>Warning:</b> {esc(entry[key])}</p>")
         parts.append(
             figure(plots.plan_comparison(entry["plans"], measured, f"{rank}: predicted time"))
         )

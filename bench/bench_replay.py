@@ -1,0 +1,228 @@
+"""Replay fidelity: the observed order of every traced step, replayed, against the step.
+
+For every step of every trace in ../shared/traces (generated TF and torch jobs, and the
+Kineto traces of public/ and public/external, one job per file, the 8 DLRM ranks as
+one job), `planner.simulate.replay` predicts the step with the step's own op times and
+observed order. Printed per trace: steps, median and worst |error| against the step's
+wall-clock time (its recorded span: ``ProfilerStep#N`` for PyTorch, first to last
+record of the RunMetadata for TF) and against its busy time (the union of its op
+intervals); then the overall figures and the five worst steps with the largest
+unmodelled gap the replay names as their cause. Steps flagged partial (records
+missing) are listed apart and left out of the figures, as CI gates leave them out; so
+are ranks with a single step (no other step to take the overheads from: the replay
+would reproduce the step by construction). `cover` is the share of the wall-clock time
+in which some traced op runs; the overall figures are also given for the steps whose
+records cover at least half of their time.
+Files that cannot be replayed (no graph, no timed op) are listed with the reason.
+
+Run: ``nice python bench/bench_replay.py`` from the repo root (``--only SUBSTRING`` to
+restrict to some traces). Exit status 1 when median > 2% or worst > 5% over all steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from planner import simulate as sim  # noqa: E402
+from planner.errors import InputError  # noqa: E402
+from planner.ingest import detect  # noqa: E402
+
+SHARED = ROOT.parent / "shared" / "traces"
+GENERATED = SHARED / "generated"
+PUBLIC = SHARED / "public"
+DLRM = PUBLIC / "param/et_replay/tests/inputs/dlrm_kineto.tar.gz.extracted/dlrm_kineto"
+TARGET_MEDIAN = 0.02
+TARGET_WORST = 0.05
+
+
+def generated_jobs() -> list[tuple[str, list[Path]]]:
+    """Each generated job: its directory, or the per-worker directories of one TF job."""
+    jobs = []
+    for framework in sorted(p for p in GENERATED.iterdir() if p.is_dir()):
+        for job in sorted(p for p in framework.iterdir() if p.is_dir()):
+            workers = sorted(p for p in job.iterdir() if p.is_dir())
+            jobs.append((f"generated/{framework.name}/{job.name}", workers or [job]))
+    return jobs
+
+
+def public_jobs() -> list[tuple[str, list[Path]]]:
+    """Every trace file under public/ (older `_history` copies left out), one job each;
+    the DLRM ranks together as one job. Execution Traces ride with their Kineto files."""
+    jobs: list[tuple[str, list[Path]]] = []
+    if DLRM.is_dir():
+        jobs.append((str(DLRM.relative_to(SHARED)), [DLRM]))
+    for path in sorted(PUBLIC.rglob("*")):
+        if not path.is_file() or "_history" in path.parts or DLRM in path.parents:
+            continue
+        if not path.name.endswith((".json", ".json.gz")):
+            continue
+        jobs.append((str(path.relative_to(SHARED)), [path]))
+    return jobs
+
+
+def recorded_walls(paths: list[Path]) -> dict[tuple[str, int], float]:
+    """(rank, step) -> the step's wall time the generating script recorded outside the
+    profiler (meta.json / meta_rank*.json of the generated runs; empty elsewhere)."""
+    out: dict[tuple[str, int], float] = {}
+    for path in paths:
+        meta = path / "meta.json"
+        if meta.is_file():  # TF: one file per client (both workers of an in-graph job)
+            steps = json.loads(meta.read_text()).get("steps", [])
+            ranks = [path.name] if path.name.startswith("worker") else ["worker0", "worker1"]
+            for step in steps:
+                for rank in ranks:
+                    out[(rank, int(step["step"]))] = float(step["wall_s"])
+        for meta in sorted(path.glob("meta_rank*.json")):  # torch: one file per rank
+            walls = json.loads(meta.read_text()).get("step_wall_s", [])
+            rank = meta.stem.removeprefix("meta_")
+            out.update({(rank, i): float(w) for i, w in enumerate(walls)})
+    return out
+
+
+def replay_job(name: str, paths: list[Path], seed: int) -> dict | str:
+    """The replay document of one job, or why it cannot be replayed."""
+    try:
+        job = detect.load(paths)
+    except InputError as exc:
+        return str(exc)
+    if not len(job.trace.timings):
+        return "no timed ops"
+    try:
+        return sim.replay(job, seed=seed)
+    except InputError as exc:
+        return str(exc)
+
+
+def pct(x: float) -> str:
+    return f"{x * 100:.2f}%"
+
+
+def summary(steps: list[tuple[str, str, dict]], what: str) -> None:
+    """One line of overall figures over `steps`."""
+    if not steps:
+        print(f"\n{what}: none")
+        return
+    wall = np.array([abs(s["wall_error"]) for _, _, s in steps])
+    busy = np.array([abs(s["replay_error"]) for _, _, s in steps])
+    traces = len({name for name, _, _ in steps})
+    print(
+        f"\n{what} ({len(steps)} steps of {traces} traces): wall-clock median |error| "
+        f"{pct(np.median(wall))}, worst {pct(wall.max())}; busy time median "
+        f"{pct(np.median(busy))}, worst {pct(busy.max())} "
+        f"(targets: median <= {pct(TARGET_MEDIAN)}, worst <= {pct(TARGET_WORST)})"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", default="", help="Only traces whose name contains this.")
+    args = parser.parse_args()
+    if not SHARED.is_dir():
+        print(f"{SHARED} is not available")
+        return 2
+    rows = []
+    steps_all: list[tuple[str, str, dict]] = []
+    partial: list[tuple[str, str, dict]] = []
+    skipped: list[tuple[str, str]] = []
+    rec_rows: list[tuple[str, float]] = []
+    for name, paths in generated_jobs() + public_jobs():
+        if args.only not in name:
+            continue
+        start = time.perf_counter()
+        doc = replay_job(name, paths, args.seed)
+        took = time.perf_counter() - start
+        if isinstance(doc, str):
+            skipped.append((name, doc))
+            continue
+        wall, busy, cover, n = [], [], [], 0
+        walls = recorded_walls(paths)
+        for rank in doc["ranks"]:
+            for step in rank["steps"]:
+                if step.get("partial"):
+                    partial.append((name, rank["rank"], step))
+                    continue
+                n += 1
+                key = (rank["rank"], step["iteration"])
+                if key in walls:
+                    rec_rows.append((name, step["predicted_wall"] / walls[key] - 1))
+                wall.append(abs(step["wall_error"]))
+                busy.append(abs(step["replay_error"]))
+                cover.append(step["measured"] / step["wall"])
+                steps_all.append((name, rank["rank"], step))
+        if not n:
+            skipped.append((name, "no complete step"))
+            continue
+        own = any(s["overhead_from"] == "own step" for r in doc["ranks"] for s in r["steps"])
+        rows.append(
+            (name, n, np.median(wall), max(wall), np.median(busy), max(busy), np.median(cover),
+             own, took)
+        )  # fmt: skip
+
+    width = max((len(r[0]) for r in rows), default=10)
+    print(f"{'trace':<{width}}  steps  wall med  wall worst  busy med  busy worst  cover   time")
+    for name, n, wm, ww, bm, bw, cv, own, took in rows:
+        print(
+            f"{name:<{width}}  {n:>5}  {pct(wm):>8}  {pct(ww):>10}  {pct(bm):>8}  "
+            f"{pct(bw):>10}  {cv * 100:4.0f}%  {took:>5.1f}s{'  (1 step: own overheads)' * own}"
+        )
+    if not steps_all:
+        print("no step replayed")
+        return 1
+    print(
+        "\ncover: median share of the step's wall-clock time in which some traced op runs. "
+        "A rank with one step has no other step to take overheads from: its replay uses its "
+        "own (it reproduces the step by construction) and is left out of the figures below."
+    )
+    steps_all = [x for x in steps_all if x[2]["overhead_from"] == "other steps"]
+    summary(steps_all, "all steps replayed from the other steps' overheads")
+    summary(
+        [x for x in steps_all if x[2]["measured"] >= 0.5 * x[2]["wall"]],
+        "of them, steps whose records cover at least half of their wall-clock time",
+    )
+    wall = np.array([abs(s["wall_error"]) for _, _, s in steps_all])
+    busy = np.array([abs(s["replay_error"]) for _, _, s in steps_all])
+    if rec_rows:
+        print(
+            "\nagainst the step times the generating scripts recorded outside the profiler "
+            "(meta*.json; TF: session.run on the client, which also covers time before the "
+            "first and after the last RunMetadata record):"
+        )
+        for trace in dict.fromkeys(n for n, _ in rec_rows):
+            e = np.array([abs(x) for n, x in rec_rows if n == trace])
+            signed = np.array([x for n, x in rec_rows if n == trace])
+            print(
+                f"  {trace}: median |error| {pct(np.median(e))}, worst {pct(e.max())} "
+                f"(median signed {signed[np.argsort(signed)[len(signed) // 2]] * 100:+.1f}%)"
+            )
+    print("\nfive worst steps (wall-clock error):")
+    worst = sorted(steps_all, key=lambda x: -abs(x[2]["wall_error"]))[:5]
+    for name, rank, step in worst:
+        print(
+            f"  {name} {rank} step {step['iteration']}: wall {step['wall_error'] * 100:+.2f}%, "
+            f"busy {step['replay_error'] * 100:+.2f}%; cause: {step.get('cause') or '-'}"
+        )
+    if partial:
+        print(f"\n{len(partial)} partial step(s) left out:")
+        for name, rank, step in partial:
+            print(f"  {name} {rank} step {step['iteration']}: {step['partial']}")
+    if skipped:
+        print(f"\n{len(skipped)} file(s) not replayable:")
+        for name, why in skipped:
+            print(f"  {name}: {why}")
+    ok = np.median(wall) <= TARGET_MEDIAN and wall.max() <= TARGET_WORST
+    ok &= np.median(busy) <= TARGET_MEDIAN and busy.max() <= TARGET_WORST
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
