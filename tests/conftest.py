@@ -20,11 +20,21 @@ TF_RUNS = {
 }
 
 
+def missing_reason(path: Path) -> str:
+    """The skip reason for a test whose input is absent: it names the missing path."""
+    return f"needs {path}, which is not present (a checkout without ../shared beside it)"
+
+
 def need(path: Path) -> Path:
     """Skip the test when a shared trace is not present on this machine."""
     if not path.exists():
-        pytest.skip(f"{path} is not available")
+        pytest.skip(missing_reason(path))
     return path
+
+
+def needs(path: Path) -> pytest.MarkDecorator:
+    """A skipif mark for tests or modules that read `path` (a shared trace)."""
+    return pytest.mark.skipif(not path.exists(), reason=missing_reason(path))
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

@@ -10,12 +10,13 @@ import pytest
 from planner.errors import InputError
 from planner.ingest.execution_trace import read_execution_trace
 from planner.ingest.kineto import load_kineto
+from tests.conftest import needs
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 RUN = SHARED / "generated" / "torch" / "resnet_ddp"
 PARAM = SHARED / "public" / "param" / "et_replay" / "tests" / "inputs"
 
-pytestmark = pytest.mark.skipif(not RUN.is_dir(), reason="shared traces absent")
+pytestmark = needs(RUN)
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ import pytest
 from planner.errors import InputError
 from planner.ingest import execution_trace, files, kineto
 from planner.ingest.kineto import load_kineto, read_rank, read_rank_generic
+from tests.conftest import needs
 
 REPO = Path(__file__).resolve().parents[1]
 FUZZ_CRASH = REPO / "bench" / "_data" / "crash-a803f412ded1288c2a6ee5be3d7760eb1c92ce2e"
@@ -239,7 +240,7 @@ def test_execution_trace_of_another_process_is_refused(tmp_path: Path) -> None:
     assert execution_trace.match_ranks([same], [("rank0", ev)])["rank0"].path == same
 
 
-@pytest.mark.skipif(not RESNET.is_dir(), reason="shared DDP traces not present")
+@needs(RESNET)
 def test_real_rank_with_the_other_ranks_execution_trace_is_refused() -> None:
     with pytest.raises(InputError, match="does not belong to rank0.json.gz"):
         load_kineto([RESNET / "rank0.json.gz"], [RESNET / "et_rank1.json.gz"])
