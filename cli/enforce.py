@@ -11,6 +11,7 @@ from rich.table import Table
 
 from planner import verify as verify_lib
 from planner.enforce.tf_graph import MODES, rewrite_file
+from planner.errors import InputError
 from planner.export.files import write_atomic
 from planner_cli import render
 from planner_cli.options import json_option
@@ -81,13 +82,24 @@ def _export_view(document: dict[str, Any]) -> None:
     default=None,
     help="Exit 1 when a rank's fraction of steps in plan order is below this.",
 )
+@click.option("--rank", default=None, help="Check only this rank (e.g. rank0).")
 @json_option
 def verify_command(
-    plan: Path, traces: tuple[Path, ...], min_compliance: float | None, as_json: bool
+    plan: Path,
+    traces: tuple[Path, ...],
+    min_compliance: float | None,
+    rank: str | None,
+    as_json: bool,
 ) -> None:
     """Check a trace taken with enforcement on: steps in plan order, first violation,
     measured vs predicted iteration time."""
     document = verify_lib.verify(plan, traces)
+    if rank is not None:
+        ranks = [r["rank"] for r in document["ranks"]]
+        if rank not in ranks:
+            raise InputError(None, f"no rank {rank!r} in the input (ranks: {', '.join(ranks)})")
+        kept = [r for r in document["ranks"] if r["rank"] == rank]
+        document = {**document, "ranks": kept, "compliance": kept[0]["compliance"]}
     render.emit(document, as_json, _verify_view)
     if min_compliance is not None and document["compliance"] < min_compliance:
         render.note(f"compliance {document['compliance']:.3f} below {min_compliance}", as_json,

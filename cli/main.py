@@ -29,7 +29,14 @@ from planner_cli import parallel as parallel_commands
 from planner_cli import render
 from planner_cli import report as report_commands
 from planner_cli import simulate as simulate_commands
-from planner_cli.options import json_option, load, paths_argument, rank_option, select_ranks
+from planner_cli.options import (
+    each_option,
+    json_option,
+    load,
+    paths_argument,
+    rank_option,
+    select_ranks,
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -44,6 +51,7 @@ def cli(no_color: bool) -> None:
 @paths_argument()
 @rank_option
 @json_option
+@each_option()
 def inspect_command(paths: tuple[Path, ...], rank: str | None, as_json: bool) -> None:
     """What is in the input: devices, op counts, transfers with sizes, steps."""
     job = select_ranks(load(paths, as_json), rank)
@@ -67,6 +75,7 @@ def inspect_command(paths: tuple[Path, ...], rank: str | None, as_json: bool) ->
 )
 @rank_option
 @json_option
+@each_option()
 def schedule_command(
     paths: tuple[Path, ...],
     algorithm: str,
@@ -147,6 +156,7 @@ def plan_files(document: dict[str, Any], fmt: str, output: Path | None) -> dict[
 )
 @rank_option
 @json_option
+@each_option(single_files=("junit", "markdown"))
 def metrics_command(
     paths: tuple[Path, ...],
     min_efficiency: float | None,
@@ -194,6 +204,7 @@ def metrics_command(
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Directory for the results.")
 @rank_option
 @json_option
+@each_option(output_dir=True)
 def analyze_command(
     paths: tuple[Path, ...], output: Path | None, rank: str | None, as_json: bool
 ) -> None:
@@ -244,14 +255,25 @@ def analysis_files(report: dict[str, Any], job: Job, output: Path) -> dict[Path,
 
 @cli.command("convert")
 @paths_argument()
-@click.option("--output", "-o", type=click.Path(path_type=Path), required=True)
+@click.option(
+    "--output", "-o", type=click.Path(path_type=Path), help="Write the trace here (else stdout)."
+)
 @rank_option
 @json_option
-def convert_command(paths: tuple[Path, ...], output: Path, rank: str | None, as_json: bool) -> None:
-    """Write any supported input as a planner JSON trace (docs/formats.md)."""
+def convert_command(
+    paths: tuple[Path, ...], output: Path | None, rank: str | None, as_json: bool
+) -> None:
+    """Write any supported input as a planner JSON trace (docs/formats.md).
+
+    Without -o, or with --json, the `planner.trace/1` document goes to stdout."""
     job = select_ranks(load(paths, as_json), rank)
-    write_atomic(output, dumps(planner_json.to_document(job)))
-    render.note(f"wrote {output}", as_json)
+    text = dumps(planner_json.to_document(job))
+    if output is not None:
+        write_atomic(output, text)
+    if as_json or output is None:
+        click.echo(text, nl=False)
+    if output is not None:
+        render.note(f"wrote {output}", as_json)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -13,7 +13,7 @@ from planner import models, netbench
 from planner.errors import InputError
 from planner.oracle import NetworkModel, fit_network_model
 from planner_cli import render
-from planner_cli.options import json_option, load, paths_argument
+from planner_cli.options import json_option, load, paths_argument, rank_option, select_ranks
 
 MAX_WORKERS = 100_000
 
@@ -91,6 +91,7 @@ def parse_arch(text: str) -> list[str]:
     show_default=True,
     help="Target total momentum for Omnivore's explicit momentum.",
 )
+@rank_option
 @json_option
 def model_command(
     paths: tuple[Path, ...],
@@ -103,6 +104,7 @@ def model_command(
     batch_size: int | None,
     dataset_size: int | None,
     momentum: float,
+    rank: str | None,
     as_json: bool,
 ) -> None:
     """Iteration time and throughput vs workers for PS, P2P and ring all-reduce."""
@@ -119,7 +121,7 @@ def model_command(
     if not 0.0 <= momentum < 1.0:
         raise InputError(None, f"--momentum must be in [0, 1), got {momentum}")
     network = read_network(network_csv) if network_csv is not None else None
-    job = load(paths, as_json)
+    job = select_ranks(load(paths, as_json), rank)
     cal = models.calibrate(
         job,
         network=network,

@@ -155,7 +155,8 @@ def plan_view(document: dict[str, Any]) -> None:
 def metrics_view(document: dict[str, Any]) -> None:
     console = out()
     table = Table(title="Scheduling efficiency per step (TicTac §3.2)")
-    for column in ("rank", "step", "makespan", "idle", "Umax", "Lmin", "E", "S"):
+    columns = ("rank", "step", "span", "idle", "busy makespan m", "Umax", "Lmin", "E", "S")
+    for column in columns:
         table.add_column(column, justify="right")
     for s in document["steps"]:
         table.add_row(
@@ -163,6 +164,7 @@ def metrics_view(document: dict[str, Any]) -> None:
             str(s["iteration"]),
             seconds_text(s["makespan"]),
             seconds_text(s["idle"]),
+            seconds_text(s["busy_makespan"]),
             seconds_text(s["umax"]),
             seconds_text(s["lmin"]),
             f"{s['efficiency']:.3f}",
@@ -170,7 +172,8 @@ def metrics_view(document: dict[str, Any]) -> None:
         )
     console.print(table)
     summary = Table(title="Per rank")
-    for column in ("rank", "mean E", "min E", "mean makespan", "S (oracle)", "orders seen"):
+    columns = ("rank", "mean E", "min E", "mean span", "mean busy m", "S (oracle)", "orders seen")
+    for column in columns:
         summary.add_column(column, justify="right")
     for r in document["ranks"]:
         summary.add_row(
@@ -178,6 +181,7 @@ def metrics_view(document: dict[str, Any]) -> None:
             f"{r.get('efficiency_mean', float('nan')):.3f}",
             f"{r.get('efficiency_min', float('nan')):.3f}",
             seconds_text(r.get("makespan_mean")),
+            seconds_text(r.get("busy_makespan_mean")),
             f"{r['oracle_speedup_bound']:.3f}",
             str(r.get("distinct_transfer_orders", 0)),
         )

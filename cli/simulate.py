@@ -16,7 +16,14 @@ from planner.export.files import dumps, write_atomic
 from planner.plan import Plan
 from planner.trace import Job
 from planner_cli import render
-from planner_cli.options import json_option, load, paths_argument, rank_option, select_ranks
+from planner_cli.options import (
+    each_option,
+    json_option,
+    load,
+    paths_argument,
+    rank_option,
+    select_ranks,
+)
 
 PLAN_CHOICES = ("baseline", "observed", "tic", "tac", "caramel", "all")
 KNOB_NAMES = {name.replace("_", "-"): name for name in sim.KNOBS}
@@ -102,6 +109,7 @@ def build_plans(job: Job, which: str, channels: int = 1) -> dict[str, dict[str, 
 )
 @rank_option
 @json_option
+@each_option(single_files=("timeline",))
 def simulate(
     paths: tuple[Path, ...],
     plan: str,

@@ -10,6 +10,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "traces"
 DEMO = REPO / "traces" / "demo"
+MLP_IN_REPO = [DEMO, REPO / "traces" / "tf" / "mlp_ps_betweengraph_sync" / "worker1"]
+"""Both workers of the generated mlp_ps_betweengraph_sync run, from the repo (worker0 is
+the demo)."""
+RESNET_IN_REPO = REPO / "traces" / "torch" / "resnet_ddp"
 TF = SHARED / "generated" / "tf"
 TF_RUNS = {
     "cnn_ps_ingraph": [TF / "cnn_ps_ingraph"],

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from tests.browser_cdp import chromium, open_page
-from tests.conftest import DEMO, SHARED, need, run_cli
+from tests.conftest import DEMO, REPO, need, run_cli
 
 pytestmark = pytest.mark.skipif(chromium() is None, reason="chromium is not installed")
 pytest.importorskip("websocket", reason="websocket-client is not installed")
 
-TORCH = SHARED / "generated" / "torch" / "resnet_ddp"
+TORCH = REPO / "traces" / "torch" / "resnet_ddp"
 
 
 def _artifacts(tmp_path: Path) -> Path:

@@ -13,7 +13,7 @@ from planner.ingest.kineto import load_kineto
 from tests.conftest import needs
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
-RUN = SHARED / "generated" / "torch" / "resnet_ddp"
+RUN = Path(__file__).resolve().parents[1] / "traces" / "torch" / "resnet_ddp"
 PARAM = SHARED / "public" / "param" / "et_replay" / "tests" / "inputs"
 
 pytestmark = needs(RUN)

@@ -23,7 +23,7 @@ from tests.conftest import needs
 
 REPO = Path(__file__).resolve().parents[1]
 FUZZ_CRASH = REPO / "bench" / "_data" / "crash-a803f412ded1288c2a6ee5be3d7760eb1c92ce2e"
-RESNET = REPO.parent / "shared" / "traces" / "generated" / "torch" / "resnet_ddp"
+RESNET = REPO / "traces" / "torch" / "resnet_ddp"
 
 Doc = dict[str, Any]
 

@@ -16,9 +16,9 @@ from planner.ingest import detect
 from planner.report import Thresholds, failures, junit_xml, markdown_summary, render_html
 from planner.report.ci import unchecked
 from planner.report.html import NOT_AVAILABLE
-from tests.conftest import DEMO, SHARED, need, run_cli
+from tests.conftest import DEMO, REPO, SHARED, need, run_cli
 
-TORCH = SHARED / "generated" / "torch" / "resnet_ddp"
+TORCH = REPO / "traces" / "torch" / "resnet_ddp"
 TF_CNN = SHARED / "generated" / "tf" / "cnn_ps_ingraph"
 
 
