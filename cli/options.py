@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+ALGORITHMS = ("tic", "tac", "caramel")
+"""The schedulers (`planner.analysis.ALGORITHMS`, spelled here so that parsing options
+imports no scheduler)."""
+
 
 def json_option(func: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")(func)

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import click
 
-from planner import parallel
 from planner.api import expand_globs, rank_files
 from planner.export.files import dumps, write_atomic
 from planner_cli import render
@@ -34,6 +33,8 @@ def analyze_ranks_command(
     Each worker loads one rank and returns only its figures; the job-level efficiency,
     iteration time and stragglers are reduced from those (`planner.ranks/1`).
     """
+    from planner import parallel
+
     inputs = expand_globs(paths)
     ranks = rank_files(inputs[0]) if len(inputs) == 1 else None
     document, _ = parallel.analyze_ranks(

@@ -5,35 +5,52 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from planner.export.files import dumps
 
-_state: dict[str, Console] = {}
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+_state: dict[str, Any] = {"no_color": False}
 
 
 def configure(no_color: bool) -> None:
-    """Consoles for stdout and stderr; piped output gets wide tables, not 80 columns."""
-    width = None if sys.stdout.isatty() else 160
-    _state["out"] = Console(no_color=no_color, highlight=False, soft_wrap=False, width=width)
-    _state["err"] = Console(stderr=True, no_color=no_color, highlight=False)
+    """Remember the colour choice; the rich consoles are made on first output, so that
+    `--version`, `--help` and `--json` never import rich."""
+    _state.clear()
+    _state["no_color"] = no_color
 
 
 def out() -> Console:
+    """The console for stdout; piped output gets wide tables, not 80 columns."""
     if "out" not in _state:
-        configure(no_color=False)
+        from rich.console import Console
+
+        width = None if sys.stdout.isatty() else 160
+        _state["out"] = Console(
+            no_color=_state["no_color"], highlight=False, soft_wrap=False, width=width
+        )
     return _state["out"]
 
 
 def err() -> Console:
+    """The console for stderr (progress bars)."""
     if "err" not in _state:
-        configure(no_color=False)
+        from rich.console import Console
+
+        _state["err"] = Console(stderr=True, no_color=_state["no_color"], highlight=False)
     return _state["err"]
+
+
+def new_table(title: str | None = None, **options: Any) -> Table:
+    """A rich table (rich is imported on first use)."""
+    from rich.table import Table
+
+    return Table(title=title, **options)
 
 
 def error(line: str) -> None:
@@ -62,6 +79,8 @@ def progress(enabled: bool, what: str) -> Iterator[Callable[[str], None]]:
     if not enabled or not sys.stderr.isatty():
         yield lambda _item: None
         return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     with Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
@@ -99,7 +118,7 @@ def bytes_text(value: int) -> str:
 def inspect_view(document: dict[str, Any]) -> None:
     console = out()
     console.print(f"[bold]{document['framework']}[/bold] input: {', '.join(document['sources'])}")
-    table = Table(title="Ranks")
+    table = new_table(title="Ranks")
     for column in ("rank", "ops", "by kind", "transfers", "bytes", "steps", "resources"):
         table.add_column(column)
     for r in document["ranks"]:
@@ -115,7 +134,7 @@ def inspect_view(document: dict[str, Any]) -> None:
         )
     console.print(table)
     for r in document["ranks"]:
-        transfers = Table(title=f"Transfers of {r['rank']}")
+        transfers = new_table(title=f"Transfers of {r['rank']}")
         for column in ("name", "kind", "channel", "param", "bytes", "time", "seen in"):
             transfers.add_column(column)
         for t in r["transfers"]:
@@ -136,7 +155,7 @@ def inspect_view(document: dict[str, Any]) -> None:
 def plan_view(document: dict[str, Any]) -> None:
     console = out()
     for entry in document["ranks"]:
-        table = Table(title=f"{entry['algorithm'].upper()} plan for {entry['rank']}")
+        table = new_table(title=f"{entry['algorithm'].upper()} plan for {entry['rank']}")
         for column in ("order", "priority", "transfer", "param", "bytes", "M+"):
             table.add_column(column)
         for t in entry["transfers"]:
@@ -154,7 +173,7 @@ def plan_view(document: dict[str, Any]) -> None:
 
 def metrics_view(document: dict[str, Any]) -> None:
     console = out()
-    table = Table(title="Scheduling efficiency per step (TicTac §3.2)")
+    table = new_table(title="Scheduling efficiency per step (TicTac §3.2)")
     columns = ("rank", "step", "span", "idle", "busy makespan m", "Umax", "Lmin", "E", "S")
     for column in columns:
         table.add_column(column, justify="right")
@@ -171,7 +190,7 @@ def metrics_view(document: dict[str, Any]) -> None:
             f"{s['speedup_bound']:.3f}",
         )
     console.print(table)
-    summary = Table(title="Per rank")
+    summary = new_table(title="Per rank")
     columns = ("rank", "mean E", "min E", "mean span", "mean busy m", "S (oracle)", "orders seen")
     for column in columns:
         summary.add_column(column, justify="right")
@@ -193,7 +212,7 @@ def metrics_view(document: dict[str, Any]) -> None:
 def allreduce_view(document: dict[str, Any]) -> None:
     """Caramel §3.1 overlap figures per step and the straggler time across ranks."""
     console = out()
-    table = Table(title="Compute / network overlap per step (Caramel §3.1)")
+    table = new_table(title="Compute / network overlap per step (Caramel §3.1)")
     for column in ("rank", "step", "C", "N", "T", "rho", "alpha", "utilization"):
         table.add_column(column, justify="right")
     for s in document["steps"]:
@@ -209,7 +228,7 @@ def allreduce_view(document: dict[str, Any]) -> None:
         )
     console.print(table)
     if document["stragglers"]:
-        stragglers = Table(title="Straggler time per step (slowest rank's lead in collectives)")
+        stragglers = new_table(title="Straggler time per step (slowest rank's lead in collectives)")
         for column in ("step", "straggler time", "fastest", "slowest"):
             stragglers.add_column(column, justify="right")
         for s in document["stragglers"]:
@@ -232,7 +251,7 @@ def analyze_view(report: dict[str, Any]) -> None:
     console.print(f"[bold]{inspect['framework']}[/bold] job: {len(inspect['ranks'])} rank(s)")
     if report["metrics"] is not None:
         metrics_view(report["metrics"])
-    table = Table(title="Transfer order per plan (first 10)")
+    table = new_table(title="Transfer order per plan (first 10)")
     table.add_column("rank")
     table.add_column("plan")
     table.add_column("first transfers")

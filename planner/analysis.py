@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from planner import __version__, simulate
+from planner import __version__
 from planner.allreduce import allreduce_metrics, rank_parameters
 from planner.errors import InputError
 from planner.export.caramel_files import bucket_plan_document, control_deps_document
@@ -316,6 +316,8 @@ def analyze(
     }
     if timed:
         step(f"simulating ({samples} samples per plan)")
+        from planner import simulate
+
         report["simulation"] = simulate.simulation(
             job, plans, samples=samples, seed=seed, timelines=True
         )

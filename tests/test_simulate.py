@@ -137,7 +137,7 @@ def test_compiled_and_python_loops_agree():
     ticks = sim.to_ticks(sim.op_seconds(compiled, oracle))
     rand = sim._draws(1, range(8), len(graph))
     outs = []
-    for loop in (_simkernel.list_schedule, _simkernel.python_list_schedule):
+    for loop in (_simkernel.compiled(), _simkernel.python_list_schedule):
         start, lane = np.zeros((8, len(graph)), np.int64), np.zeros((8, len(graph)), np.int64)
         makespan, done = np.zeros(8, np.int64), np.zeros(8, np.int64)
         loop(ticks, *arrays, rand, True, start, lane, makespan, done)

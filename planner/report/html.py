@@ -13,10 +13,20 @@ import html
 import math
 from collections.abc import Callable, Mapping, Sequence
 from statistics import median
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner import __version__
-from planner.report import plots
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+
+def _plots() -> ModuleType:
+    """The figure module, imported on first use (it loads matplotlib)."""
+    from planner.report import plots
+
+    return plots
+
 
 NOT_AVAILABLE = "not available for this input"
 MAX_TIMELINE_RANKS = 4
@@ -232,7 +242,7 @@ def steps_section(report: Mapping[str, Any]) -> str:
             for s in allreduce
         ]
         return figure(
-            plots.step_breakdown(allreduce),
+            _plots().step_breakdown(allreduce),
             "Compute C, communication N and their overlap alpha·min(C, N) (Caramel §3.1).",
         ) + table(
             ["rank", "step", "iteration T", "compute C", "network N", "alpha", "rho",
@@ -254,7 +264,7 @@ def steps_section(report: Mapping[str, Any]) -> str:
         for s in steps
     ]
     return (
-        figure(plots.step_times(steps), "Busy makespan m, idle time, and the bounds Lmin, Umax.")
+        figure(_plots().step_times(steps), "Busy makespan m, idle time, and the bounds Lmin, Umax.")
         + unavailable("Compute / communication / overlap split (needs all-reduce collectives)")
         + table(["rank", "step", "span", "busy m", "idle", "Lmin", "Umax"], rows, left=1)
     )
@@ -290,7 +300,7 @@ def efficiency_section(report: Mapping[str, Any]) -> str:
     ]
     return (
         figure(
-            plots.efficiency(steps, gate),
+            _plots().efficiency(steps, gate),
             "E = (Umax − m) / (Umax − Lmin): 1 = as good as the bounds allow (TicTac §3.2).",
         )
         + table(["rank", "step", "efficiency E", "speedup bound S", "busy m"], rows)
@@ -332,7 +342,7 @@ def timeline_section(report: Mapping[str, Any]) -> str:
                 title = f"{rank}: plan {name} (predicted {seconds(schedule.get('predicted'))})"
                 if name == best.get(rank):
                     title += ", best"
-            svg = plots.gantt(schedule["timeline"], title)
+            svg = _plots().gantt(schedule["timeline"], title)
             parts.append(f"<h3>{esc(title)}</h3>" + figure(svg))
     if len(by_rank) > MAX_TIMELINE_RANKS:
         parts.append(
@@ -371,7 +381,7 @@ def windows_section(report: Mapping[str, Any]) -> str:
     if rows:
         title = f"{rank} step {iteration}: traced windows"
         parts.append(f"<h3>Before: {esc(title)}</h3>")
-        parts.append(figure(plots.transfer_windows(rows, title)))
+        parts.append(figure(_plots().transfer_windows(rows, title)))
         parts.append(
             table(
                 ["parameter", "ready", "start", "transfer", "window end", "slack"],
@@ -412,7 +422,7 @@ def windows_section(report: Mapping[str, Any]) -> str:
             parts.append(f"<h3>After: {esc(title)}</h3>")
             parts.append(
                 figure(
-                    plots.transfer_windows(planned, title, planned=True),
+                    _plots().transfer_windows(planned, title, planned=True),
                     "Seconds from the start of the backward pass; hollow marks: when the "
                     "parameter was ready under the baseline order.",
                 )
@@ -493,7 +503,7 @@ def comparison_section(report: Mapping[str, Any]) -> str:
             f"{seconds(measured)}.</p>"
         )
         parts.append(
-            figure(plots.plan_comparison(entry["plans"], measured, f"{rank}: predicted time"))
+            figure(_plots().plan_comparison(entry["plans"], measured, f"{rank}: predicted time"))
         )
         parts.append(
             table(
