@@ -39,13 +39,14 @@ DEMO = ROOT / "traces" / "demo"
 PLANNER = [str(Path(sys.executable).parent / "planner")]  # the console script users run
 
 HTA_PROCESS = """
-import sys, time
+import resource, sys, time
 start = time.perf_counter()
 from hta.trace_analysis import TraceAnalysis
 imported = time.perf_counter()
 TraceAnalysis(trace_dir=sys.argv[1])
 done = time.perf_counter()
-print(f"INPROC {done - imported:.6f} IMPORTS {imported - start:.6f}")
+workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+print(f"INPROC {done - imported:.6f} IMPORTS {imported - start:.6f} WORKERS {workers:.1f}")
 """
 
 PLANNER_PROCESS = """
@@ -87,11 +88,14 @@ def interleaved(cases: dict[str, list[str]], repeats: int) -> dict[str, dict[str
     for name, runs in samples.items():
         inproc = [float(o.split()[1]) for _, _, o in runs if o.startswith("INPROC")]
         imports = [float(o.split()[3]) for _, _, o in runs if o.startswith("INPROC")]
+        workers = [float(o.split()[5]) for _, _, o in runs if o.startswith("INPROC") and
+                   len(o.split()) > 5]  # fmt: skip
         result[name] = {
             "wall": statistics.median(w for w, _, _ in runs),
             "rss": statistics.median(r for _, r, _ in runs),
             "inproc": statistics.median(inproc) if inproc else float("nan"),
             "imports": statistics.median(imports) if imports else float("nan"),
+            "workers": statistics.median(workers) if workers else 0.0,
         }
     return result
 
@@ -159,7 +163,10 @@ def against_hta(repeats: int) -> None:
         inproc = figures["planner load+inspect (in-process)"]
         print(f"ingest vs HTA on {label} ({len(ranks)} files), median of {repeats}, interleaved:")
         print(f"  planner inspect       {ours['wall']:6.3f} s  peak RSS {ours['rss']:6.1f} MiB")
-        print(f"  HTA TraceAnalysis()   {hta['wall']:6.3f} s  peak RSS {hta['rss']:6.1f} MiB")
+        print(
+            f"  HTA TraceAnalysis()   {hta['wall']:6.3f} s  peak RSS {hta['rss']:6.1f} MiB "
+            f"(its largest worker process: {hta['workers']:.1f} MiB, not added)"
+        )
         speed = hta["wall"] / ours["wall"]
         memory = ours["rss"] / hta["rss"]
         print(
