@@ -48,9 +48,17 @@ def test_et_adds_edges_beyond_the_conservative_dag(job):
 @pytest.mark.parametrize(
     ("path", "schema"),
     [
-        (PARAM / "linear_et.json.gz", "1.0.1"),
-        (PARAM / "1.0.3-chakra.0.0.4" / "resnet_1gpu_et.json.gz", "1.0.3-chakra.0.0.4"),
-        (PARAM / "1.1.0-chakra.0.0.4" / "resnet_2gpu_et.json.gz", "1.1.0-chakra.0.0.4"),
+        pytest.param(PARAM / "linear_et.json.gz", "1.0.1", marks=needs(PARAM)),
+        pytest.param(
+            PARAM / "1.0.3-chakra.0.0.4" / "resnet_1gpu_et.json.gz",
+            "1.0.3-chakra.0.0.4",
+            marks=needs(PARAM),
+        ),
+        pytest.param(
+            PARAM / "1.1.0-chakra.0.0.4" / "resnet_2gpu_et.json.gz",
+            "1.1.0-chakra.0.0.4",
+            marks=needs(PARAM),
+        ),
         (RUN / "et_rank0.json.gz", "1.1.1-chakra.0.0.4"),
     ],
 )
