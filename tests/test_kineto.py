@@ -214,7 +214,7 @@ PUBLIC_FILES = (
         if p.is_file() and p.name not in ("LICENSE", "INDEX.md") and p.suffix != ".md"
     )
     if PUBLIC.is_dir()
-    else []
+    else [pytest.param(PUBLIC, marks=needs(PUBLIC))]
 )
 
 

@@ -198,7 +198,7 @@ def test_a_file_that_cannot_be_read_is_reported_before_a_rank_that_cannot_be_mod
         load_kineto([empty, _write(tmp_path, _doc(), gz=False)])
 
 
-@pytest.mark.skipif(not FUZZ_CRASH.is_file(), reason="fuzzer finding not present")
+@needs(FUZZ_CRASH)
 def test_fuzz_crash_file_is_an_input_error() -> None:
     with pytest.raises(InputError, match="no CPU or GPU op falls inside"):
         load_kineto([FUZZ_CRASH])
