@@ -18,7 +18,7 @@ def analysis_files(report: dict[str, Any], job: Job, output: Path) -> dict[Path,
     predicted schedule, per rank)."""
     from planner.export import priorities
     from planner.export.chrome_trace import chrome_trace
-    from planner.report.html import render_html
+    from planner.report.html import recommendation, render_html
 
     files = {output / "report.json": dumps(report)}
     for name, document in report["plans"].items():
@@ -31,7 +31,8 @@ def analysis_files(report: dict[str, Any], job: Job, output: Path) -> dict[Path,
         files[output / f"{name}.json"] = dumps(document)
     simulation = report["simulation"]
     if simulation is not None and simulation.get("timelines"):
-        best = {r["rank"]: r["best_plan"] for r in simulation["comparison"]["ranks"]}
+        # the fastest plan of each rank, never the random-order baseline (see the report)
+        best = {r["rank"]: recommendation(r)["plan"] for r in simulation["comparison"]["ranks"]}
         chosen = [
             {**s, "graph": job.graphs[s["rank"]]}
             for s in simulation["timelines"]
