@@ -7,13 +7,17 @@
   own op times and observed order) over every trace in ../shared/traces/generated:
   median and largest magnitude.
 
-Run: ``python bench/bench_simulate.py`` from the repo root. ``--python`` also times
-the uncompiled loop on a small DAG (it is what runs without numba).
+Every speed figure is a median over ``--repeats`` runs, beside a baseline timed in the
+same run on the same arrays, interleaved with it: the uncompiled Python loop (what runs
+without numba, and for small work, see `planner._simkernel.SMALL_WORK`).
+
+Run: ``nice python bench/bench_simulate.py`` from the repo root.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -53,16 +57,39 @@ def events_per_second(graph, oracle, samples: int, seed: int) -> tuple[float, fl
     seconds = sim.op_seconds(compiled, oracle)
     compile_s = time.perf_counter() - start
     sim.run(compiled, seconds, samples=1, seed=seed)  # warm (JIT compile / load cache)
-    start = time.perf_counter()
-    sim.run(compiled, seconds, samples=samples, seed=seed)
-    loop_s = time.perf_counter() - start
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        sim.run(compiled, seconds, samples=samples, seed=seed)
+        times.append(time.perf_counter() - start)
+    loop_s = statistics.median(times)
     return compile_s, loop_s, samples * len(graph) / loop_s
+
+
+def loops_interleaved(graph, oracle, samples: int, repeats: int) -> tuple[float, float]:
+    """Median seconds of the compiled and of the Python loop on the same arrays and draws,
+    run alternately (compiled, Python, compiled, ...) so that machine load hits both."""
+    c = sim.compile_graph(graph)
+    ticks = sim.to_ticks(sim.op_seconds(c, oracle))
+    arrays = sim._arrays(c, None, (), sim.capacities(c))
+    rand = sim._draws(0, range(samples), len(graph))
+    loops = {"compiled": _simkernel.compiled(), "python": _simkernel.python_list_schedule}
+    times: dict[str, list[float]] = {name: [] for name in loops}
+    out = [np.zeros((1, 1), np.int64), np.zeros((1, 1), np.int64)]
+    loops["compiled"](ticks, *arrays, rand, False, *out, *np.zeros((2, samples), np.int64))
+    for _ in range(repeats):
+        for name, loop in loops.items():
+            spans, done = np.zeros(samples, np.int64), np.zeros(samples, np.int64)
+            start = time.perf_counter()
+            loop(ticks, *arrays, rand, False, *out, spans, done)
+            times[name].append(time.perf_counter() - start)
+    return statistics.median(times["compiled"]), statistics.median(times["python"])
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--python", action="store_true", help="Also time the Python loop.")
+    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     missed = False
     print(f"loop: {'numba' if _simkernel.ACCELERATED else 'pure Python (numba not installed)'}")
@@ -76,7 +103,8 @@ def main() -> int:
         ok = rate >= TARGET_EVENTS
         missed |= not ok
         print(
-            f"  {samples:>2} sample(s): {loop_s:.3f} s -> {rate / 1e6:.2f} M op events/s "
+            f"  {samples:>2} sample(s), median of 3: {loop_s:.3f} s -> "
+            f"{rate / 1e6:.2f} M op events/s "
             f"(target >= 1 M/s: {'ok' if ok else 'MISSED'}); arrays built in {compile_s:.2f} s"
         )
 
@@ -96,18 +124,17 @@ def main() -> int:
         f"makespan mean {result.makespan.mean() * 1e3:.2f} ms, p5 {p5 * 1e3:.2f}, "
         f"p50 {p50 * 1e3:.2f}, p95 {p95 * 1e3:.2f}"
     )
-    if args.python:
-        small, small_oracle = layered_dag(20, 12, recvs_per_layer=3, seed=args.seed)
-        c = sim.compile_graph(small)
-        ticks = sim.to_ticks(sim.op_seconds(c, small_oracle))
-        arrays = sim._arrays(c, None, (), sim.capacities(c))
-        rand = sim._draws(0, range(5), len(small))
-        out = [np.zeros((1, 1), np.int64), np.zeros((1, 1), np.int64)]
-        spans, done = np.zeros(5, np.int64), np.zeros(5, np.int64)
-        start = time.perf_counter()
-        _simkernel.python_list_schedule(ticks, *arrays, rand, False, *out, spans, done)
-        rate = 5 * len(small) / (time.perf_counter() - start)
-        print(f"python loop: {len(small)} ops x 5 samples -> {rate / 1e3:.0f} k op events/s")
+    if _simkernel.ACCELERATED:
+        for layers, samples in ((20, 5), (130, 2)):
+            g, o = layered_dag(layers, 12, recvs_per_layer=3, seed=args.seed)
+            fast, slow = loops_interleaved(g, o, samples, args.repeats)
+            n = samples * len(g)
+            print(
+                f"same-run baseline, {len(g)} ops x {samples} samples, median of "
+                f"{args.repeats} interleaved: compiled {fast * 1e3:.2f} ms "
+                f"({n / fast / 1e6:.2f} M events/s), Python loop {slow * 1e3:.1f} ms "
+                f"({n / slow / 1e3:.0f} k events/s): {slow / fast:.0f}x"
+            )
 
     errors = []
     for name, paths in generated_runs():

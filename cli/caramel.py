@@ -6,17 +6,16 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.table import Table
 
-from planner import netbench
 from planner.errors import InputError
 from planner.export.files import write_atomic
-from planner.schedule.batching import fit_report
 from planner_cli import render
 from planner_cli.options import json_option
 
 
 def _sizes(text: str | None) -> tuple[int, ...]:
+    from planner import netbench
+
     if text is None:
         return netbench.DEFAULT_SIZES
     try:
@@ -48,6 +47,8 @@ def bench_network(
     as_json: bool,
 ) -> None:
     """Time gloo all-reduce per message size with real torch.distributed processes."""
+    from planner import netbench
+
     try:
         rows = netbench.bench_allreduce(_sizes(sizes), world_size, repeats, warmup)
     except ImportError as exc:
@@ -67,7 +68,7 @@ def bench_network(
 
 
 def _bench_view(rows: list[dict[str, Any]]) -> None:
-    table = Table(title="all-reduce time per size (gloo, 127.0.0.1)")
+    table = render.new_table(title="all-reduce time per size (gloo, 127.0.0.1)")
     for column in ("bytes", "median", "min", "repeats"):
         table.add_column(column, justify="right")
     for r in rows:
@@ -83,6 +84,9 @@ def _bench_view(rows: list[dict[str, Any]]) -> None:
 @json_option
 def fit_network(csv_path: Path, as_json: bool) -> None:
     """Fit f(d) = a + b*d; print R^2, residuals, batching threshold and depth table."""
+    from planner import netbench
+    from planner.schedule.batching import fit_report
+
     try:
         text = csv_path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -102,7 +106,7 @@ def _fit_view(report: dict[str, Any]) -> None:
         f"f(d) = {report['a'] * 1e6:.3f} µs + d x {report['b'] * 1e9:.4f} ns/B"
         f"   R^2 = {report['r2']:.4f}   ({report['points']} points)"
     )
-    residuals = Table(title="Residuals")
+    residuals = render.new_table(title="Residuals")
     for column in ("bytes", "measured", "predicted", "residual"):
         residuals.add_column(column, justify="right")
     for r in report["residuals"]:
@@ -118,7 +122,7 @@ def _fit_view(report: dict[str, Any]) -> None:
         "batching threshold (min x with f(2x)/(2f(x)) > 0.8, i.e. x > 1.5a/b): "
         + ("none (b = 0)" if limit is None else f"{limit} bytes")
     )
-    table = Table(title="Depth per transfer size (Caramel §4.4)")
+    table = render.new_table(title="Depth per transfer size (Caramel §4.4)")
     for column in ("depth", "from bytes", "to bytes (excl.)"):
         table.add_column(column, justify="right")
     for row in report["depth_table"]:

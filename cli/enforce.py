@@ -7,13 +7,15 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.table import Table
 
-from planner import verify as verify_lib
-from planner.enforce.tf_graph import MODES, rewrite_file
+from planner.errors import InputError
 from planner.export.files import write_atomic
 from planner_cli import render
 from planner_cli.options import json_option
+
+MODES = ("arrival", "sender")
+"""`planner.enforce.tf_graph.MODES`, spelled here so that parsing options imports no
+protobuf."""
 
 _file = click.Path(exists=True, dir_okay=False, path_type=Path)
 
@@ -50,6 +52,8 @@ def export_command(
 
     An ordered plan orders, per rank, the PS-side reads that feed that rank's transfers:
     by default each read waits until the previous transfer has arrived on the worker."""
+    from planner.enforce.tf_graph import rewrite_file
+
     data, rewrite = rewrite_file(graphdef, plan, rank, drop_cyclic, mode)
     write_atomic(output, data)
     document = {**rewrite.as_dict(), "graphdef": str(graphdef), "plan": str(plan),
@@ -81,14 +85,27 @@ def _export_view(document: dict[str, Any]) -> None:
     default=None,
     help="Exit 1 when a rank's fraction of steps in plan order is below this.",
 )
+@click.option("--rank", default=None, help="Check only this rank (e.g. rank0).")
 @json_option
 def verify_command(
-    plan: Path, traces: tuple[Path, ...], min_compliance: float | None, as_json: bool
+    plan: Path,
+    traces: tuple[Path, ...],
+    min_compliance: float | None,
+    rank: str | None,
+    as_json: bool,
 ) -> None:
     """Check a trace taken with enforcement on: steps in plan order, first violation,
     measured vs predicted iteration time. Exits 1 when a planned transfer matched nothing
     in the trace (it was not checked) or, with --min-compliance, a rank is below it."""
+    from planner import verify as verify_lib
+
     document = verify_lib.verify(plan, traces)
+    if rank is not None:
+        ranks = [r["rank"] for r in document["ranks"]]
+        if rank not in ranks:
+            raise InputError(None, f"no rank {rank!r} in the input (ranks: {', '.join(ranks)})")
+        kept = [r for r in document["ranks"] if r["rank"] == rank]
+        document = {**document, "ranks": kept, "compliance": kept[0]["compliance"]}
     render.emit(document, as_json, _verify_view)
     failed = False
     if not document["matched"]:
@@ -108,7 +125,7 @@ def verify_command(
 
 def _verify_view(document: dict[str, Any]) -> None:
     console = render.out()
-    table = Table(title=f"Plan {document['plan']} ({document['transfers']} transfers)")
+    table = render.new_table(title=f"Plan {document['plan']} ({document['transfers']} transfers)")
     busy = any(r.get("measured_busy_time") is not None for r in document["ranks"])
     columns = ["rank", "steps", "matched", "in plan", "first violation", "measured"]
     columns += ["busy"] * busy + ["predicted", "error"]

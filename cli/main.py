@@ -14,17 +14,9 @@ from typing import Any
 
 import click
 
-from planner import __version__, analysis
+from planner import __version__
 from planner.errors import InputError
-from planner.export import priorities
-from planner.export.chrome_trace import chrome_trace
 from planner.export.files import dumps, write_atomic
-from planner.ingest import detect, planner_json
-from planner.ingest.kineto import STEP_MARKER_ENV
-from planner.ingest.kineto_comms import PATTERNS_ENV
-from planner.report.ci import Thresholds, failures, junit_xml, markdown_summary, unchecked
-from planner.report.html import render_html
-from planner.trace import Job
 from planner_cli import caramel as caramel_commands
 from planner_cli import enforce as enforce_commands
 from planner_cli import model as model_commands
@@ -33,6 +25,8 @@ from planner_cli import render
 from planner_cli import report as report_commands
 from planner_cli import simulate as simulate_commands
 from planner_cli.options import (
+    ALGORITHMS,
+    each_option,
     json_option,
     load,
     network_notes,
@@ -41,6 +35,11 @@ from planner_cli.options import (
     rank_option,
     select_ranks,
 )
+
+# the library's names for them (`planner.ingest.kineto.STEP_MARKER_ENV`,
+# `planner.ingest.kineto_comms.PATTERNS_ENV`), spelt here so that start-up imports no ingest
+STEP_MARKER_ENV = "PLANNER_STEP_MARKER"
+PATTERNS_ENV = "PLANNER_COMM_PATTERNS"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -71,8 +70,11 @@ def cli(no_color: bool, step_marker: str | None, comm_patterns: Path | None) -> 
 @paths_argument()
 @rank_option
 @json_option
+@each_option()
 def inspect_command(paths: tuple[Path, ...], rank: str | None, as_json: bool) -> None:
     """What is in the input: devices, op counts, transfers with sizes, steps."""
+    from planner import analysis
+
     job = select_ranks(load(paths, as_json), rank)
     document = analysis.inspect(job)
     render.emit(document, as_json, render.inspect_view)
@@ -80,9 +82,7 @@ def inspect_command(paths: tuple[Path, ...], rank: str | None, as_json: bool) ->
 
 @cli.command("schedule")
 @paths_argument()
-@click.option(
-    "--algorithm", "-a", type=click.Choice(analysis.ALGORITHMS), default="tac", show_default=True
-)
+@click.option("--algorithm", "-a", type=click.Choice(ALGORITHMS), default="tac", show_default=True)
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Write the plan here.")
 @click.option(
     "--format",
@@ -95,6 +95,7 @@ def inspect_command(paths: tuple[Path, ...], rank: str | None, as_json: bool) ->
 @rank_option
 @network_option
 @json_option
+@each_option()
 def schedule_command(
     paths: tuple[Path, ...],
     algorithm: str,
@@ -104,7 +105,10 @@ def schedule_command(
     network: Any,
     as_json: bool,
 ) -> None:
-    """Order the transfers of each rank with TIC or TAC."""
+    """Order the transfers of each rank with TIC or TAC (parameter server) or Caramel
+    (all-reduce)."""
+    from planner import analysis
+
     job = select_ranks(load(paths, as_json), rank)
     plans = analysis.schedule(job, algorithm, network=network)
     document = analysis.plan_document(plans, job.graphs, job.meta)
@@ -121,6 +125,8 @@ def schedule_command(
 
 
 def _plan_text(document: dict[str, Any], fmt: str) -> str:
+    from planner.export import priorities
+
     if fmt == "csv":
         return priorities.to_csv(document)
     parts = []
@@ -131,6 +137,8 @@ def _plan_text(document: dict[str, Any], fmt: str) -> str:
 
 def plan_files(document: dict[str, Any], fmt: str, output: Path | None) -> dict[Path, str]:
     """The files a plan is written to (none without -o)."""
+    from planner.export import priorities
+
     if output is None:
         return {}
     if fmt == "json":
@@ -178,6 +186,7 @@ def plan_files(document: dict[str, Any], fmt: str, output: Path | None) -> dict[
 )
 @rank_option
 @json_option
+@each_option(single_files=("junit", "markdown"))
 def metrics_command(
     paths: tuple[Path, ...],
     min_efficiency: float | None,
@@ -190,6 +199,9 @@ def metrics_command(
 ) -> None:
     """Per-step Umax, Lmin, efficiency E and speedup bound S (TicTac §3.2); for
     all-reduce jobs also C, N, overlap, utilization and stragglers (Caramel §3.1)."""
+    from planner import analysis
+    from planner.report.ci import Thresholds, failures, junit_xml, markdown_summary, unchecked
+
     job = select_ranks(load(paths, as_json), rank)
     document = analysis.metrics(job)
     gate = Thresholds(min_efficiency, max_straggler, min_utilization)
@@ -228,6 +240,7 @@ def metrics_command(
 @rank_option
 @network_option
 @json_option
+@each_option(output_dir=True)
 def analyze_command(
     paths: tuple[Path, ...], output: Path | None, rank: str | None, network: Any, as_json: bool
 ) -> None:
@@ -237,6 +250,10 @@ def analyze_command(
     Caramel's control dependencies and bucket plan, and timeline.json (Chrome trace of
     the traced step and the best plan's predicted schedule, per rank).
     """
+    from planner import analysis
+    from planner.ingest import detect
+    from planner.report.outputs import analysis_files
+
     job = select_ranks(load(paths or (detect.demo_trace(),), as_json), rank)
     with render.progress(enabled=not as_json, what="analysing") as advance:
         report = analysis.analyze(job, progress=advance, network=network)
@@ -251,42 +268,29 @@ def analyze_command(
         render.note(f"wrote {path}", as_json)
 
 
-def analysis_files(report: dict[str, Any], job: Job, output: Path) -> dict[Path, str]:
-    """Every file `analyze -o` writes, rendered before any is written."""
-    files = {output / "report.json": dumps(report)}
-    for name, document in report["plans"].items():
-        files[output / f"priorities_{name}.json"] = dumps(document)
-        if name in ("tic", "tac"):
-            for entry in document["ranks"]:
-                text = priorities.to_tictac(document, entry["rank"])
-                files[output / f"{entry['rank']}.{name}.txt"] = text
-    for name, document in report["exports"].items():
-        files[output / f"{name}.json"] = dumps(document)
-    simulation = report["simulation"]
-    if simulation is not None and simulation.get("timelines"):
-        best = {r["rank"]: r["best_plan"] for r in simulation["comparison"]["ranks"]}
-        chosen = [
-            {**s, "graph": job.graphs[s["rank"]]}
-            for s in simulation["timelines"]
-            if s["plan"] in ("measured", best.get(s["rank"]))
-        ]
-        meta = {"planner": "analyze", "best_plan": best}
-        files[output / "timeline.json"] = dumps(chrome_trace(chosen, meta))
-    names = sorted({path.name for path in files} | {"report.html"})
-    files[output / "report.html"] = render_html(report, files=names)
-    return files
-
-
 @cli.command("convert")
 @paths_argument()
-@click.option("--output", "-o", type=click.Path(path_type=Path), required=True)
+@click.option(
+    "--output", "-o", type=click.Path(path_type=Path), help="Write the trace here (else stdout)."
+)
 @rank_option
 @json_option
-def convert_command(paths: tuple[Path, ...], output: Path, rank: str | None, as_json: bool) -> None:
-    """Write any supported input as a planner JSON trace (docs/formats.md)."""
+def convert_command(
+    paths: tuple[Path, ...], output: Path | None, rank: str | None, as_json: bool
+) -> None:
+    """Write any supported input as a planner JSON trace (docs/formats.md).
+
+    Without -o, or with --json, the `planner.trace/1` document goes to stdout."""
+    from planner.ingest import planner_json
+
     job = select_ranks(load(paths, as_json), rank)
-    write_atomic(output, dumps(planner_json.to_document(job)))
-    render.note(f"wrote {output}", as_json)
+    text = dumps(planner_json.to_document(job))
+    if output is not None:
+        write_atomic(output, text)
+    if as_json or output is None:
+        click.echo(text, nl=False)
+    if output is not None:
+        render.note(f"wrote {output}", as_json)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-import numpy as np
-from rich.table import Table
 
-from planner import models, netbench
 from planner.errors import InputError
-from planner.oracle import NetworkModel, fit_network_model
 from planner_cli import render
-from planner_cli.options import json_option, load, paths_argument
+from planner_cli.options import json_option, load, paths_argument, rank_option, select_ranks
+
+if TYPE_CHECKING:
+    from planner.oracle import NetworkModel
 
 MAX_WORKERS = 100_000
+ARCHITECTURES = ("ps", "p2p", "ring")
+"""`planner.ARCHITECTURES`, spelled here so that parsing options imports no model."""
 
 
 def parse_workers(text: str) -> list[int]:
@@ -51,9 +52,9 @@ def parse_ps(text: str) -> list[int]:
 
 def parse_arch(text: str) -> list[str]:
     values = [x.strip() for x in text.split(",") if x.strip()]
-    unknown = [x for x in values if x not in models.ARCHITECTURES]
+    unknown = [x for x in values if x not in ARCHITECTURES]
     if not values or unknown:
-        raise InputError(None, f"--arch {text!r}: choose from {', '.join(models.ARCHITECTURES)}")
+        raise InputError(None, f"--arch {text!r}: choose from {', '.join(ARCHITECTURES)}")
     return list(dict.fromkeys(values))
 
 
@@ -91,6 +92,7 @@ def parse_arch(text: str) -> list[str]:
     show_default=True,
     help="Target total momentum for Omnivore's explicit momentum.",
 )
+@rank_option
 @json_option
 def model_command(
     paths: tuple[Path, ...],
@@ -103,9 +105,12 @@ def model_command(
     batch_size: int | None,
     dataset_size: int | None,
     momentum: float,
+    rank: str | None,
     as_json: bool,
 ) -> None:
     """Iteration time and throughput vs workers for PS, P2P and ring all-reduce."""
+    from planner import models
+
     counts = parse_workers(workers)
     ps_counts = parse_ps(ps_text)
     architectures = parse_arch(arch_text)
@@ -119,7 +124,7 @@ def model_command(
     if not 0.0 <= momentum < 1.0:
         raise InputError(None, f"--momentum must be in [0, 1), got {momentum}")
     network = read_network(network_csv) if network_csv is not None else None
-    job = load(paths, as_json)
+    job = select_ranks(load(paths, as_json), rank)
     cal = models.calibrate(
         job,
         network=network,
@@ -142,6 +147,11 @@ def model_command(
 
 def read_network(path: Path) -> NetworkModel:
     """f(d) fitted to a bench-network CSV; exit 2 when it cannot be read or fitted."""
+    import numpy as np
+
+    from planner import netbench
+    from planner.oracle import fit_network_model
+
     try:
         sizes, seconds = netbench.read_csv(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -197,7 +207,7 @@ def model_view(document: dict[str, Any]) -> None:
         ("Iteration time vs workers (§III)", "iteration_time", render.seconds_text),
         (f"Throughput ({assume['throughput_unit']}) vs workers (§III)", "throughput", _rate),
     ):
-        table = Table(title=title)
+        table = render.new_table(title=title)
         table.add_column("workers", justify="right")
         for c in curves:
             table.add_column(c["label"], justify="right")
@@ -231,7 +241,9 @@ def model_view(document: dict[str, Any]) -> None:
         console.print(f"[bold red]no recommendation:[/bold red] {val['recommendation_withheld']}")
     omni = document["omnivore"]
     if omni:
-        groups = Table(title=f"Omnivore compute groups for N = {omni['devices']} (§IV-B, §IV-C)")
+        groups = render.new_table(
+            title=f"Omnivore compute groups for N = {omni['devices']} (§IV-B, §IV-C)"
+        )
         for column in ("g", "k", "t_conv(k)", "HE(g)", "FC saturated", "implicit µ", "explicit µ"):
             groups.add_column(column, justify="right")
         for g in omni["groups"]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from planner import parallel
+from planner.api import expand_globs, rank_files
 from planner.export.files import dumps, write_atomic
 from planner_cli import render
 from planner_cli.options import json_option
@@ -27,13 +27,18 @@ def analyze_ranks_command(
     output: Path | None,
     as_json: bool,
 ) -> None:
-    """Metrics of many ranks in parallel: each PATH is one rank (a trace file or a folder).
+    """Metrics of many ranks in parallel: each PATH is one rank (a trace file or a folder),
+    or one PATH is a run folder holding one profiler trace per rank.
 
     Each worker loads one rank and returns only its figures; the job-level efficiency,
     iteration time and stragglers are reduced from those (`planner.ranks/1`).
     """
+    from planner import parallel
+
+    inputs = expand_globs(paths)
+    ranks = rank_files(inputs[0]) if len(inputs) == 1 else None
     document, _ = parallel.analyze_ranks(
-        [[p] for p in paths], workers=workers, dask_address=dask_address
+        ranks or [[p] for p in inputs], workers=workers, dask_address=dask_address
     )
     if output is not None:
         write_atomic(output, dumps(document))

@@ -5,35 +5,52 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from planner.export.files import dumps
 
-_state: dict[str, Console] = {}
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+_state: dict[str, Any] = {"no_color": False}
 
 
 def configure(no_color: bool) -> None:
-    """Consoles for stdout and stderr; piped output gets wide tables, not 80 columns."""
-    width = None if sys.stdout.isatty() else 160
-    _state["out"] = Console(no_color=no_color, highlight=False, soft_wrap=False, width=width)
-    _state["err"] = Console(stderr=True, no_color=no_color, highlight=False)
+    """Remember the colour choice; the rich consoles are made on first output, so that
+    `--version`, `--help` and `--json` never import rich."""
+    _state.clear()
+    _state["no_color"] = no_color
 
 
 def out() -> Console:
+    """The console for stdout; piped output gets wide tables, not 80 columns."""
     if "out" not in _state:
-        configure(no_color=False)
+        from rich.console import Console
+
+        width = None if sys.stdout.isatty() else 160
+        _state["out"] = Console(
+            no_color=_state["no_color"], highlight=False, soft_wrap=False, width=width
+        )
     return _state["out"]
 
 
 def err() -> Console:
+    """The console for stderr (progress bars)."""
     if "err" not in _state:
-        configure(no_color=False)
+        from rich.console import Console
+
+        _state["err"] = Console(stderr=True, no_color=_state["no_color"], highlight=False)
     return _state["err"]
+
+
+def new_table(title: str | None = None, **options: Any) -> Table:
+    """A rich table (rich is imported on first use)."""
+    from rich.table import Table
+
+    return Table(title=title, **options)
 
 
 def error(line: str) -> None:
@@ -62,6 +79,8 @@ def progress(enabled: bool, what: str) -> Iterator[Callable[[str], None]]:
     if not enabled or not sys.stderr.isatty():
         yield lambda _item: None
         return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     with Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
@@ -99,7 +118,7 @@ def bytes_text(value: int) -> str:
 def inspect_view(document: dict[str, Any]) -> None:
     console = out()
     console.print(f"[bold]{document['framework']}[/bold] input: {', '.join(document['sources'])}")
-    table = Table(title="Ranks")
+    table = new_table(title="Ranks")
     for column in ("rank", "ops", "by kind", "transfers", "bytes", "steps", "resources"):
         table.add_column(column)
     for r in document["ranks"]:
@@ -115,7 +134,7 @@ def inspect_view(document: dict[str, Any]) -> None:
         )
     console.print(table)
     for r in document["ranks"]:
-        transfers = Table(title=f"Transfers of {r['rank']}")
+        transfers = new_table(title=f"Transfers of {r['rank']}")
         for column in ("name", "kind", "channel", "param", "bytes", "time", "wait", "seen in"):
             transfers.add_column(column)
         for t in r["transfers"]:
@@ -131,7 +150,9 @@ def inspect_view(document: dict[str, Any]) -> None:
             )
         console.print(transfers)
         if r.get("gpu_steps"):
-            steps = Table(title=f"GPU steps of {r['rank']} (GPU work in the step that launched it)")
+            steps = new_table(
+                title=f"GPU steps of {r['rank']} (GPU work in the step that launched it)"
+            )
             for column in ("step", "CPU span", "GPU span", "CPU-to-GPU lag"):
                 steps.add_column(column, justify="right")
             for s in r["gpu_steps"]:
@@ -147,7 +168,7 @@ def inspect_view(document: dict[str, Any]) -> None:
 def plan_view(document: dict[str, Any]) -> None:
     console = out()
     for entry in document["ranks"]:
-        table = Table(title=f"{entry['algorithm'].upper()} plan for {entry['rank']}")
+        table = new_table(title=f"{entry['algorithm'].upper()} plan for {entry['rank']}")
         for column in ("order", "priority", "transfer", "param", "bytes", "M+"):
             table.add_column(column)
         for t in entry["transfers"]:
@@ -170,8 +191,9 @@ def _ratio(value: float | None) -> str:
 
 def metrics_view(document: dict[str, Any]) -> None:
     console = out()
-    table = Table(title="Scheduling efficiency per step (TicTac §3.2)")
-    for column in ("rank", "step", "makespan", "idle", "Umax", "Lmin", "E", "S"):
+    table = new_table(title="Scheduling efficiency per step (TicTac §3.2)")
+    columns = ("rank", "step", "span", "idle", "busy makespan m", "Umax", "Lmin", "E", "S")
+    for column in columns:
         table.add_column(column, justify="right")
     for s in document["steps"]:
         table.add_row(
@@ -179,14 +201,16 @@ def metrics_view(document: dict[str, Any]) -> None:
             str(s["iteration"]),
             seconds_text(s["makespan"]),
             seconds_text(s["idle"]),
+            seconds_text(s["busy_makespan"]),
             seconds_text(s["umax"]),
             seconds_text(s["lmin"]),
             _ratio(s["efficiency"]),
             _ratio(s["speedup_bound"]),
         )
     console.print(table)
-    summary = Table(title="Per rank")
-    for column in ("rank", "mean E", "min E", "mean makespan", "S (oracle)", "orders seen"):
+    summary = new_table(title="Per rank")
+    columns = ("rank", "mean E", "min E", "mean span", "mean busy m", "S (oracle)", "orders seen")
+    for column in columns:
         summary.add_column(column, justify="right")
     for r in document["ranks"]:
         summary.add_row(
@@ -194,6 +218,7 @@ def metrics_view(document: dict[str, Any]) -> None:
             _ratio(r.get("efficiency_mean")),
             _ratio(r.get("efficiency_min")),
             seconds_text(r.get("makespan_mean")),
+            seconds_text(r.get("busy_makespan_mean")),
             _ratio(r.get("oracle_speedup_bound")),
             str(r.get("distinct_transfer_orders", 0)),
         )
@@ -205,7 +230,7 @@ def metrics_view(document: dict[str, Any]) -> None:
 def allreduce_view(document: dict[str, Any]) -> None:
     """Caramel §3.1 overlap figures per step and the straggler time across ranks."""
     console = out()
-    table = Table(title="Compute / network overlap per step (Caramel §3.1)")
+    table = new_table(title="Compute / network overlap per step (Caramel §3.1)")
     columns = ("rank", "step", "C", "N", "of N: wait", "T", "rho", "alpha", "utilization")
     for column in columns:
         table.add_column(column, justify="right")
@@ -223,7 +248,7 @@ def allreduce_view(document: dict[str, Any]) -> None:
         )
     console.print(table)
     if document["stragglers"]:
-        stragglers = Table(
+        stragglers = new_table(
             title="Straggler time per step (longest wait in collectives for a later rank)"
         )
         for column in ("step", "straggler time", "waiting rank", "waited for"):
@@ -248,7 +273,7 @@ def analyze_view(report: dict[str, Any]) -> None:
     console.print(f"[bold]{inspect['framework']}[/bold] job: {len(inspect['ranks'])} rank(s)")
     if report["metrics"] is not None:
         metrics_view(report["metrics"])
-    table = Table(title="Transfer order per plan (first 10)")
+    table = new_table(title="Transfer order per plan (first 10)")
     table.add_column("rank")
     table.add_column("plan")
     table.add_column("first transfers")
@@ -274,7 +299,7 @@ def bucket_sweep_view(sweep: dict[str, Any]) -> None:
     """Predicted step time per DDP bucket cap, with the replay error of the traced buckets."""
     console = out()
     error = sweep["replay_error"]
-    table = Table(
+    table = new_table(
         title="DDP bucket_cap_mb sweep (predicted step time; replay error of the traced "
         f"buckets {'n/a' if error is None else f'{error:+.1%}'})"
     )

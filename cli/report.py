@@ -9,7 +9,6 @@ import click
 
 from planner.errors import InputError
 from planner.export.files import write_atomic
-from planner.report.html import render_html
 from planner_cli import render
 from planner_cli.options import json_option
 
@@ -51,6 +50,8 @@ def read_report(result_dir: Path) -> dict:
 @json_option
 def report_command(result_dir: Path, output: Path | None, as_json: bool) -> None:
     """Write RESULT_DIR/report.html from report.json: self-contained, plots inline, offline."""
+    from planner.report.html import render_html
+
     document = read_report(result_dir)
     target = output if output is not None else result_dir / "report.html"
     files = result_files(result_dir, target.name if target.parent == result_dir else "")

@@ -3,23 +3,34 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-import numpy as np
-from rich.table import Table
 
-from planner import analysis
-from planner import simulate as sim
-from planner.export.chrome_trace import chrome_trace
 from planner.export.files import dumps, write_atomic
-from planner.plan import Plan
-from planner.trace import Job
 from planner_cli import render
-from planner_cli.options import json_option, load, paths_argument, rank_option, select_ranks
+from planner_cli.options import (
+    each_option,
+    json_option,
+    load,
+    paths_argument,
+    rank_option,
+    select_ranks,
+)
+
+if TYPE_CHECKING:
+    from planner.plan import Plan
+    from planner.trace import Job
 
 PLAN_CHOICES = ("baseline", "observed", "tic", "tac", "caramel", "all")
-KNOB_NAMES = {name.replace("_", "-"): name for name in sim.KNOBS}
+KNOB_NAMES = {
+    "bandwidth-scale": "bandwidth_scale",
+    "compute-scale": "compute_scale",
+    "latency": "latency",
+    "channels": "channels",
+}
+"""`--sweep` knob spellings (`planner.simulate.KNOBS`, spelled here so that parsing
+options imports no simulator)."""
 
 
 def parse_sweep(text: str | None) -> tuple[str, list[float]] | None:
@@ -40,6 +51,8 @@ def parse_sweep(text: str | None) -> tuple[str, list[float]] | None:
         raise click.BadParameter(f"{text!r}: a, b must be numbers, n an integer") from None
     if n < 1:
         raise click.BadParameter(f"{text!r}: n must be >= 1", param_hint="--sweep")
+    import numpy as np
+
     return knob, np.linspace(a, b, n).tolist()
 
 
@@ -49,6 +62,9 @@ def build_plans(job: Job, which: str, channels: int = 1) -> dict[str, dict[str, 
     With ``all``: TIC and TAC where the ranks have recvs (parameter server), Caramel
     where they have collectives (all-reduce).
     """
+    from planner import analysis
+    from planner import simulate as sim
+
     if which in sim.REFERENCE_PLANS:
         return {}
     names = analysis.algorithms_for(job) if which == "all" else [which]
@@ -102,6 +118,7 @@ def build_plans(job: Job, which: str, channels: int = 1) -> dict[str, dict[str, 
 )
 @rank_option
 @json_option
+@each_option(single_files=("timeline",))
 def simulate(
     paths: tuple[Path, ...],
     plan: str,
@@ -117,6 +134,9 @@ def simulate(
     as_json: bool,
 ) -> None:
     """Replay the traced steps (with their error) and predict each plan's iteration time."""
+    from planner import simulate as sim
+    from planner.export.chrome_trace import chrome_trace
+
     sweep = parse_sweep(sweep_spec)
     job = select_ranks(load(paths, as_json), rank)
     document = sim.simulation(
@@ -166,7 +186,9 @@ def _num(value: float | None) -> str:
 def simulation_view(document: dict[str, Any]) -> None:
     """Replay table, comparison table per rank, sweep curve."""
     console = render.out()
-    replay = Table(title="Replay of the observed order (replay_error = predicted/measured - 1)")
+    replay = render.new_table(
+        title="Replay of the observed order (replay_error = predicted/measured - 1)"
+    )
     columns = ("rank", "step", "measured", "predicted", "replay_error", "wall", "wall_error")
     for column in (*columns, "idle"):
         replay.add_column(column, justify="right")
@@ -186,7 +208,7 @@ def simulation_view(document: dict[str, Any]) -> None:
     comparison = document["comparison"]
     knobs = ", ".join(f"{k} {v:g}" for k, v in comparison["knobs"].items())
     for r in comparison["ranks"]:
-        table = Table(
+        table = render.new_table(
             title=(
                 f"Predicted iteration time of {r['rank']} in {{unit}} "
                 f"({comparison['samples']} samples; {knobs})"
@@ -225,7 +247,9 @@ def simulation_view(document: dict[str, Any]) -> None:
     if sweep:
         for r in sweep["ranks"]:
             names = list(r["points"][0]["plans"]) if r["points"] else []
-            table = Table(title=f"Sweep of {sweep['knob']} on {r['rank']}: speedup vs baseline")
+            table = render.new_table(
+                title=f"Sweep of {sweep['knob']} on {r['rank']}: speedup vs baseline"
+            )
             for column in (sweep["knob"], "rho", *names):
                 table.add_column(column, justify="right")
             for point in r["points"]:

@@ -1,10 +1,10 @@
 """The list-scheduling loop of `planner.simulate`, over plain integer arrays.
 
-One function, `list_schedule`, is the whole discrete-event loop. It is compiled with
-numba when numba is installed (``pip install numba``) and otherwise runs as
-plain Python; both run the same code on the same arrays and random draws, so they
-return identical schedules (the Python form is ~100x slower). Set
-``PLANNER_NO_NUMBA=1`` to force the Python form.
+One function, `python_list_schedule`, is the whole discrete-event loop. It is compiled
+with numba when numba is installed (``pip install numba``) and the work is large enough
+to pay for loading numba (`list_schedule` picks), and otherwise runs as plain Python; both
+run the same code on the same arrays and random draws, so they return identical schedules
+(the Python form is ~100x slower). Set ``PLANNER_NO_NUMBA=1`` to force the Python form.
 
 Per resource the ready ops sit in buckets, one per priority number (a min-heap of
 bucket ids per resource gives the lowest number) plus one bucket of unprioritized
@@ -17,11 +17,14 @@ before any resource picks, so an op that becomes ready at t competes at t.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from importlib.util import find_spec
+from typing import Any
 
 import numpy as np
 
 
-def list_schedule(
+def python_list_schedule(
     dur: np.ndarray,
     succ_ptr: np.ndarray,
     succ_idx: np.ndarray,
@@ -222,15 +225,36 @@ def list_schedule(
         done_out[s] = done
 
 
-python_list_schedule = list_schedule
-"""The uncompiled loop, kept for the equivalence test and as the fallback."""
+ACCELERATED = not os.environ.get("PLANNER_NO_NUMBA") and find_spec("numba") is not None
+"""Whether the compiled loop is available (numba installed, not disabled); numba itself is
+imported only when the loop is first compiled."""
 
-ACCELERATED = False
-if not os.environ.get("PLANNER_NO_NUMBA"):
-    try:
+SMALL_WORK = 30_000
+"""Op dispatches (ops x samples, summed over the calls of a process) run by the Python loop
+before numba is loaded. Importing numba and loading the cached machine code costs about
+0.5-0.8 s per process; the Python loop takes about 5-20 µs per dispatch, so small
+graphs and few samples (the demo, a CI gate) finish sooner without numba."""
+
+_state: dict[str, Any] = {"python_work": 0, "compiled": None}
+
+
+def compiled() -> Callable[..., None]:
+    """The numba-compiled loop (compiled, or loaded from numba's cache, on first use)."""
+    if _state["compiled"] is None:
         import numba
 
-        list_schedule = numba.njit(cache=True, nogil=True)(python_list_schedule)
-        ACCELERATED = True
-    except ImportError:  # pragma: no cover - depends on the environment
-        pass
+        _state["compiled"] = numba.njit(cache=True, nogil=True)(python_list_schedule)
+    return _state["compiled"]
+
+
+def list_schedule(*args: Any) -> None:
+    """`python_list_schedule` on the same arguments, run by the loop that finishes first:
+    the Python loop while this process's work stays under SMALL_WORK, then numba."""
+    work = int(args[0].shape[0]) * int(args[11].shape[0])
+    if not ACCELERATED or (
+        _state["compiled"] is None and _state["python_work"] + work <= SMALL_WORK
+    ):
+        _state["python_work"] += work
+        python_list_schedule(*args)
+        return
+    compiled()(*args)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from planner import __version__, buckets, records, simulate
+from planner import __version__, buckets, records
 from planner.allreduce import allreduce_metrics, rank_parameters
 from planner.errors import InputError
 from planner.export import ddp_buckets
@@ -132,6 +132,21 @@ def algorithms_for(job: Job) -> list[str]:
     return found
 
 
+def _not_applicable(job: Job, algorithm: str, applicable: list[str]) -> str:
+    """Why `algorithm` does not apply to the job, and which scheduler does."""
+    timed = bool(len(job.trace.timings))
+    if algorithm == "caramel":
+        why = "Caramel plans all-reduce collectives; this input has none"
+        if not timed:
+            why = "Caramel needs timings; this input has none"
+    elif algorithm == "tac" and not timed:
+        why = "TAC needs timings; this input has none"
+    else:
+        why = f"{algorithm.upper()} orders parameter-server recvs; this input has none"
+    names = " or ".join(a.upper() if a != "caramel" else "Caramel" for a in applicable)
+    return f"{why}: use {names}" if applicable else f"{why}, and no scheduler applies"
+
+
 def schedule(
     job: Job,
     algorithm: str,
@@ -146,6 +161,9 @@ def schedule(
     """
     if algorithm not in ALGORITHMS:
         raise InputError(None, f"unknown algorithm {algorithm!r} (choose from {ALGORITHMS})")
+    applicable = algorithms_for(job)
+    if algorithm not in applicable:
+        raise InputError(_first_source(job), _not_applicable(job, algorithm, applicable))
     if algorithm == "tic":
         return {rank: tictac.tic(graph, rank=rank) for rank, graph in job.graphs.items()}
     if not len(job.trace.timings):
@@ -389,6 +407,8 @@ def analyze(
     }
     if timed:
         step(f"simulating ({samples} samples per plan)")
+        from planner import simulate
+
         report["simulation"] = simulate.simulation(
             job, plans, samples=samples, seed=seed, timelines=True
         )

@@ -241,3 +241,8 @@ def transfer_windows(
     frame["window"] = frame["window_end"] - frame["ready"]
     frame["slack"] = frame["window"] - (frame["start"] + frame["duration"] - frame["ready"])
     return frame
+
+
+from planner.api import callable_module  # noqa: E402
+
+callable_module(__name__)  # `planner.metrics(...)` is the API function (docs/api.md)

@@ -1273,3 +1273,8 @@ def timelines_of(job: Job, comparison: dict[str, Any]) -> list[dict[str, Any]]:
                     }
                 )
     return out
+
+
+from planner.api import callable_module  # noqa: E402
+
+callable_module(__name__)  # `planner.simulate(...)` is the API function (docs/api.md)

@@ -51,6 +51,8 @@ class PageResult:
     plot_count: int = 0
     title: str = ""
     sections: list[str] = field(default_factory=list)
+    headline: str = ""
+    svg_text: list[str] = field(default_factory=list)
     png: bytes = b""
 
 
@@ -128,13 +130,16 @@ def open_page(page: Path, width: int = 1280, height: int = 900) -> PageResult:
                     "JSON.stringify({svg: document.querySelectorAll('svg').length,"
                     " plots: document.querySelectorAll('figure.plot svg').length,"
                     " title: document.title,"
-                    " sections: [...document.querySelectorAll('section')].map(s => s.id)})"
+                    " sections: [...document.querySelectorAll('section')].map(s => s.id),"
+                    " headline: (document.querySelector('#advice') || {innerText: ''}).innerText,"
+                    " svgText: [...document.querySelectorAll('svg text')].map(t => t.textContent)})"
                 ),
                 returnByValue=True,
             )
             dom = json.loads(figures["result"]["value"])
             result.svg_count, result.plot_count = dom["svg"], dom["plots"]
             result.title, result.sections = dom["title"], dom["sections"]
+            result.headline, result.svg_text = dom["headline"], dom["svgText"]
             metrics = session.call("Page.getLayoutMetrics")
             size = metrics.get("cssContentSize") or metrics["contentSize"]
             shot = session.call(

@@ -10,6 +10,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "traces"
 DEMO = REPO / "traces" / "demo"
+MLP_IN_REPO = [DEMO, REPO / "traces" / "tf" / "mlp_ps_betweengraph_sync" / "worker1"]
+"""Both workers of the generated mlp_ps_betweengraph_sync run, from the repo (worker0 is
+the demo)."""
+RESNET_IN_REPO = REPO / "traces" / "torch" / "resnet_ddp"
 TF = SHARED / "generated" / "tf"
 TF_RUNS = {
     "cnn_ps_ingraph": [TF / "cnn_ps_ingraph"],
@@ -20,11 +24,21 @@ TF_RUNS = {
 }
 
 
+def missing_reason(path: Path) -> str:
+    """The skip reason for a test whose input is absent: it names the missing path."""
+    return f"needs {path}, which is not present (a checkout without ../shared beside it)"
+
+
 def need(path: Path) -> Path:
     """Skip the test when a shared trace is not present on this machine."""
     if not path.exists():
-        pytest.skip(f"{path} is not available")
+        pytest.skip(missing_reason(path))
     return path
+
+
+def needs(path: Path) -> pytest.MarkDecorator:
+    """A skipif mark for tests or modules that read `path` (a shared trace)."""
+    return pytest.mark.skipif(not path.exists(), reason=missing_reason(path))
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

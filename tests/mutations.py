@@ -26,7 +26,7 @@ SHARED = REPO.parent / "shared" / "traces"
 DEMO = REPO / "traces" / "demo"
 HTA = REPO / "traces" / "torch" / "hta_trace_compare_base.json.gz"
 TF_CNN = SHARED / "generated" / "tf" / "cnn_ps_ingraph"
-TORCH_RESNET = SHARED / "generated" / "torch" / "resnet_ddp"
+TORCH_RESNET = REPO / "traces" / "torch" / "resnet_ddp"
 
 
 @dataclass(frozen=True)

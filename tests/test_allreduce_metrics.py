@@ -12,6 +12,7 @@ from planner.analysis import metrics
 from planner.ingest.kineto import load_kineto
 from planner.metrics import caramel_figures
 from planner.waits import split_waits, straggler_times
+from tests.conftest import needs
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "traces"
@@ -56,7 +57,7 @@ def test_caramel_formula_cases():
     assert caramel_figures(1.0, 0.0, 1.0) == (0.0, 1.0, 1.0)
 
 
-@pytest.mark.skipif(not GENERATED.is_dir(), reason="shared traces absent")
+@needs(GENERATED)
 @pytest.mark.parametrize("run", ["resnet_ddp", "transformer_ddp"])
 def test_ranges_and_cross_check_with_efficiency(run):
     job = load_kineto([GENERATED / run])
@@ -89,7 +90,7 @@ def test_ranges_and_cross_check_with_efficiency(run):
     assert all(r["distinct_transfer_orders"] >= 1 for r in doc["ranks"])
 
 
-@pytest.mark.skipif(not DLRM.is_dir(), reason="shared traces absent")
+@needs(DLRM)
 def test_dlrm_per_rank_and_stragglers():
     doc = allreduce_metrics(load_kineto([DLRM]))
     assert [r["rank"] for r in doc["ranks"]] == [f"rank{i}" for i in range(8)]

@@ -26,6 +26,7 @@ from planner.ingest.proto import tf_subset_pb2 as tfpb
 from planner.ingest.tf_graphdef import split_input, task_of
 from planner.verify import verify
 from planner_cli.main import main
+from tests.conftest import missing_reason
 
 TF = Path(__file__).resolve().parents[2] / "shared" / "traces" / "generated" / "tf"
 GRAPHS = [
@@ -36,7 +37,7 @@ GRAPHS = [
 
 def _need(path: Path) -> Path:
     if not path.exists():
-        pytest.skip(f"{path} not present")
+        pytest.skip(missing_reason(path))
     return path
 
 

@@ -10,12 +10,13 @@ import pytest
 from planner.errors import InputError
 from planner.ingest.execution_trace import read_execution_trace
 from planner.ingest.kineto import load_kineto
+from tests.conftest import needs
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
-RUN = SHARED / "generated" / "torch" / "resnet_ddp"
+RUN = Path(__file__).resolve().parents[1] / "traces" / "torch" / "resnet_ddp"
 PARAM = SHARED / "public" / "param" / "et_replay" / "tests" / "inputs"
 
-pytestmark = pytest.mark.skipif(not RUN.is_dir(), reason="shared traces absent")
+pytestmark = needs(RUN)
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +48,17 @@ def test_et_adds_edges_beyond_the_conservative_dag(job):
 @pytest.mark.parametrize(
     ("path", "schema"),
     [
-        (PARAM / "linear_et.json.gz", "1.0.1"),
-        (PARAM / "1.0.3-chakra.0.0.4" / "resnet_1gpu_et.json.gz", "1.0.3-chakra.0.0.4"),
-        (PARAM / "1.1.0-chakra.0.0.4" / "resnet_2gpu_et.json.gz", "1.1.0-chakra.0.0.4"),
+        pytest.param(PARAM / "linear_et.json.gz", "1.0.1", marks=needs(PARAM)),
+        pytest.param(
+            PARAM / "1.0.3-chakra.0.0.4" / "resnet_1gpu_et.json.gz",
+            "1.0.3-chakra.0.0.4",
+            marks=needs(PARAM),
+        ),
+        pytest.param(
+            PARAM / "1.1.0-chakra.0.0.4" / "resnet_2gpu_et.json.gz",
+            "1.1.0-chakra.0.0.4",
+            marks=needs(PARAM),
+        ),
         (RUN / "et_rank0.json.gz", "1.1.1-chakra.0.0.4"),
     ],
 )

@@ -253,3 +253,11 @@ def test_world_size_without_communication_says_so(tmp_path):
     path.write_text(json.dumps(doc))
     job = load_kineto([path])
     assert any("world size 8 but no communication" in n for n in job.notes)
+
+
+def test_cli_names_the_librarys_environment_variables():
+    from planner.ingest import kineto, kineto_comms
+    from planner_cli import main
+
+    assert main.STEP_MARKER_ENV == kineto.STEP_MARKER_ENV
+    assert main.PATTERNS_ENV == kineto_comms.PATTERNS_ENV

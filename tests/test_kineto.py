@@ -12,6 +12,7 @@ from planner.analysis import oracles
 from planner.errors import InputError
 from planner.ingest import detect
 from planner.ingest.kineto import is_execution_trace, is_kineto, load_kineto
+from tests.conftest import needs
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "traces"
@@ -20,8 +21,8 @@ DLRM = SHARED / "public/param/et_replay/tests/inputs/dlrm_kineto.tar.gz.extracte
 SMALL = REPO / "traces" / "torch" / "hta_trace_compare_base.json.gz"
 RUNS = ["resnet_ddp", "resnet_ddp_bucket1mb", "transformer_ddp"]
 
-needs_generated = pytest.mark.skipif(not GENERATED.is_dir(), reason="shared traces absent")
-needs_dlrm = pytest.mark.skipif(not DLRM.is_dir(), reason="shared traces absent")
+needs_generated = needs(GENERATED)
+needs_dlrm = needs(DLRM)
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +201,7 @@ PUBLIC_FILES = (
         if p.is_file() and p.name not in ("LICENSE", "INDEX.md") and p.suffix != ".md"
     )
     if PUBLIC.is_dir()
-    else []
+    else [pytest.param(PUBLIC, marks=needs(PUBLIC))]
 )
 
 

@@ -14,7 +14,7 @@ from planner.ingest import kineto_events
 from planner.ingest.kineto import RankEvents, load_kineto, read_rank, read_rank_generic
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
-RUN = SHARED / "generated" / "torch" / "resnet_ddp"
+RUN = Path(__file__).resolve().parents[1] / "traces" / "torch" / "resnet_ddp"
 DLRM = SHARED / "public/param/et_replay/tests/inputs/dlrm_kineto.tar.gz.extracted/dlrm_kineto"
 HTA = SHARED / "public" / "HolisticTraceAnalysis" / "tests" / "data"
 FILES = [

@@ -19,10 +19,11 @@ import pytest
 from planner.errors import InputError
 from planner.ingest import execution_trace, files, kineto_events
 from planner.ingest.kineto import load_kineto, read_rank, read_rank_generic
+from tests.conftest import needs
 
 REPO = Path(__file__).resolve().parents[1]
 FUZZ_CRASH = REPO / "bench" / "_data" / "crash-a803f412ded1288c2a6ee5be3d7760eb1c92ce2e"
-RESNET = REPO.parent / "shared" / "traces" / "generated" / "torch" / "resnet_ddp"
+RESNET = REPO / "traces" / "torch" / "resnet_ddp"
 
 Doc = dict[str, Any]
 
@@ -198,7 +199,7 @@ def test_a_file_that_cannot_be_read_is_reported_before_a_rank_that_cannot_be_mod
         load_kineto([empty, _write(tmp_path, _doc(), gz=False)])
 
 
-@pytest.mark.skipif(not FUZZ_CRASH.is_file(), reason="fuzzer finding not present")
+@needs(FUZZ_CRASH)
 def test_fuzz_crash_file_is_an_input_error() -> None:
     with pytest.raises(InputError, match="no CPU or GPU op falls inside"):
         load_kineto([FUZZ_CRASH])
@@ -240,7 +241,7 @@ def test_execution_trace_of_another_process_is_refused(tmp_path: Path) -> None:
     assert execution_trace.match_ranks([same], [("rank0", ev)])["rank0"].path == same
 
 
-@pytest.mark.skipif(not RESNET.is_dir(), reason="shared DDP traces not present")
+@needs(RESNET)
 def test_real_rank_with_the_other_ranks_execution_trace_is_refused() -> None:
     with pytest.raises(InputError, match="does not belong to rank0.json.gz"):
         load_kineto([RESNET / "rank0.json.gz"], [RESNET / "et_rank1.json.gz"])

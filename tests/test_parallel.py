@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import DEMO, SHARED, need, run_cli
+from conftest import DEMO, REPO, SHARED, need, run_cli
 from test_schemas import validate
 
 from planner import analysis
@@ -15,7 +15,7 @@ from planner.ingest import detect
 from planner.parallel import analyze_ranks
 
 MLP = SHARED / "generated" / "tf" / "mlp_ps_betweengraph_sync"
-RESNET = SHARED / "generated" / "torch" / "resnet_ddp"
+RESNET = REPO / "traces" / "torch" / "resnet_ddp"
 
 
 def _ranks(kind: str) -> list[list[Path]]:

@@ -18,6 +18,7 @@ from planner.allreduce import allreduce_metrics, collective_first_reads, rank_wi
 from planner.ingest.execution_trace import _arg_names
 from planner.ingest.kineto import load_kineto
 from planner.trace import Job
+from tests.conftest import missing_reason
 
 GENERATED = Path(__file__).resolve().parents[2] / "shared" / "traces" / "generated" / "torch"
 RUNS = ["resnet_ddp", "resnet_ddp_bucket1mb", "transformer_ddp"]
@@ -28,7 +29,7 @@ RANKS = ["rank0", "rank1"]
 def _job(run: str, with_et: bool) -> Job:
     d = GENERATED / run
     if not (d / "rank0.json.gz").exists():
-        pytest.skip(f"{d} is not available")
+        pytest.skip(missing_reason(d))
     ets = [d / f"et_{r}.json.gz" for r in RANKS] if with_et else None
     return load_kineto([d / f"{r}.json.gz" for r in RANKS], ets)
 

@@ -16,9 +16,9 @@ from planner.ingest import detect
 from planner.report import Thresholds, failures, junit_xml, markdown_summary, render_html
 from planner.report.ci import unchecked
 from planner.report.html import NOT_AVAILABLE
-from tests.conftest import DEMO, SHARED, need, run_cli
+from tests.conftest import DEMO, REPO, SHARED, need, run_cli
 
-TORCH = SHARED / "generated" / "torch" / "resnet_ddp"
+TORCH = REPO / "traces" / "torch" / "resnet_ddp"
 TF_CNN = SHARED / "generated" / "tf" / "cnn_ps_ingraph"
 
 
@@ -33,7 +33,7 @@ def demo_job():  # noqa: ANN201
 
 
 def _sections(page: str) -> dict[str, str]:
-    return dict(re.findall(r'<section id="([a-z]+)">(.*?)</section>', page, flags=re.S))
+    return dict(re.findall(r'<section id="([a-z-]+)">(.*?)</section>', page, flags=re.S))
 
 
 def test_report_command_on_tf(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -48,8 +48,9 @@ def test_report_command_on_tf(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     sections = _sections(page)
     assert "tensorflow" in sections["summary"] and "worker1" in sections["summary"]
     assert sections["efficiency"].count("<svg") == 1 and "worker0" in sections["efficiency"]
-    # a PS job has no all-reduce windows: said, not failed; timelines: traced + best plan
-    assert NOT_AVAILABLE in sections["windows"]
+    # a PS job has no all-reduce windows: left out with one line saying why
+    assert "windows" not in sections and NOT_AVAILABLE not in page
+    assert "Transfer windows per parameter: needs all-reduce" in sections["left-out"]
     assert sections["timeline"].count("<svg") == 4 and "worker1: traced step" in page
     assert "Replay error" in sections["comparison"]
     assert "could not be drawn" not in page
@@ -66,13 +67,16 @@ def test_report_on_pytorch_with_simulation(torch_report: dict[str, Any]) -> None
     assert "could not be drawn" not in page
     assert "pytorch" in sections["summary"]
     assert "compute C" in sections["steps"] and sections["steps"].count("<svg") == 1
-    # the traced step and the best plan of each of the two ranks
-    assert sections["timeline"].count("<svg") == 4
+    # no plan was simulated: the traced step of each rank, never the random baseline
+    assert sections["timeline"].count("<svg") == 2 and "baseline" not in sections["timeline"]
     assert "rank1: traced step" in sections["timeline"]
     assert "Replay error" in sections["comparison"] and "baseline" in sections["comparison"]
     assert "bucket" in sections["windows"] and "Before:" in sections["windows"]
-    assert "Caramel plan" in sections["windows"] or NOT_AVAILABLE in sections["windows"]
+    assert "Caramel plan" in sections["windows"]
     assert "rank0" in sections["stragglers"]
+    # never a random baseline as the advice; no negative time anywhere
+    assert "baseline" not in sections["advice"] and "already as good as any plan" in page
+    assert not re.search(r"-[\d.,]+ ms", page)  # signed percentages are fine
 
 
 def test_report_degrades_without_metrics() -> None:
@@ -83,7 +87,9 @@ def test_report_degrades_without_metrics() -> None:
     page = render_html(report)
     sections = _sections(page)
     for key in ("steps", "efficiency", "timeline", "comparison", "replay", "stragglers"):
-        assert NOT_AVAILABLE in sections[key], key
+        assert key not in sections, key
+    assert sections["left-out"].count("<li>") == 7  # the 6, and the transfer windows
+    assert "Apply the TIC" in sections["advice"] and "no gain can be predicted" in page
     with pytest.raises(ValueError):
         render_html({"schema": "planner.metrics/1"})
 

@@ -15,7 +15,7 @@ from referencing import Registry, Resource
 from tests.conftest import DEMO, REPO, SHARED, need, run_cli
 
 SCHEMAS = REPO / "docs" / "schemas"
-TORCH = SHARED / "generated" / "torch" / "resnet_ddp"
+TORCH = REPO / "traces" / "torch" / "resnet_ddp"
 TF_CNN = SHARED / "generated" / "tf" / "cnn_ps_ingraph"
 
 

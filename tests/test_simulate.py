@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, SHARED, TF_RUNS, need, run_cli
+from conftest import DEMO, MLP_IN_REPO, REPO, SHARED, TF_RUNS, need, run_cli
 
 from planner import _simkernel, analysis
 from planner import simulate as sim
@@ -115,7 +115,7 @@ def test_channels_and_knobs():
 
 
 def test_determinism_for_a_seed():
-    job = detect.load(TF_RUNS["cnn_ps_ingraph"])
+    job = detect.load([DEMO])
     plans = {"tic": analysis.schedule(job, "tic")}
     a = sim.compare(job, plans, samples=20, seed=5, timelines=True)
     b = sim.compare(job, plans, samples=20, seed=5, timelines=True)
@@ -137,7 +137,7 @@ def test_compiled_and_python_loops_agree():
     ticks = sim.to_ticks(sim.op_seconds(compiled, oracle))
     rand = sim._draws(1, range(8), len(graph))
     outs = []
-    for loop in (_simkernel.list_schedule, _simkernel.python_list_schedule):
+    for loop in (_simkernel.compiled(), _simkernel.python_list_schedule):
         start, lane = np.zeros((8, len(graph)), np.int64), np.zeros((8, len(graph)), np.int64)
         makespan, done = np.zeros(8, np.int64), np.zeros(8, np.int64)
         loop(ticks, *arrays, rand, True, start, lane, makespan, done)
@@ -196,7 +196,7 @@ def test_tac_never_worse_than_the_baseline_mean(name):
 
 
 def test_timeline_is_valid_chrome_trace_with_one_event_per_op(tmp_path, capsys):
-    paths = TF_RUNS["mlp_ps_betweengraph_sync"]
+    paths = MLP_IN_REPO
     out = tmp_path / "timeline.json"
     code, _, _ = run_cli(["simulate", *paths, "--samples", "4", "--timeline", out], capsys)
     assert code == 0
@@ -242,7 +242,7 @@ def test_chrome_trace_of_a_simulated_run():
 
 
 def test_sweep_and_cli_json(capsys):
-    paths = TF_RUNS["cnn_ps_ingraph"]
+    paths = MLP_IN_REPO
     code, out, _ = run_cli(
         ["simulate", *paths, "--plan", "tac", "--samples", "5", "--json", "--sweep",
          "bandwidth-scale=0.5:2:3", "--channels", "2"],
@@ -267,6 +267,6 @@ def test_sweep_and_cli_json(capsys):
     [["--sweep", "speed=1:2:3"], ["--sweep", "latency=1:2"], ["--samples", "0"]],
 )
 def test_bad_options_exit_2(args, capsys):
-    code, _, err = run_cli(["simulate", *TF_RUNS["cnn_ps_ingraph"], *args], capsys)
+    code, _, err = run_cli(["simulate", DEMO, *args], capsys)
     assert code == 2
     assert len(err.strip().splitlines()) == 1

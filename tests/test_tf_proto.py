@@ -40,7 +40,7 @@ ATTR_KEYS = ("send_device", "recv_device", "tensor_name", "_class", "dtype", "T"
 
 def _params(paths: list[Path], what: str) -> list:
     if not paths:
-        return [pytest.param(None, marks=pytest.mark.skip(reason=f"no {what} under {TRACES}"))]
+        return [pytest.param(None, marks=pytest.mark.skip(reason=f"needs {what} under {TRACES}"))]
     return [pytest.param(p, id=str(p.relative_to(TRACES))) for p in paths]
 
 

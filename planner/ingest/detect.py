@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import InputError
-from planner.ingest import kineto, planner_json, tf_graphdef, tf_runmetadata, tf_timeline
 from planner.ingest.files import read_bytes, read_head
 from planner.trace import Job
 
@@ -44,6 +43,8 @@ def sniff(path: Path) -> Sniffed:
         raise InputError(path, "file is empty")
     first = head.lstrip()[:1]
     if first in (b"{", b"["):
+        from planner.ingest import kineto, tf_timeline
+
         if tf_timeline.is_tf_profiler(head):
             return _sniff_json(path, "tf_profiler")
         if kineto.is_execution_trace(head):
@@ -52,10 +53,14 @@ def sniff(path: Path) -> Sniffed:
             return Sniffed(path, "kineto", b"")
         return _sniff_json(path, None)
     data = read_bytes(path)
+    from planner.ingest import tf_timeline
+
     if tf_timeline.looks_like_xplane(data):
         raise InputError(path, tf_timeline.XPLANE_ANSWER)
     if path.suffix == ".pbtxt" or _is_text(data):
         return Sniffed(path, "graphdef_text", data)
+    from planner.ingest import tf_runmetadata
+
     if tf_runmetadata.looks_like_run_metadata(data) and "graph" not in path.stem.lower():
         return Sniffed(path, "run_metadata", data)
     return Sniffed(path, "graphdef", data)
@@ -86,6 +91,8 @@ def _json_format(document: Any) -> str:
         if isinstance(schema, str) and schema.startswith("planner.trace/"):
             return "planner_json"
         if "traceEvents" in document:
+            from planner.ingest import tf_timeline
+
             return "tf_timeline" if tf_timeline.is_timeline(document) else "kineto"
         if "nodes" in document and "schema" in document:
             return "execution_trace"
@@ -145,7 +152,9 @@ def load(paths: Iterable[str | Path], progress: Progress | None = None) -> Job:
         except InputError as exc:
             if explicit:
                 raise
-            xplane = exc.problem == tf_timeline.XPLANE_ANSWER
+            from planner.ingest.tf_timeline import XPLANE_ANSWER
+
+            xplane = exc.problem == XPLANE_ANSWER
             notes.append(
                 f"skipped {path}: " + ("a TF profiler XPlane" if xplane else "not a trace")
             )
@@ -171,23 +180,30 @@ def load(paths: Iterable[str | Path], progress: Progress | None = None) -> Job:
 
 
 def _load_formats(by_format: dict[str, list[Sniffed]], notes: list[str], files: list) -> Job:
+    # each reader is imported only when its format is present (protobuf only for TF)
     if "run_metadata" in by_format:
         for other in ("graphdef", "graphdef_text", "tf_timeline"):
             for item in by_format.pop(other, []):
                 notes.append(f"ignored {item.path}: RunMetadata partition graphs are used")
         _only(by_format, "run_metadata")
+        from planner.ingest import tf_runmetadata
+
         return tf_runmetadata.load_run_metadata(
             [(s.path, s.data) for s in by_format["run_metadata"]]
         )
     if "kineto" in by_format:
         traces = [s.path for s in by_format.pop("execution_trace", [])]
         _only(by_format, "kineto")
+        from planner.ingest import kineto
+
         return kineto.load_kineto([s.path for s in by_format["kineto"]], traces or None)
     if "execution_trace" in by_format:
         raise InputError(
             by_format["execution_trace"][0].path,
             "an Execution Trace needs the Kineto traces of the same run beside it",
         )
+    from planner.ingest import tf_timeline
+
     if "tf_timeline" in by_format:
         for other in ("graphdef", "graphdef_text"):
             for item in by_format.pop(other, []):
@@ -205,12 +221,16 @@ def _load_formats(by_format: dict[str, list[Sniffed]], notes: list[str], files: 
         items = by_format["planner_json"]
         if len(items) > 1:
             raise InputError(items[1].path, "give one planner trace at a time")
+        from planner.ingest import planner_json
+
         return planner_json.from_document(items[0].document, items[0].path)
     graphdefs = by_format.get("graphdef", []) + by_format.get("graphdef_text", [])
     if graphdefs:
         if len(graphdefs) > 1:
             raise InputError(graphdefs[1].path, "give one GraphDef at a time")
         item = graphdefs[0]
+        from planner.ingest import tf_graphdef
+
         return tf_graphdef.load_graphdef(item.path, item.data, item.format == "graphdef_text")
     where = files[0][0].parent if files else None
     raise InputError(where, "no readable trace among the inputs")

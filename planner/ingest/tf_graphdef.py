@@ -3,9 +3,17 @@
 A client GraphDef holds requested devices, not partitions. Each worker task becomes a
 rank; an edge from another task into it becomes a recv op (one per source tensor), an
 edge out of it a send op, so TIC can order the transfers of a graph with no timings.
-Nodes without a device are placed as TensorFlow's placer would: with the node they are
-colocated with, or with the variable whose handle they use; else on the client's
-target, taken to be the first worker.
+Nodes are placed as TensorFlow's placer would: an op on a resource handle (a variable's
+reads and updates) with the handle's variable, whatever device it requested (TensorFlow
+colocates them); a node without a device with the node it is colocated with; else on
+the client's target, taken to be the first worker.
+
+A client GraphDef also holds what a training step never runs: variable initializers,
+`IsInitialized` checks, the saver, the chief's token queue set-up. Only the training
+step is kept (`step_nodes`): the ancestry of its fetches, the train ops (the sinks that
+apply gradients) and the global step's value, as `session.run(train_op)` with a
+`MonitoredTrainingSession` fetches them. So the recvs are those of the traced step's
+RunMetadata.
 """
 
 from __future__ import annotations
@@ -79,16 +87,19 @@ def placement(nodes: dict[str, tfpb.NodeDef], default: str) -> dict[str, str]:
             return placed[name]
         node = nodes[name]
         found = task_of(node.device)
-        if not found and depth < 16:
+        uses_handle = node.op in _RESOURCE_OPS or node.op.startswith("ResourceApply")
+        handle = split_input(node.input[0])[0] if node.input and uses_handle else ""
+        if handle in nodes and nodes[handle].op in _HANDLE_OPS and depth < 16:
+            found = task(handle, depth + 1) or found  # colocated with its variable
+        elif not found and depth < 16:
             colocated = [
                 v.decode(errors="replace")
                 for v in node.attr["_class"].list.s
                 if v.startswith(b"loc:@")
             ]
             anchors = [c[len("loc:@") :] for c in colocated if c[len("loc:@") :] in nodes]
-            uses_handle = node.op in _RESOURCE_OPS or node.op.startswith("ResourceApply")
-            if not anchors and node.input and uses_handle:
-                anchors = [split_input(node.input[0])[0]]
+            if not anchors and handle:
+                anchors = [handle]
             anchors = [a for a in anchors if a in nodes]
             found = task(anchors[0], depth + 1) if anchors else ""
         placed[name] = found or default
@@ -113,23 +124,63 @@ _RESOURCE_OPS = frozenset(
 )
 
 
+_HANDLE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable"})
+
+_APPLY = re.compile(r"Apply|AccumulatorApplyGradient")
+"""Op types that apply gradients: ResourceApplyMomentum, ApplyAdam, SparseApply...,
+(Resource)AccumulatorApplyGradient (SyncReplicasOptimizer's workers)."""
+
+_GLOBAL_STEP_READS = ("global_step/Read/ReadVariableOp", "global_step/read")
+
+
+def step_nodes(nodes: dict[str, tfpb.NodeDef]) -> tuple[set[str], list[str]]:
+    """(the nodes a training step runs, its fetches): the ancestry of every sink that
+    applies gradients (the train ops) and of the global step's value. Empty fetches
+    (no train op: an inference graph) keep every node."""
+    inputs = {name: [split_input(raw)[0] for raw in node.input] for name, node in nodes.items()}
+    consumed = {src for srcs in inputs.values() for src in srcs}
+
+    def ancestry(roots: list[str]) -> set[str]:
+        seen: set[str] = set()
+        stack = [r for r in roots if r in nodes]
+        while stack:
+            name = stack.pop()
+            if name not in seen:
+                seen.add(name)
+                stack.extend(s for s in inputs[name] if s in nodes and s not in seen)
+        return seen
+
+    fetches = []
+    for name in nodes:
+        if name in consumed:
+            continue
+        if any(_APPLY.search(nodes[a].op) for a in ancestry([name])):
+            fetches.append(name)
+    if not fetches:
+        return set(nodes), []
+    fetches += [r for r in _GLOBAL_STEP_READS if r in nodes]
+    return ancestry(fetches), fetches
+
+
 def worker_graphs(graph: tfpb.GraphDef, path: Path) -> dict[str, OpGraph]:
-    """One OpGraph per worker task of a client GraphDef (see module docstring)."""
+    """One OpGraph per worker task of a client GraphDef: the nodes of the training step
+    (`step_nodes`), each placed as TensorFlow would (see module docstring)."""
     tasks = sorted({task_of(n.device) for n in graph.node} - {""})
     workers = [t for t in tasks if not t.startswith("ps")] or ["worker0"]
     nodes = {n.name: n for n in graph.node}
-    placed = placement(nodes, default=workers[0])
     for node in graph.node:
         for raw in node.input:
             if split_input(raw)[0] not in nodes:
                 raise InputError(path, f"node {node.name!r} reads unknown node {raw!r}")
+    placed = placement(nodes, default=workers[0])
+    step, fetches = step_nodes(nodes)
     result: dict[str, OpGraph] = {}
     for rank in workers:
         ops: list[Op] = []
         edges: list[tuple[str, str, str]] = []
         synthetic: set[str] = set()
         for node in graph.node:
-            if placed[node.name] != rank:
+            if placed[node.name] != rank or node.name not in step:
                 continue
             resource = device_name(node.device) if node.device else f"{rank}/CPU:0"
             ops.append(Op(node.name, "compute", resource, type=node.op))
@@ -144,8 +195,15 @@ def worker_graphs(graph: tfpb.GraphDef, path: Path) -> dict[str, OpGraph]:
                     synthetic.add(recv)
                     ops.append(Op(recv, "recv", f"{rank}<-{peer}", param=src, type="_Recv"))
                 edges.append((recv, node.name, kind))
+        if rank == workers[0]:  # the client's target receives the fetched values
+            for fetch in fetches:  # train ops are fetched as operations: no value
+                recv = f"recv:{fetch}"
+                if fetch in _GLOBAL_STEP_READS and placed[fetch] != rank:
+                    synthetic.add(recv)
+                    ops.append(Op(recv, "recv", f"{rank}<-{placed[fetch]}", param=fetch,
+                                  type="_Recv"))  # fmt: skip
         for node in graph.node:
-            if placed[node.name] == rank:
+            if placed[node.name] == rank or node.name not in step:
                 continue
             for raw in node.input:
                 src, _ = split_input(raw)
@@ -167,5 +225,10 @@ def load_graphdef(path: Path, data: bytes, text: bool) -> Job:
     """A Job with the worker graphs of a GraphDef and no timings."""
     graph = parse_graphdef(data, path, text)
     graphs = worker_graphs(graph, path)
-    note = "GraphDef only: no timings (TIC works; TAC and metrics need RunMetadata)"
-    return Job("tensorflow", graphs, empty_trace(), sources=(str(path),), notes=(note,))
+    notes = ["GraphDef only: no timings (TIC works; TAC and metrics need RunMetadata)"]
+    _, fetches = step_nodes({n.name: n for n in graph.node})
+    if fetches:
+        notes.append(f"training step: the ancestry of {', '.join(fetches)}")
+    else:
+        notes.append("no train op (no node applies gradients): every node is kept")
+    return Job("tensorflow", graphs, empty_trace(), sources=(str(path),), notes=tuple(notes))

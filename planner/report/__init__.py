@@ -3,7 +3,27 @@
 Reads result documents (``planner.report/1``, ``planner.metrics/1``); computes nothing.
 """
 
-from planner.report.ci import Thresholds, failures, junit_xml, markdown_summary
-from planner.report.html import render_html
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["Thresholds", "failures", "junit_xml", "markdown_summary", "render_html"]
+
+
+def __getattr__(name: str) -> Any:
+    """Import on first use: the HTML report pulls in matplotlib, which `planner metrics`
+    (the CI outputs) never needs."""
+    if name == "render_html":
+        from planner.report.html import render_html
+
+        return render_html
+    if name in __all__:
+        from planner.report import ci
+
+        return getattr(ci, name)
+    raise AttributeError(f"module 'planner.report' has no attribute {name!r}")
+
+
+from planner.api import callable_module  # noqa: E402
+
+callable_module(__name__)  # `planner.report(...)` is the API function (docs/api.md)

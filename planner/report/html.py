@@ -2,9 +2,11 @@
 
 The page has no script and loads nothing: styles are inline and every figure is an inline
 SVG drawn by `planner.report.plots`, so it opens offline and can be attached to a CI job.
-It computes nothing either: it shows what the document holds, and a section whose data
-the document lacks (a graph without timings, a PS job without all-reduce figures, a
-report written before simulation was added) says "not available for this input".
+It computes nothing either: it shows what the document holds. It opens with advice (the
+plan to apply and its predicted gain beside the replay error, or why the observed order
+is already as good as any plan); a section whose data the document lacks (a graph
+without timings, a PS job without all-reduce figures) is left out, with one line saying
+why. Every time is in milliseconds, in tables and figures alike.
 """
 
 from __future__ import annotations
@@ -13,12 +15,32 @@ import html
 import math
 from collections.abc import Callable, Mapping, Sequence
 from statistics import median
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner import __version__
-from planner.report import plots
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+
+def _plots() -> ModuleType:
+    """The figure module, imported on first use (it loads matplotlib)."""
+    from planner.report import plots
+
+    return plots
+
 
 NOT_AVAILABLE = "not available for this input"
+UNIT = "ms"
+"""The one time unit of the page (tables and figures)."""
+SAME = 0.001
+"""Plans whose predictions differ by less than this fraction predict the same time."""
+
+
+class NotApplicable(Exception):  # noqa: N818 - a section outcome, not an error
+    """A section that does not apply to this input; the message says why (one line)."""
+
+
 MAX_TIMELINE_RANKS = 4
 """Timelines of at most this many ranks are drawn (the page stays readable)."""
 MAX_ROWS = 60
@@ -37,6 +59,7 @@ table{border-collapse:collapse;font-size:12.5px;margin:6px 0}
 th,td{border-bottom:1px solid #eee;padding:3px 9px;text-align:right;white-space:nowrap}
 th{background:#f3f5f7} td.l,th.l{text-align:left}
 .na{color:#777;font-style:italic} .bad{color:#b00020;font-weight:600}
+.headline{font-size:16px;font-weight:600;margin:4px 0 8px}
 .cards{display:flex;flex-wrap:wrap;gap:10px}
 .card{border:1px solid #e3e3e3;border-radius:6px;padding:8px 14px;min-width:110px}
 .card b{display:block;font-size:18px} .card span{color:#666;font-size:12px}
@@ -55,15 +78,13 @@ def esc(value: Any) -> str:
 
 
 def seconds(value: float | None) -> str:
-    """A time in s, ms or µs with 4 significant digits; an em dash for none."""
+    """A time (given in seconds) in milliseconds, the page's one unit; an em dash for none."""
     if value is None or not math.isfinite(value):
         return "—"
-    magnitude = abs(value)
-    if magnitude >= 1 or magnitude == 0:
-        return f"{value:.4g} s"
-    if magnitude >= 1e-3:
-        return f"{value * 1e3:.4g} ms"
-    return f"{value * 1e6:.4g} µs"
+    ms = value * 1e3
+    if abs(ms) >= 100:
+        return f"{ms:,.1f} ms"
+    return f"{ms:.3g} ms" if abs(ms) >= 0.01 or ms == 0 else f"{ms:.2e} ms"
 
 
 def nbytes(value: float | None) -> str:
@@ -150,6 +171,97 @@ def _comparison(report: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return _get(sim, "comparison")
 
 
+# ------------------------------------------------------------------ advice
+
+REFERENCE_PLANS = ("baseline", "observed")
+
+
+def recommendation(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """What to do on one rank of a comparison: the plan (never the random-order baseline
+    nor the observed order) predicted fastest, its gain over the observed order, the
+    replay error beside it, and whether the gain is worth applying (larger than the
+    replay error and than `SAME`)."""
+    plans = {p["plan"]: p for p in entry.get("plans") or []}
+    observed = plans.get("observed")
+    candidates = [p for name, p in plans.items() if name not in REFERENCE_PLANS]
+    best = min(candidates, key=lambda p: p["predicted"], default=None)
+    error = entry.get("replay_error_median")
+    gain = None
+    if best is not None and observed is not None and observed["predicted"] > 0:
+        gain = 1.0 - best["predicted"] / observed["predicted"]
+    margin = max(abs(error) if error is not None else 0.0, SAME)
+    same = bool(candidates) and all(
+        observed is not None
+        and abs(p["predicted"] - observed["predicted"]) <= SAME * observed["predicted"]
+        for p in candidates
+    )
+    return {
+        "rank": entry.get("rank"),
+        "plan": best["plan"] if best else None,
+        "predicted": best["predicted"] if best else None,
+        "observed": observed["predicted"] if observed else None,
+        "gain": gain,
+        "replay_error": error,
+        "apply": gain is not None and gain > margin,
+        "same": same,
+        "plans": len(candidates),
+    }
+
+
+def advice_section(report: Mapping[str, Any]) -> str:
+    """The headline: the plan to apply with its predicted gain and the replay error beside
+    it, or why the observed order is already as good as any plan."""
+    comparison = _comparison(report)
+    if not comparison or not comparison.get("ranks"):
+        if _get(report, "plans", "tic"):
+            return (
+                '<p class="headline">No timings in this input, so no gain can be predicted. '
+                "Apply the TIC order (<code>priorities_tic.json</code>) and trace a few "
+                "steps (RunMetadata) to measure it.</p>"
+            )
+        raise NotApplicable("no simulation in this report (the input has no timings)")
+    picks = [recommendation(e) for e in comparison["ranks"]]
+    worth = [r for r in picks if r["apply"]]
+    lines = []
+    if worth:
+        names = sorted({r["plan"] for r in worth})
+        files = ", ".join(f"<code>priorities_{esc(n)}.json</code>" for n in names)
+        lead = f"Apply the {esc(' / '.join(n.upper() for n in names))} order ({files})"
+        if "caramel" in names and _get(report, "exports", "bucket_plan"):
+            lead += " and Caramel's bucket plan (<code>bucket_plan.json</code>)"
+        lines.append(f'<p class="headline">{lead}.</p>')
+        for r in worth:
+            lines.append(
+                f"<p>{esc(r['rank'])}: {esc(r['plan'].upper())} predicts "
+                f"<b>{seconds(r['predicted'])}</b> per step against {seconds(r['observed'])} "
+                f"with the observed order: <b>{r['gain'] * 100:.1f}% faster</b>, replay error "
+                f"of the traced steps {percent(r['replay_error'])} (median).</p>"
+            )
+    else:
+        lines.append('<p class="headline">The observed order is already as good as any plan.</p>')
+    for r in picks:
+        if r["apply"]:
+            continue
+        if r["plans"] == 0:
+            why = "no scheduler applies to this rank"
+        elif r["same"]:
+            which = "the one plan that applies" if r["plans"] == 1 else f"all {r['plans']} plans"
+            why = (
+                f"{which} ({esc(str(r['plan']).upper())}) predicts the same step time as the "
+                f"observed order, {seconds(r['observed'])}: the order of its transfers does "
+                "not change the step"
+            )
+        else:
+            why = (
+                f"the best plan, {esc(str(r['plan']).upper())}, predicts "
+                f"{seconds(r['predicted'])} against {seconds(r['observed'])} observed "
+                f"({percent(r['gain'])}), within the replay error of the traced steps "
+                f"({percent(r['replay_error'])})"
+            )
+        lines.append(f"<p>{esc(r['rank'])}: nothing to gain, because {why}.</p>")
+    return "".join(lines)
+
+
 # ------------------------------------------------------------------ sections
 
 
@@ -178,8 +290,9 @@ def summary_section(report: Mapping[str, Any]) -> str:
         )
     comparison = _comparison(report)
     if comparison and comparison.get("ranks"):
-        best = {r["best_plan"] for r in comparison["ranks"]}
-        cards.append(("best plan", esc(", ".join(sorted(best)))))
+        picks = [recommendation(e) for e in comparison["ranks"]]
+        chosen = sorted({r["plan"].upper() for r in picks if r["apply"]}) or ["observed order"]
+        cards.append(("recommended", esc(", ".join(chosen))))
     html_cards = "".join(
         f'<div class="card"><b>{v}</b><span>{esc(k)}</span></div>' for k, v in cards
     )
@@ -214,7 +327,7 @@ def steps_section(report: Mapping[str, Any]) -> str:
     """Per-step iteration time with its compute / communication / overlap breakdown."""
     metrics = report.get("metrics")
     if not metrics:
-        return unavailable("Iteration times (the input has no timings)")
+        raise NotApplicable("the input has no timings (a GraphDef alone)")
     allreduce = _get(metrics, "allreduce", "steps")
     if allreduce:
         rows = [
@@ -232,7 +345,7 @@ def steps_section(report: Mapping[str, Any]) -> str:
             for s in allreduce
         ]
         return figure(
-            plots.step_breakdown(allreduce),
+            _plots().step_breakdown(allreduce),
             "Compute C, communication N and their overlap alpha·min(C, N) (Caramel §3.1).",
         ) + table(
             ["rank", "step", "iteration T", "compute C", "network N", "alpha", "rho",
@@ -253,18 +366,16 @@ def steps_section(report: Mapping[str, Any]) -> str:
         ]
         for s in steps
     ]
-    return (
-        figure(plots.step_times(steps), "Busy makespan m, idle time, and the bounds Lmin, Umax.")
-        + unavailable("Compute / communication / overlap split (needs all-reduce collectives)")
-        + table(["rank", "step", "span", "busy m", "idle", "Lmin", "Umax"], rows, left=1)
-    )
+    return figure(
+        _plots().step_times(steps), "Busy makespan m, idle time, and the bounds Lmin, Umax."
+    ) + table(["rank", "step", "span", "busy m", "idle", "Lmin", "Umax"], rows, left=1)
 
 
 def efficiency_section(report: Mapping[str, Any]) -> str:
     """Scheduling efficiency E per step and rank, and the per-rank summary."""
     metrics = report.get("metrics")
     if not metrics or not metrics.get("steps"):
-        return unavailable("Efficiency (the input has no timings)")
+        raise NotApplicable("the input has no timings (a GraphDef alone)")
     steps = metrics["steps"]
     gate = _get(metrics, "gate", "min_efficiency")
     failed = {(f["rank"], f["iteration"]) for f in _get(metrics, "gate", "failed") or []}
@@ -290,7 +401,7 @@ def efficiency_section(report: Mapping[str, Any]) -> str:
     ]
     return (
         figure(
-            plots.efficiency(steps, gate),
+            _plots().efficiency(steps, gate),
             "E = (Umax − m) / (Umax − Lmin): 1 = as good as the bounds allow (TicTac §3.2).",
         )
         + table(["rank", "step", "efficiency E", "speedup bound S", "busy m"], rows)
@@ -301,45 +412,52 @@ def efficiency_section(report: Mapping[str, Any]) -> str:
     )
 
 
-def _best_other(entry: Mapping[str, Any]) -> str | None:
-    """The best plan of a comparison entry (its own pick; observed when best is baseline)."""
-    best = entry.get("best_plan")
-    return str(best) if best else None
-
-
 def timeline_section(report: Mapping[str, Any]) -> str:
-    """Gantt charts of the traced step and of the best plan, one row per resource."""
+    """Gantt charts of the traced step and of the recommended (else the fastest) plan, one
+    row per resource, all on one time axis so that their lengths compare."""
     sim = _simulation(report)
     schedules = _get(sim, "timelines") if sim else None
     if not schedules:
-        return unavailable("Timelines (run with the simulator's timelines)")
+        raise NotApplicable("no simulated schedules in this report")
     comparison = _comparison(report) or {}
-    best = {e["rank"]: _best_other(e) for e in comparison.get("ranks") or []}
+    picks = {e["rank"]: recommendation(e) for e in comparison.get("ranks") or []}
     by_rank: dict[str, dict[str, Mapping[str, Any]]] = {}
     for schedule in schedules:
         by_rank.setdefault(schedule["rank"], {})[schedule["plan"]] = schedule
-    parts = []
+    drawn: list[tuple[str, Mapping[str, Any]]] = []
     for rank in list(by_rank)[:MAX_TIMELINE_RANKS]:
         plans = by_rank[rank]
-        chosen = [p for p in ("measured", best.get(rank)) if p and p in plans]
+        pick = picks.get(rank, {})
+        chosen = [p for p in ("measured", pick.get("plan")) if p and p in plans]
         if len(chosen) < 2:
-            chosen += [p for p in plans if p not in chosen][: 2 - len(chosen)]
+            others = [p for p in plans if p not in chosen and p not in REFERENCE_PLANS]
+            chosen += others[: 2 - len(chosen)]
         for name in chosen:
             schedule = plans[name]
             if name == "measured":
                 title = f"{rank}: traced step {schedule.get('iteration', '')}"
             else:
                 title = f"{rank}: plan {name} (predicted {seconds(schedule.get('predicted'))})"
-                if name == best.get(rank):
-                    title += ", best"
-            svg = plots.gantt(schedule["timeline"], title)
-            parts.append(f"<h3>{esc(title)}</h3>" + figure(svg))
+                if name == pick.get("plan") and pick.get("apply"):
+                    title += ", recommended"
+            drawn.append((title, schedule))
+    x_max = max((_end(s["timeline"]) for _, s in drawn), default=0.0)
+    parts = [f"<p>{UNIT} from each step's first op; every chart has the same time axis.</p>"] + [
+        f"<h3>{esc(title)}</h3>" + figure(_plots().gantt(schedule["timeline"], title, x_max))
+        for title, schedule in drawn
+    ]
     if len(by_rank) > MAX_TIMELINE_RANKS:
         parts.append(
             f'<p class="na">{len(by_rank) - MAX_TIMELINE_RANKS} more ranks: see the Chrome '
             "trace written by <code>planner simulate --timeline</code>.</p>"
         )
     return "".join(parts)
+
+
+def _end(timeline: Mapping[str, Sequence[Any]]) -> float:
+    """The last end time (s) of a timeline."""
+    ends = zip(timeline["start"], timeline["duration"], strict=True)
+    return max((float(s) + float(d) for s, d in ends), default=0.0)
 
 
 def _observed_window_rows(report: Mapping[str, Any]) -> tuple[str, int, list[dict[str, Any]]]:
@@ -365,13 +483,26 @@ def _observed_window_rows(report: Mapping[str, Any]) -> tuple[str, int, list[dic
 
 
 def windows_section(report: Mapping[str, Any]) -> str:
-    """Transfer windows per parameter as traced, and as Caramel plans them."""
+    """Transfer windows per parameter as traced, and as Caramel plans them.
+
+    Caramel places a group in the backward pass, after it, or in the next forward pass,
+    each time counted from the start of its own pass. The planned chart draws the
+    backward-side groups on the backward pass's axis (never a negative time); the
+    groups placed in the next forward pass are in the table with their pass named."""
     parts = []
     rank, iteration, rows = _observed_window_rows(report)
+    caramel = _get(report, "plans", "caramel", "ranks")
+    if not rows and not caramel:
+        raise NotApplicable("needs all-reduce collectives (per-parameter windows)")
     if rows:
         title = f"{rank} step {iteration}: traced windows"
         parts.append(f"<h3>Before: {esc(title)}</h3>")
-        parts.append(figure(plots.transfer_windows(rows, title)))
+        parts.append(
+            figure(
+                _plots().transfer_windows(rows, title),
+                f"{UNIT} from the start of step {iteration}.",
+            )
+        )
         parts.append(
             table(
                 ["parameter", "ready", "start", "transfer", "window end", "slack"],
@@ -388,11 +519,11 @@ def windows_section(report: Mapping[str, Any]) -> str:
                 ],
             )  # fmt: skip
         )
-    else:
-        parts.append(unavailable("Traced transfer windows (need all-reduce collectives)"))
-    caramel = _get(report, "plans", "caramel", "ranks")
     if caramel:
         entry = next((r for r in caramel if r["rank"] == rank), caramel[0])
+        passes = {g["group"]: g.get("pass", "") for g in _get(entry, "inputs", "groups") or []}
+        backward_side = ("backward", "beyond_backward", "")
+        transfers = entry["transfers"]
         planned = [
             {
                 "param": t.get("param") or t["name"],
@@ -404,58 +535,73 @@ def windows_section(report: Mapping[str, Any]) -> str:
                 if t.get("start_boundary_gain") is not None
                 else None,
             }
-            for t in entry["transfers"]
-            if t.get("start") is not None and t.get("end") is not None
+            for t in transfers
+            if t.get("start") is not None
+            and t.get("end") is not None
+            and passes.get(t.get("group"), "") in backward_side
+            and t["start"] >= 0
         ]
+        forward = [t for t in transfers if passes.get(t.get("group"), "") not in backward_side]
+        title = f"{entry['rank']}: Caramel plan"
+        parts.append(f"<h3>After: {esc(title)}</h3>")
         if planned:
-            title = f"{entry['rank']}: Caramel plan"
-            parts.append(f"<h3>After: {esc(title)}</h3>")
             parts.append(
                 figure(
-                    plots.transfer_windows(planned, title, planned=True),
-                    "Seconds from the start of the backward pass; hollow marks: when the "
+                    _plots().transfer_windows(planned, title, planned=True),
+                    f"{UNIT} from the start of the backward pass; hollow marks: when the "
                     "parameter was ready under the baseline order.",
                 )
             )
+        if forward:
             parts.append(
-                table(
-                    [
-                        "parameter",
-                        "bytes",
-                        "group",
-                        "depth",
-                        "ready",
-                        "start",
-                        "end",
-                        "start boundary gain",
-                    ],
-                    [
-                        [
-                            esc(t.get("param") or t["name"]),
-                            nbytes(t.get("nbytes")),
-                            number(t.get("group"), 0),
-                            number(t.get("depth"), 0),
-                            seconds(t.get("ready")),
-                            seconds(t.get("start")),
-                            seconds(t.get("end")),
-                            seconds(t.get("start_boundary_gain")),
-                        ]
-                        for t in entry["transfers"]
-                    ],
-                )  # fmt: skip
+                f"<p>{len(forward)} transfers are placed in the next forward pass: they are "
+                "in the table below (times from that pass's start), not in the chart.</p>"
             )
-        else:
-            parts.append(unavailable("Caramel's planned windows"))
-    else:
-        parts.append(unavailable("Windows after Caramel (no Caramel plan in the report)"))
+        parts.append(
+            table(
+                [
+                    "parameter",
+                    "bytes",
+                    "group",
+                    "pass",
+                    "depth",
+                    "ready",
+                    "start",
+                    "end",
+                    "start boundary gain",
+                ],
+                [
+                    [
+                        esc(t.get("param") or t["name"]),
+                        nbytes(t.get("nbytes")),
+                        number(t.get("group"), 0),
+                        esc(passes.get(t.get("group"), "").replace("_", " ")),
+                        number(t.get("depth"), 0),
+                        seconds(t.get("ready")),
+                        _pass_time(t.get("start")),
+                        _pass_time(t.get("end")),
+                        seconds(t.get("start_boundary_gain")),
+                    ]
+                    for t in transfers
+                ],
+            )  # fmt: skip
+        )
     return "".join(parts)
+
+
+def _pass_time(value: float | None) -> str:
+    """A time from the start of a pass; one before it (a group placed ahead of the next
+    forward pass) says so instead of showing a negative time."""
+    if value is not None and value < 0:
+        return f"{seconds(-value)} before"
+    return seconds(value)
 
 
 def comparison_section(report: Mapping[str, Any]) -> str:
     """Predicted iteration time of every plan beside the measured one and the replay error."""
     comparison = _comparison(report)
     if not comparison or not comparison.get("ranks"):
-        return unavailable("Plan comparison (run the simulator)")
+        raise NotApplicable("no simulation in this report (the input has no timings)")
     replay = {r["rank"]: r for r in _get(_simulation(report), "replay", "ranks") or []}
     parts = []
     knobs = comparison.get("knobs") or {}
@@ -470,10 +616,12 @@ def comparison_section(report: Mapping[str, Any]) -> str:
     for entry in comparison["ranks"]:
         rank = entry["rank"]
         steps = (replay.get(rank) or {}).get("steps") or []
+        chosen = recommendation(entry)
+        pick = chosen["plan"] if chosen["apply"] else None
         measured = sum(s["measured"] for s in steps) / len(steps) if steps else None
         rows = [
             [
-                esc(p["plan"]) + (" <b>(best)</b>" if p["plan"] == entry.get("best_plan") else ""),
+                esc(p["plan"]) + (" <b>(recommended)</b>" if p["plan"] == pick else ""),
                 seconds(p["predicted"]),
                 seconds(p.get("p5")),
                 seconds(p.get("p95")),
@@ -497,9 +645,18 @@ def comparison_section(report: Mapping[str, Any]) -> str:
         for key in ("warning", "comparison_warning"):
             if entry.get(key):
                 parts.append(f"<p><b>Warning:</b> {esc(entry[key])}</p>")
-        parts.append(
-            figure(plots.plan_comparison(entry["plans"], measured, f"{rank}: predicted time"))
-        )
+        predicted = [p["predicted"] for p in entry["plans"]]
+        if predicted and max(predicted) - min(predicted) <= SAME * max(predicted):
+            parts.append(
+                f"<p>Every plan, the random-order baseline included, predicts "
+                f"{seconds(max(predicted))} (within {SAME:.1%}): no chart to compare.</p>"
+            )
+        else:
+            parts.append(
+                figure(
+                    _plots().plan_comparison(entry["plans"], measured, f"{rank}: predicted time")
+                )
+            )
         parts.append(
             table(
                 [
@@ -523,7 +680,7 @@ def replay_section(report: Mapping[str, Any]) -> str:
     """Replay of every traced step: predicted vs measured and the signed error."""
     ranks = _get(_simulation(report), "replay", "ranks") if _simulation(report) else None
     if not ranks:
-        return unavailable("Replay (run the simulator)")
+        raise NotApplicable("no simulation in this report (the input has no timings)")
     rows = [
         [esc(r["rank"]), str(s["iteration"]), seconds(s["measured"]), seconds(s["predicted"]),
          percent(s.get("replay_error")), seconds(s.get("idle"))]
@@ -537,7 +694,7 @@ def stragglers_section(report: Mapping[str, Any]) -> str:
     """Straggler time per step across ranks (all-reduce jobs)."""
     rows = _get(report, "metrics", "allreduce", "stragglers")
     if not rows:
-        return unavailable("Stragglers (need all-reduce collectives on several ranks)")
+        raise NotApplicable("needs all-reduce collectives on several ranks")
     return table(
         ["step", "straggler time", "slowest rank", "fastest rank"],
         [
@@ -574,7 +731,9 @@ def plans_section(report: Mapping[str, Any]) -> str:
                 + table(["order", "transfer", "parameter", "resource", "bytes", "priority"], rows)
                 + "</details>"
             )
-    return "".join(parts) or unavailable("Plans")
+    if not parts:
+        raise NotApplicable("no scheduler applies to this input")
+    return "".join(parts)
 
 
 def files_section(files: Sequence[str]) -> str:
@@ -585,10 +744,11 @@ def files_section(files: Sequence[str]) -> str:
 
 
 SECTIONS: tuple[tuple[str, str, Callable[[Mapping[str, Any]], str]], ...] = (
+    ("advice", "What to do", advice_section),
     ("summary", "Job summary", summary_section),
     ("steps", "Iteration time per step", steps_section),
     ("efficiency", "Scheduling efficiency per step and rank", efficiency_section),
-    ("timeline", "Timeline: traced step and best plan", timeline_section),
+    ("timeline", "Timeline: traced step and fastest plan", timeline_section),
     ("windows", "Transfer windows per parameter", windows_section),
     ("comparison", "Plan comparison", comparison_section),
     ("replay", "Replay of the traced steps", replay_section),
@@ -613,14 +773,24 @@ def render_html(
     if not str(schema).startswith("planner.report/"):
         raise ValueError(f"not a planner report document (schema {schema!r})")
     body = []
+    shown = []
+    left_out = []
     for key, heading, build in SECTIONS:
         try:
             content = build(report)
+        except NotApplicable as why:
+            left_out.append(f"<li>{esc(heading.split(':')[0])}: {esc(str(why))}.</li>")
+            continue
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             content = f'<p class="bad">This section could not be drawn: {esc(repr(exc))}.</p>'
         body.append(_section(key, heading, content))
+        shown.append((key, heading))
+    if left_out:
+        body.append(
+            _section("left-out", "Not shown for this input", f"<ul>{''.join(left_out)}</ul>")
+        )
     body.append(_section("files", "Files written", files_section(files)))
-    nav = "".join(f'<a href="#{k}">{esc(t.split(":")[0])}</a>' for k, t, _ in SECTIONS)
+    nav = "".join(f'<a href="#{k}">{esc(t.split(":")[0])}</a>' for k, t in shown)
     framework = _get(report, "inspect", "framework") or ""
     version = report.get("planner_version", __version__)
     return (

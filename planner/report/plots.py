@@ -59,6 +59,10 @@ def to_svg(fig: Figure) -> str:
     return text[match.start() :] if match else text
 
 
+MS = 1e3
+"""Figures draw times in milliseconds, the unit of the report's tables."""
+
+
 def _figure(width: float, height: float) -> tuple[Figure, Any]:
     with plt.rc_context(_STYLE):
         fig, ax = plt.subplots(figsize=(width, height))
@@ -77,10 +81,10 @@ def step_breakdown(steps: Sequence[Mapping[str, Any]]) -> str:
     """
     many = len({s["rank"] for s in steps}) > 1
     labels = [_step_label(s, many) for s in steps]
-    overlap = [(s.get("alpha") or 0.0) * min(s["compute"], s["network"]) for s in steps]
-    compute_only = [s["compute"] - o for s, o in zip(steps, overlap, strict=True)]
-    network_only = [s["network"] - o for s, o in zip(steps, overlap, strict=True)]
-    idle = [s.get("idle") or 0.0 for s in steps]
+    overlap = [MS * (s.get("alpha") or 0.0) * min(s["compute"], s["network"]) for s in steps]
+    compute_only = [MS * s["compute"] - o for s, o in zip(steps, overlap, strict=True)]
+    network_only = [MS * s["network"] - o for s, o in zip(steps, overlap, strict=True)]
+    idle = [MS * (s.get("idle") or 0.0) for s in steps]
     fig, ax = _figure(max(4.0, 0.45 * len(steps) + 2), 3.0)
     x = range(len(steps))
     bottom = [0.0] * len(steps)
@@ -93,7 +97,7 @@ def step_breakdown(steps: Sequence[Mapping[str, Any]]) -> str:
         ax.bar(x, values, bottom=bottom, color=color, label=name, width=0.7)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     ax.set_xticks(list(x), labels, rotation=45 if many else 0, ha="right" if many else "center")
-    ax.set_ylabel("seconds")
+    ax.set_ylabel("ms")
     ax.set_title("Iteration time per step")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22 if many else -0.12), ncol=4)
     return to_svg(fig)
@@ -104,15 +108,15 @@ def step_times(steps: Sequence[Mapping[str, Any]]) -> str:
     many = len({s["rank"] for s in steps}) > 1
     labels = [_step_label(s, many) for s in steps]
     x = list(range(len(steps)))
-    busy = [s["busy_makespan"] for s in steps]
-    idle = [s["idle"] for s in steps]
+    busy = [MS * s["busy_makespan"] for s in steps]
+    idle = [MS * s["idle"] for s in steps]
     fig, ax = _figure(max(4.0, 0.45 * len(steps) + 2), 3.0)
     ax.bar(x, busy, color=COMPUTE, label="busy makespan m", width=0.7)
     ax.bar(x, idle, bottom=busy, color=IDLE, label="idle", width=0.7)
-    ax.scatter(x, [s["lmin"] for s in steps], marker="_", s=300, color="black", label="Lmin")
-    ax.scatter(x, [s["umax"] for s in steps], marker="_", s=300, color="#e45756", label="Umax")
+    ax.scatter(x, [MS * s["lmin"] for s in steps], marker="_", s=300, color="black", label="Lmin")
+    ax.scatter(x, [MS * s["umax"] for s in steps], marker="_", s=300, color="#e45756", label="Umax")
     ax.set_xticks(x, labels, rotation=45 if many else 0, ha="right" if many else "center")
-    ax.set_ylabel("seconds")
+    ax.set_ylabel("ms")
     ax.set_title("Iteration time per step")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22 if many else -0.12), ncol=4)
     return to_svg(fig)
@@ -146,9 +150,10 @@ def _is_network(resource: str) -> bool:
     return resource == "net" or resource.startswith("net") or "<-" in resource or "->" in resource
 
 
-def gantt(timeline: Mapping[str, Sequence[Any]], title: str) -> str:
+def gantt(timeline: Mapping[str, Sequence[Any]], title: str, x_max: float | None = None) -> str:
     """One row per resource (sub-rows per lane) of a ``timeline`` (op, resource, lane,
-    start, duration in seconds), as ``planner.simulation/1`` timelines carry it."""
+    start, duration in seconds), as ``planner.simulation/1`` timelines carry it, drawn in
+    ms. `x_max` (s): the axis end, shared by charts that are compared."""
     resources = sorted(set(timeline["resource"]), key=lambda r: (_is_network(r), r))
     lanes: dict[str, int] = {}
     for resource, lane in zip(timeline["resource"], timeline["lane"], strict=True):
@@ -163,7 +168,7 @@ def gantt(timeline: Mapping[str, Sequence[Any]], title: str) -> str:
     for resource, lane, start, duration in zip(
         timeline["resource"], timeline["lane"], timeline["start"], timeline["duration"], strict=True
     ):
-        bars.setdefault((resource, int(lane)), []).append((float(start), float(duration)))
+        bars.setdefault((resource, int(lane)), []).append((MS * float(start), MS * float(duration)))
     n_bars = len(timeline["op"])
     fig, ax = _figure(9.0, max(1.6, 0.42 * len(resources) + 1.0))
     for (resource, lane), spans in bars.items():
@@ -182,9 +187,9 @@ def gantt(timeline: Mapping[str, Sequence[Any]], title: str) -> str:
         [_short(r) for r in resources],
     )
     ends = zip(timeline["start"], timeline["duration"], strict=True)
-    end = max((s + d for s, d in ends), default=0)
+    end = MS * (x_max if x_max is not None else max((s + d for s, d in ends), default=0))
     ax.set_xlim(0, end * 1.01 if end > 0 else 1)
-    ax.set_xlabel("seconds from the step's first op")
+    ax.set_xlabel("ms from the step's first op")
     ax.set_title(title)
     return to_svg(fig)
 
@@ -193,15 +198,21 @@ def _short(text: str, limit: int = 36) -> str:
     return text if len(text) <= limit else "…" + text[-(limit - 1) :]
 
 
+_TIMES = ("ready", "window_end", "start", "duration", "before")
+
+
 def transfer_windows(
     rows: Sequence[Mapping[str, Any]], title: str, *, planned: bool = False
 ) -> str:
     """Per parameter: its window (ready to end) as a light bar and its transfer as a dark one.
 
     Rows carry ``param``, ``ready``, ``window_end``, ``start`` and ``duration`` (seconds
-    from the step start). With `planned`, rows may carry ``before`` (the start boundary
-    under the baseline order) drawn as a hollow mark beside the planned ``ready``.
+    from the step start), drawn in ms. With `planned`, rows may carry ``before`` (the start
+    boundary under the baseline order) drawn as a hollow mark beside the planned ``ready``.
     """
+    rows = [
+        {k: (MS * v if k in _TIMES and v is not None else v) for k, v in r.items()} for r in rows
+    ]
     fig, ax = _figure(8.0, max(1.8, 0.28 * len(rows) + 1.0))
     y = list(range(len(rows)))[::-1]
     for yi, r in zip(y, rows, strict=True):
@@ -216,7 +227,7 @@ def transfer_windows(
     if planned and any(r.get("before") is not None for r in rows):
         ax.plot([], [], marker="o", mfc="none", color="black", ls="none", label="ready, before")
     ax.set_yticks(y, [_short(str(r["param"]), 28) for r in rows])
-    ax.set_xlabel("seconds from the step start")
+    ax.set_xlabel("ms")
     ax.set_title(title)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=3, fontsize=8)
     return to_svg(fig)
@@ -225,9 +236,10 @@ def transfer_windows(
 def plan_comparison(plans: Sequence[Mapping[str, Any]], measured: float | None, title: str) -> str:
     """Predicted iteration time per plan (mean, p5-p95 whiskers), beside the measured time."""
     names = [p["plan"] for p in plans]
-    means = [p["predicted"] for p in plans]
-    low = [max(p["predicted"] - p.get("p5", p["predicted"]), 0.0) for p in plans]
-    high = [max(p.get("p95", p["predicted"]) - p["predicted"], 0.0) for p in plans]
+    means = [MS * p["predicted"] for p in plans]
+    low = [MS * max(p["predicted"] - p.get("p5", p["predicted"]), 0.0) for p in plans]
+    high = [MS * max(p.get("p95", p["predicted"]) - p["predicted"], 0.0) for p in plans]
+    measured = MS * measured if measured is not None else None
     fig, ax = _figure(max(4.0, 0.8 * len(plans) + 2), 2.8)
     ax.bar(
         names,
@@ -238,10 +250,10 @@ def plan_comparison(plans: Sequence[Mapping[str, Any]], measured: float | None, 
         width=0.6,
     )
     if measured is not None and math.isfinite(measured):
-        ax.axhline(measured, color="black", linestyle="--", label=f"measured {measured:.4g} s")
+        ax.axhline(measured, color="black", linestyle="--", label=f"measured {measured:.4g} ms")
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=8)
     top = max(means + ([measured] if measured else []), default=1.0)
     ax.set_ylim(0, top * 1.15 if top > 0 else 1)
-    ax.set_ylabel("predicted iteration time (s)")
+    ax.set_ylabel("predicted iteration time (ms)")
     ax.set_title(title)
     return to_svg(fig)

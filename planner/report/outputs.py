@@ -1,0 +1,45 @@
+"""The files `planner analyze -o DIR` (and `planner.report(job, DIR)`) writes, rendered
+from the `planner.report/1` document before any is written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from planner.export.files import dumps
+
+if TYPE_CHECKING:
+    from planner.trace import Job
+
+
+def analysis_files(report: dict[str, Any], job: Job, output: Path) -> dict[Path, str]:
+    """Path -> text of every file: report.json and report.html, the priority files of
+    every plan, Caramel's exports, and timeline.json (the traced step and the best plan's
+    predicted schedule, per rank)."""
+    from planner.export import priorities
+    from planner.export.chrome_trace import chrome_trace
+    from planner.report.html import recommendation, render_html
+
+    files = {output / "report.json": dumps(report)}
+    for name, document in report["plans"].items():
+        files[output / f"priorities_{name}.json"] = dumps(document)
+        if name in ("tic", "tac"):
+            for entry in document["ranks"]:
+                text = priorities.to_tictac(document, entry["rank"])
+                files[output / f"{entry['rank']}.{name}.txt"] = text
+    for name, document in report["exports"].items():
+        files[output / f"{name}.json"] = dumps(document)
+    simulation = report["simulation"]
+    if simulation is not None and simulation.get("timelines"):
+        # the fastest plan of each rank, never the random-order baseline (see the report)
+        best = {r["rank"]: recommendation(r)["plan"] for r in simulation["comparison"]["ranks"]}
+        chosen = [
+            {**s, "graph": job.graphs[s["rank"]]}
+            for s in simulation["timelines"]
+            if s["plan"] in ("measured", best.get(s["rank"]))
+        ]
+        meta = {"planner": "analyze", "best_plan": best}
+        files[output / "timeline.json"] = dumps(chrome_trace(chosen, meta))
+    names = sorted({path.name for path in files} | {"report.html"})
+    files[output / "report.html"] = render_html(report, files=names)
+    return files

@@ -1,0 +1,141 @@
+"""One CLI: every command takes --json, schedulers refuse inputs they do not apply to, a
+folder of runs is listed (or analysed with --each), globs expand, --rank where ranks can
+be selected, and the metrics table names span and busy makespan as docs/algorithms.md."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import click
+import pytest
+
+from tests.conftest import DEMO, REPO, run_cli
+from tests.test_schemas import validate
+
+RESNET = REPO / "traces" / "torch" / "resnet_ddp"
+TF_RUNS = REPO / "traces" / "tf"
+WORKER1 = TF_RUNS / "mlp_ps_betweengraph_sync" / "worker1"
+RANK_COMMANDS = {
+    "inspect", "schedule", "metrics", "analyze", "convert", "simulate", "model", "export",
+    "verify",
+}  # fmt: skip
+
+
+def _commands() -> dict[str, click.Command]:
+    from planner_cli.main import cli
+
+    return dict(cli.commands)
+
+
+def _options(command: click.Command) -> set[str]:
+    return {o for p in command.params if isinstance(p, click.Option) for o in p.opts}
+
+
+def test_every_command_takes_json() -> None:
+    missing = [name for name, c in _commands().items() if "--json" not in _options(c)]
+    assert not missing, f"no --json: {missing}"
+
+
+def test_rank_option_is_where_the_readme_says() -> None:
+    with_rank = {name for name, c in _commands().items() if "--rank" in _options(c)}
+    assert with_rank == RANK_COMMANDS
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    line = next(line for line in readme.splitlines() if "`--rank`" in line)
+    named = set(re.findall(r"`([a-z-]+)`", line)) & set(_commands())
+    assert named == RANK_COMMANDS, line
+
+
+def test_convert_json_prints_the_trace(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    status, out, err = run_cli(["convert", DEMO, "--json"], capsys)
+    assert status == 0, err
+    document = json.loads(out)
+    validate(document)
+    assert document["schema"] == "planner.trace/1" and document["ranks"][0]["ops"]
+    status, out, _ = run_cli(["convert", DEMO, "-o", tmp_path / "t.json", "--json"], capsys)
+    assert status == 0 and json.loads(out) == json.loads((tmp_path / "t.json").read_text())
+
+
+@pytest.mark.parametrize(
+    ("path", "algorithm", "applies"),
+    [(RESNET, "tac", "Caramel"), (RESNET, "tic", "Caramel"), (DEMO, "caramel", "TIC or TAC")],
+)
+def test_scheduler_that_does_not_apply_is_exit_2(
+    path: Path, algorithm: str, applies: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, err = run_cli(["schedule", path, "-a", algorithm], capsys)
+    assert status == 2 and not out
+    assert err.count("\n") == 1 and f"use {applies}" in err, err
+
+
+def test_simulate_plan_that_does_not_apply_is_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run_cli(["simulate", RESNET, "--plan", "tac", "--samples", "2"], capsys)
+    assert status == 2 and "use Caramel" in err
+
+
+def test_folder_of_runs_lists_them(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run_cli(["inspect", TF_RUNS], capsys)
+    assert status == 2 and not out
+    assert "mlp_ps_betweengraph_sync/worker0, mlp_ps_betweengraph_sync/worker1" in err
+    assert "--each" in err
+
+
+def test_each_analyses_every_run(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run_cli(["inspect", TF_RUNS, "--each", "--json"], capsys)
+    assert status == 0, err
+    document = json.loads(out)
+    validate(document)
+    paths = [Path(r["path"]) for r in document["runs"]]
+    assert [p.name for p in paths] == ["worker0", "worker1"]
+    assert [r["result"]["schema"] for r in document["runs"]] == ["planner.inspect/1"] * 2
+    worker1 = document["runs"][1]["result"]["ranks"][0]["transfers"]
+    assert [t["kind"] for t in worker1].count("recv") == 14
+
+
+def test_each_with_a_gate_exits_1_when_any_run_fails(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "a").symlink_to(DEMO)
+    (runs / "b").symlink_to(WORKER1)
+    status, out, _ = run_cli(["metrics", runs, "--each", "--min-efficiency", "0.99"], capsys)
+    assert status == 1 and "run " in out
+    status, _, err = run_cli(["metrics", runs, "--each", "--junit", tmp_path / "j.xml"], capsys)
+    assert status == 2 and "--junit" in err and not (tmp_path / "j.xml").exists()
+
+
+def test_quoted_globs_expand(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run_cli(["inspect", str(TF_RUNS / "*" / "worker1"), "--json"], capsys)
+    assert status == 0, err
+    assert json.loads(out)["ranks"][0]["rank"] == "worker1"
+    status, _, err = run_cli(["inspect", str(TF_RUNS / "nothing*")], capsys)
+    assert status == 2 and "no file or directory matches" in err
+
+
+def test_analyze_ranks_splits_a_run_folder(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run_cli(["analyze-ranks", RESNET, "-j", "1", "--json"], capsys)
+    assert status == 0, err
+    document = json.loads(out)
+    validate(document)
+    assert document["job"]["ranks"] == 2
+
+
+def test_model_and_verify_select_a_rank(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run_cli(["model", RESNET, "--rank", "rank1", "--json"], capsys)
+    assert status == 0, err
+    status, _, err = run_cli(["model", RESNET, "--rank", "rank7"], capsys)
+    assert status == 2 and "rank0, rank1" in err
+
+
+def test_metrics_shows_span_and_busy_makespan(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run_cli(["metrics", DEMO], capsys)
+    assert status == 0, err
+    header = next(line for line in out.splitlines() if "Umax" in line)
+    assert "span" in header and "busy makespan m" in header
+    document = json.loads(run_cli(["metrics", DEMO, "--json"], capsys)[1])
+    for step in document["steps"]:
+        # busy makespan m <= Umax (E in [0, 1]); the span adds the idle time back
+        assert step["lmin"] <= step["busy_makespan"] <= step["umax"] + 1e-12
+        assert step["makespan"] == pytest.approx(step["busy_makespan"] + step["idle"])

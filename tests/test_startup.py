@@ -1,0 +1,59 @@
+"""What each command imports before it reads a byte: `--version`/`--help` load no
+numerics, and a command loads only the heavy modules its input needs (the timings
+are in bench/bench_startup.py; this checks the cause, the module set)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import DEMO, RESNET_IN_REPO
+
+HEAVY = ("numpy", "pandas", "networkx", "numba", "matplotlib", "google.protobuf", "rich")
+
+
+def _loaded(argv: list[str]) -> set[str]:
+    """The heavy top-level modules a fresh interpreter holds after `planner ARGV`."""
+    code = (
+        "import sys, json\n"
+        "from planner_cli.main import main\n"
+        "try:\n"
+        f"    main({argv!r})\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        f"heavy = {HEAVY!r}\n"
+        "found = sorted(h for h in heavy if h in sys.modules)\n"
+        "sys.stderr.write('\\n' + json.dumps(found))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    return set(json.loads(done.stderr.strip().splitlines()[-1]))
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["inspect", "--help"]])
+def test_version_and_help_load_no_numerics(argv: list[str]) -> None:
+    assert _loaded(argv) == set()
+
+
+def test_import_planner_is_cheap() -> None:
+    code = f"import sys, planner; print(sorted(h for h in {HEAVY!r} if h in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.strip() == "[]", done.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "absent"),
+    [
+        (["metrics", str(DEMO), "--json"], {"numba", "matplotlib"}),
+        (["inspect", str(RESNET_IN_REPO), "--json"], {"numba", "matplotlib", "google.protobuf"}),
+        (["schedule", str(DEMO), "--json"], {"numba", "matplotlib"}),
+        (["simulate", str(DEMO), "--samples", "20", "--json"], {"numba", "matplotlib"}),
+    ],
+    ids=["metrics-tf", "inspect-torch", "schedule-tf", "simulate-small"],
+)
+def test_commands_load_only_what_they_need(argv: list[str], absent: set[str]) -> None:
+    loaded = _loaded(argv)
+    assert {"numpy", "pandas"} <= loaded  # the command did read its input
+    assert not loaded & absent, sorted(loaded & absent)
