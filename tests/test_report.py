@@ -86,9 +86,10 @@ def test_report_degrades_without_metrics() -> None:
     report["simulation"] = None
     page = render_html(report)
     sections = _sections(page)
-    for key in ("steps", "efficiency", "timeline", "comparison", "replay", "stragglers"):
+    left_out = ("steps", "efficiency", "timeline", "comparison", "replay", "stragglers", "buckets")
+    for key in left_out:
         assert key not in sections, key
-    assert sections["left-out"].count("<li>") == 7  # the 6, and the transfer windows
+    assert sections["left-out"].count("<li>") == 8  # the 7, and the transfer windows
     assert "Apply the TIC" in sections["advice"] and "no gain can be predicted" in page
     with pytest.raises(ValueError):
         render_html({"schema": "planner.metrics/1"})

@@ -150,3 +150,12 @@ def test_bucket_sweep_reproduces_ddp_buckets_and_replays_the_traced_ones(run):
     if sweep["network_note"]:  # a fit that does not hold recommends nothing, and says so
         assert sweep["recommended_cap_mb"] is None and "no recommendation" in sweep["reason"]
     assert sweep["reason"]
+
+
+def test_report_shows_the_bucket_sweep():
+    from planner.report.html import render_html
+
+    job = load_kineto([_run("resnet_ddp")])
+    page = render_html(analysis.analyze(job, samples=5))
+    assert 'id="buckets"' in page and "Predicted step time per bucket cap" in page
+    assert "DDP bucket size:" in page  # the headline says why no cap is recommended

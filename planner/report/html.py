@@ -259,6 +259,14 @@ def advice_section(report: Mapping[str, Any]) -> str:
                 f"({percent(r['replay_error'])})"
             )
         lines.append(f"<p>{esc(r['rank'])}: nothing to gain, because {why}.</p>")
+    sweep = report.get("bucket_sweep")
+    if sweep and sweep.get("recommended_cap_mb") is not None:
+        lines.append(
+            f'<p class="headline">Set DDP\'s <code>bucket_cap_mb={sweep["recommended_cap_mb"]:g}'
+            f"</code>: {esc(sweep['reason'])} (see DDP bucket size).</p>"
+        )
+    elif sweep:
+        lines.append(f"<p>DDP bucket size: {esc(sweep['reason'])}.</p>")
     return "".join(lines)
 
 
@@ -695,14 +703,47 @@ def stragglers_section(report: Mapping[str, Any]) -> str:
     rows = _get(report, "metrics", "allreduce", "stragglers")
     if not rows:
         raise NotApplicable("needs all-reduce collectives on several ranks")
-    return table(
-        ["step", "straggler time", "slowest rank", "fastest rank"],
+    return (
+        "<p>Per step, the longest time a rank waited in collectives for a later rank "
+        "(the union of its waits), the rank that waited it, and the rank it waited for.</p>"
+    ) + table(
+        ["step", "straggler time", "waiting rank", "waited for"],
         [
-            [str(s["iteration"]), seconds(s["straggler_time"]), esc(s.get("slowest_rank", "")),
-             esc(s.get("fastest_rank", ""))]
+            [str(s["iteration"]), seconds(s["straggler_time"]), esc(s.get("fastest_rank", "")),
+             esc(s.get("slowest_rank", ""))]
             for s in rows
         ],
     )  # fmt: skip
+
+
+def buckets_section(report: Mapping[str, Any]) -> str:
+    """DDP bucket advice: predicted step time per bucket_cap_mb, with the replay error."""
+    sweep = report.get("bucket_sweep")
+    if not sweep:
+        raise NotApplicable("needs a PyTorch DDP job traced with record_shapes=True")
+    error = sweep.get("replay_error")
+    recommended = sweep.get("recommended_cap_mb")
+    head = (
+        f"<p>Traced buckets: measured {seconds(sweep['measured_step_time'])}, predicted "
+        f"{seconds(sweep.get('observed_predicted_step_time'))} (replay error "
+        f"<b>{percent(error)}</b>). "
+        + (f"<b>Recommended bucket_cap_mb={recommended:g}</b>: " if recommended else "")
+        + f"{esc(sweep['reason'])}.</p>"
+    )
+    if sweep.get("network_note"):
+        head += f"<p><b>Note:</b> {esc(sweep['network_note'])}</p>"
+    chart = figure(
+        _plots().bucket_sweep(
+            sweep["caps"], sweep["measured_step_time"], "Predicted step time per bucket cap"
+        )
+    )
+    rows = [
+        [f"{c['bucket_cap_mb']:g}" + (" (recommended)" if c["bucket_cap_mb"] == recommended
+                                      else ""), str(c["buckets"]),
+         seconds(c["predicted_step_time"])]
+        for c in sweep["caps"]
+    ]  # fmt: skip
+    return head + chart + table(["bucket_cap_mb", "buckets", "predicted step"], rows)
 
 
 def plans_section(report: Mapping[str, Any]) -> str:
@@ -753,6 +794,7 @@ SECTIONS: tuple[tuple[str, str, Callable[[Mapping[str, Any]], str]], ...] = (
     ("comparison", "Plan comparison", comparison_section),
     ("replay", "Replay of the traced steps", replay_section),
     ("stragglers", "Stragglers", stragglers_section),
+    ("buckets", "DDP bucket size", buckets_section),
     ("plans", "Transfer orders", plans_section),
 )
 

@@ -257,3 +257,19 @@ def plan_comparison(plans: Sequence[Mapping[str, Any]], measured: float | None, 
     ax.set_ylabel("predicted iteration time (ms)")
     ax.set_title(title)
     return to_svg(fig)
+
+
+def bucket_sweep(caps: Sequence[Mapping[str, Any]], measured: float | None, title: str) -> str:
+    """Predicted step time per DDP ``bucket_cap_mb`` (log x), the traced step as a line."""
+    x = [c["bucket_cap_mb"] for c in caps]
+    y = [MS * c["predicted_step_time"] for c in caps]
+    fig, ax = _figure(6.0, 3.0)
+    ax.plot(x, y, marker="o", color=COMPUTE, label="predicted step")
+    if measured is not None:
+        ax.axhline(MS * measured, color="black", linestyle="--", label="traced step (measured)")
+    ax.set_xscale("log")
+    ax.set_xlabel("bucket_cap_mb")
+    ax.set_ylabel("ms")
+    ax.set_title(title)
+    ax.legend(loc="best")
+    return to_svg(fig)
