@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import InputError
+from planner.ingest import sniffers
 from planner.ingest.files import read_bytes, read_head
 from planner.trace import Job
 
@@ -43,20 +44,16 @@ def sniff(path: Path) -> Sniffed:
         raise InputError(path, "file is empty")
     first = head.lstrip()[:1]
     if first in (b"{", b"["):
-        from planner.ingest import kineto, tf_timeline
-
-        if tf_timeline.is_tf_profiler(head):
+        if sniffers.is_tf_profiler(head):
             return _sniff_json(path, "tf_profiler")
-        if kineto.is_execution_trace(head):
+        if sniffers.is_execution_trace(head):
             return Sniffed(path, "execution_trace", b"")
-        if kineto.is_kineto(head):
+        if sniffers.is_kineto(head):
             return Sniffed(path, "kineto", b"")
         return _sniff_json(path, None)
     data = read_bytes(path)
-    from planner.ingest import tf_timeline
-
-    if tf_timeline.looks_like_xplane(data):
-        raise InputError(path, tf_timeline.XPLANE_ANSWER)
+    if sniffers.looks_like_xplane(data):
+        raise InputError(path, sniffers.XPLANE_ANSWER)
     if path.suffix == ".pbtxt" or _is_text(data):
         return Sniffed(path, "graphdef_text", data)
     from planner.ingest import tf_runmetadata
@@ -91,9 +88,7 @@ def _json_format(document: Any) -> str:
         if isinstance(schema, str) and schema.startswith("planner.trace/"):
             return "planner_json"
         if "traceEvents" in document:
-            from planner.ingest import tf_timeline
-
-            return "tf_timeline" if tf_timeline.is_timeline(document) else "kineto"
+            return "tf_timeline" if sniffers.is_timeline(document) else "kineto"
         if "nodes" in document and "schema" in document:
             return "execution_trace"
     return "unknown_json"
@@ -152,9 +147,7 @@ def load(paths: Iterable[str | Path], progress: Progress | None = None) -> Job:
         except InputError as exc:
             if explicit:
                 raise
-            from planner.ingest.tf_timeline import XPLANE_ANSWER
-
-            xplane = exc.problem == XPLANE_ANSWER
+            xplane = exc.problem == sniffers.XPLANE_ANSWER
             notes.append(
                 f"skipped {path}: " + ("a TF profiler XPlane" if xplane else "not a trace")
             )

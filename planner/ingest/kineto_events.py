@@ -25,6 +25,7 @@ import pandas as pd
 from planner.errors import InputError
 from planner.ingest import files as _files
 from planner.ingest.files import GZIP_MAGIC, MAX_SPAN_S, MAX_TIME_NS, read_bytes
+from planner.ingest.sniffers import is_execution_trace, is_kineto  # noqa: F401 (re-exported)
 
 try:  # orjson parses Kineto JSON ~2-3x faster with less peak memory than json
     import orjson as _json
@@ -43,33 +44,6 @@ GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"})
 LAUNCH_CATS = frozenset({"cuda_runtime", "runtime", "cuda_driver"})
 
 # ----------------------------------------------------------------------------- sniffing
-
-
-def is_kineto(head: bytes) -> bool:
-    """True when the first bytes of (decompressed) content look like a Kineto trace."""
-    text = head.lstrip()
-    if b'"/job:' in head:  # a TensorFlow timeline
-        return False
-    if text.startswith(b"["):  # the old (2020) format: a bare event array
-        return b'"ph"' in head and (b'"Operator"' in head or b"ProfilerStep#" in head)
-    if not text.startswith(b"{") or b'"traceEvents"' not in head and b'"schemaVersion"' not in head:
-        return False
-    markers = (
-        b'"schemaVersion"', b'"deviceProperties"', b'"distributedInfo"', b'"cpu_op"',
-        b"ProfilerStep#", b'"displayTimeUnit"', b'"cuda_runtime"', b'"Operator"',
-    )  # fmt: skip
-    return any(m in head for m in markers)
-
-
-def is_execution_trace(head: bytes) -> bool:
-    """True when the first bytes look like an ExecutionTraceObserver JSON document."""
-    text = head.lstrip()
-    return (
-        text.startswith(b"{")
-        and b'"schema"' in head
-        and b'"nodes"' in head
-        and (b'"rf_id"' in head or b"execution_trace" in head or b"execution_graph" in head)
-    )
 
 
 def read_document(path: Path) -> Any:

@@ -39,6 +39,12 @@ from typing import Any
 from planner.errors import InputError
 from planner.graph import GraphError, Op, build_graph
 from planner.ingest.files import MAX_SPAN_S, MAX_TIME_NS
+from planner.ingest.sniffers import (  # noqa: F401 (re-exported)
+    XPLANE_ANSWER,
+    is_tf_profiler,
+    is_timeline,
+    looks_like_xplane,
+)
 from planner.ingest.tf_graphdef import split_input, task_of
 from planner.ingest.tf_runmetadata import step_number
 from planner.trace import Job, make_trace
@@ -50,64 +56,6 @@ _PROFILER_DEVICE = re.compile(r"^/device:(?P<kind>[A-Z_]+):(?P<index>\d+)")
 _STREAM_THREAD = re.compile(r"^Stream #(?P<stream>\d+)")
 _TF_OPS_LINE = "TensorFlow Ops"
 _STEPS_LINE = "Steps"
-
-XPLANE_ANSWER = (
-    "a TensorFlow profiler XPlane (XSpace protobuf), which planner does not read: give the "
-    "*.trace.json.gz written beside it (op timings, no dependencies), or RunMetadata .pb "
-    "files traced with RunOptions(trace_level=FULL_TRACE, output_partition_graphs=True)"
-)
-
-
-# ----------------------------------------------------------------------------- sniffing
-
-
-def is_tf_profiler(head: bytes) -> bool:
-    """True when the first bytes look like a TF2 profiler trace-viewer JSON document
-    (processes ``/host:CPU`` and ``/device:GPU:0``; ``highres-ticks`` metadata)."""
-    text = head.lstrip()
-    if not text.startswith(b"{") or b'"/job:' in head:
-        return False
-    return b'"/host:CPU"' in head or (b'"highres-ticks"' in head and b'"/device:' in head)
-
-
-def looks_like_xplane(data: bytes) -> bool:
-    """True when bytes are an XSpace protobuf: field 1 (planes) whose first plane has an
-    optional id (field 1) and a name (field 2) such as ``/host:CPU`` or ``/device:GPU:0``."""
-    if len(data) < 4 or data[0] != 0x0A:
-        return False
-    pos = 1
-    for _ in range(10):  # skip the plane's length varint
-        if pos >= len(data) or data[pos] < 0x80:
-            break
-        pos += 1
-    pos += 1
-    if pos < len(data) and data[pos] == 0x08:  # plane id
-        pos += 1
-        while pos < len(data) and data[pos] >= 0x80:
-            pos += 1
-        pos += 1
-    if pos + 2 >= len(data) or data[pos] != 0x12:
-        return False
-    size = data[pos + 1]
-    name = data[pos + 2 : pos + 2 + size]
-    return name.startswith((b"/host:", b"/device:"))
-
-
-def is_timeline(document: Any) -> bool:
-    """True when a parsed JSON document is a TF timeline (a process named ``/job:...``)."""
-    if not isinstance(document, dict):
-        return False
-    events = document.get("traceEvents")
-    if not isinstance(events, list):
-        return False
-    return any(
-        isinstance(e, dict)
-        and e.get("ph") == "M"
-        and isinstance(e.get("args"), dict)
-        and str(e["args"].get("name", "")).startswith("/job:")
-        for e in events[:400]
-    )
-
 
 # ----------------------------------------------------------------------------- events
 
