@@ -65,7 +65,7 @@ def _assert_refused(code: int, out: str, err: str, culprits: list[Path], output:
     assert len(lines) == 1, err
     assert lines[0].startswith("planner: error: "), err
     assert "Traceback" not in err
-    named = [p for p in culprits if str(p) in lines[0]]
+    named = sorted((p for p in culprits if str(p) in lines[0]), key=lambda p: -len(str(p)))
     assert named, (lines[0], culprits)
     problem = lines[0].split(f"{named[0]}: ", 1)[-1]
     assert problem != lines[0] and len(problem) >= 10, lines[0]  # the file, then what is wrong

@@ -8,7 +8,7 @@ unrecognised file is an error.
 
 from __future__ import annotations
 
-import json
+import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +16,7 @@ from typing import Any
 
 from planner.errors import InputError
 from planner.ingest import kineto, planner_json, tf_graphdef, tf_runmetadata
-from planner.ingest.files import read_bytes, read_head
+from planner.ingest.files import check_path, parse_json, read_bytes, read_head
 from planner.trace import Job
 
 TRACE_SUFFIXES = (".pb", ".pbtxt", ".json", ".gz")
@@ -48,10 +48,7 @@ def sniff(path: Path) -> Sniffed:
         if kineto.is_kineto(head):
             return Sniffed(path, "kineto", b"")
         data = read_bytes(path)
-        try:
-            document = json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InputError(path, f"invalid JSON ({exc})") from None
+        document = parse_json(path, data)
         return Sniffed(path, _json_format(document), data, document)
     data = read_bytes(path)
     if path.suffix == ".pbtxt" or _is_text(data):
@@ -88,20 +85,24 @@ def _json_format(document: Any) -> str:
 
 
 def expand(paths: Iterable[Path]) -> list[tuple[Path, bool]]:
-    """Input files as (path, named explicitly); directories list their trace files."""
+    """Input files as (path, named explicitly); directories list their trace files.
+
+    Every path is checked before anything opens it (`check_path`): FIFOs, devices,
+    oversized files and bad names are refused, in a directory too.
+    """
     result: list[tuple[Path, bool]] = []
     for path in paths:
-        if path.is_dir():
+        if stat.S_ISDIR(check_path(path).st_mode):
             found = sorted(
-                p for p in path.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES)
+                p for p in path.iterdir() if p.name.endswith(TRACE_SUFFIXES) and not p.is_dir()
             )
             if not found:
                 raise InputError(path, "directory holds no trace files (.pb, .pbtxt, .json, .gz)")
+            for p in found:
+                check_path(p)
             result.extend((p, False) for p in found)
-        elif path.exists():
-            result.append((path, True))
         else:
-            raise InputError(path, "no such file or directory")
+            result.append((path, True))
     return result
 
 
@@ -135,13 +136,7 @@ def load(paths: Iterable[str | Path], progress: Progress | None = None) -> Job:
     for path, explicit in files:
         if progress:
             progress(str(path))
-        try:
-            item = sniff(path)
-        except InputError:
-            if explicit:
-                raise
-            notes.append(f"skipped {path}: not a trace")
-            continue
+        item = sniff(path)  # in a directory too: a truncated rank file is no rank dropped
         if item.format == "unknown_json":
             if explicit:
                 raise InputError(path, "JSON is not a trace this planner reads")

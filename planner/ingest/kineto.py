@@ -30,10 +30,8 @@ get their edges from the first step that has them.
 from __future__ import annotations
 
 import gc
-import gzip
 import itertools
 import re
-import zlib
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -48,7 +46,8 @@ import pandas as pd
 from planner.errors import InputError
 from planner.graph import PHASES, GraphError, Op, OpGraph, build_graph
 from planner.ingest import files as _files
-from planner.ingest.files import GZIP_MAGIC, MAX_SPAN_S, MAX_TIME_NS, read_bytes
+from planner.ingest import limits
+from planner.ingest.files import MAX_SPAN_S, MAX_TIME_NS, read_bytes
 from planner.trace import SPAN_COLUMNS, TIMING_COLUMNS, Job, Trace
 
 try:  # orjson parses Kineto JSON ~2-3x faster with less peak memory than json
@@ -475,26 +474,8 @@ def _rank_events(path: Path, doc: dict[str, Any], **columns: Any) -> RankEvents:
 
 
 def _chunks(path: Path) -> Iterator[bytes]:
-    """The decompressed content in pieces of about STREAM_CHUNK bytes (`_Irregular` if broken)."""
-    total = 0
-    # read_bytes' limit, read now (PLANNER_MAX_DECOMPRESSED): past it, the whole-document
-    # reader refuses the file with its own message
-    limit = _files.max_decompressed()
-    try:
-        with path.open("rb") as handle:
-            stream: Any = handle
-            if handle.read(2) == GZIP_MAGIC:
-                handle.seek(0)
-                stream = gzip.GzipFile(fileobj=handle)
-            else:
-                handle.seek(0)
-            while chunk := stream.read(STREAM_CHUNK):
-                total += len(chunk)
-                if total > limit:
-                    raise _Irregular
-                yield chunk
-    except (OSError, EOFError, zlib.error):
-        raise _Irregular from None
+    """The decompressed content in pieces of STREAM_CHUNK bytes (InputError past the limit)."""
+    return _files.iter_content(path, STREAM_CHUNK)
 
 
 def _parse_array(body: bytes) -> list[Any] | None:
@@ -515,24 +496,35 @@ def _stream_columns(path: Path, cols: _Columns) -> dict[str, Any]:
     and the next cut is tried instead. Memory is bounded by the columns plus one piece.
     """
     chunks = _chunks(path)
-    buf = b""
+    buf, searched = bytearray(), 0
     for chunk in chunks:  # the header, up to the opening bracket of traceEvents
         buf += chunk
+        if len(buf) > _MAX_PENDING:
+            raise _Irregular
+        if len(buf) < 2 * searched:  # search again once doubled: linear, not quadratic
+            continue
+        searched = len(buf)
         found = _EVENTS_KEY.search(buf)
         if found:
             break
-        if len(buf) > _MAX_PENDING:
-            raise _Irregular
     else:
-        raise _Irregular
+        found = _EVENTS_KEY.search(buf)
+        if found is None:
+            raise _Irregular
     if not buf.lstrip().startswith(b"{"):
         raise _Irregular  # the old bare-array format: small, parsed whole
-    header = buf[: found.end() - 1]
+    header = bytes(buf[: found.end() - 1])
     pending = buf[found.end() :]
     del buf
+    failed = 0  # pending's length when no cut parsed: try again once it has doubled (linear)
     for chunk in itertools.chain([b""], chunks):  # the rest of the header's piece first
         pending += chunk
         end = len(pending)
+        if end > _MAX_PENDING:
+            raise _Irregular
+        if end < 2 * failed:
+            continue
+        failed = end
         for _ in range(8):
             cut = pending.rfind(b"},", 0, end)
             if cut < 0:
@@ -541,7 +533,8 @@ def _stream_columns(path: Path, cols: _Columns) -> dict[str, Any]:
             if events is not None:
                 cols.add(events)
                 del events
-                pending = pending[cut + 2 :]
+                del pending[: cut + 2]
+                failed = 0
                 break
             end = cut
         if len(pending) > _MAX_PENDING:
@@ -867,6 +860,8 @@ def build_rank(
     """
     path = ev.path
     names, name_code = ev.names, ev.name_code
+    limits.check_world(path, ev.rank, ev.distributed.get("world_size"))
+    limits.check_input_dims(path, ev.args, names, name_code)
     ts, end, lane_arr = ev.ts, ev.end, ev.lane
     n_rows = len(ev)
     step_name = np.array([_STEP.match(n) is not None for n in names], dtype=bool)
@@ -1484,6 +1479,7 @@ def _load_kineto(paths: Sequence[Path], et_paths: Sequence[Path] | None) -> Job:
         del ev
     if failed is not None:
         raise failed
+    limits.check_same_job(parts.graphs, parts.meta["ranks"])
     return Job(
         framework="pytorch",
         graphs=parts.graphs,

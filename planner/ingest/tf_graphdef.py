@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from google.protobuf import message, text_format
 
@@ -56,6 +57,8 @@ def parse_graphdef(data: bytes, path: Path, text: bool) -> tfpb.GraphDef:
             graph.ParseFromString(data)
     except (message.DecodeError, text_format.ParseError, UnicodeDecodeError) as exc:
         raise InputError(path, f"not a TensorFlow GraphDef ({_short(exc)})") from None
+    except RecursionError:  # the text parser recurses per nested message (AttrValue.func)
+        raise InputError(path, "not a TensorFlow GraphDef (messages nested too deeply)") from None
     if not graph.node or not all(n.name and n.op for n in graph.node):
         raise InputError(path, "not a TensorFlow GraphDef (no named nodes with ops)")
     return graph
@@ -65,7 +68,9 @@ def _short(exc: Exception) -> str:
     return str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
 
 
-def placement(nodes: dict[str, tfpb.NodeDef], default: str) -> dict[str, str]:
+def placement(
+    nodes: dict[str, tfpb.NodeDef], default: str, task_memo: dict[str, str] | None = None
+) -> dict[str, str]:
     """The task of every node, as TensorFlow's placer would put nodes with no device.
 
     A node colocated by `_class: loc:@x`, or one that uses a resource handle (reads
@@ -73,12 +78,16 @@ def placement(nodes: dict[str, tfpb.NodeDef], default: str) -> dict[str, str]:
     client's target, `default`.
     """
     placed: dict[str, str] = {}
+    memo = task_memo if task_memo is not None else {}
 
     def task(name: str, depth: int = 0) -> str:
         if name in placed:
             return placed[name]
         node = nodes[name]
-        found = task_of(node.device)
+        device = node.device
+        found = memo.get(device)
+        if found is None:
+            found = memo[device] = task_of(device)
         if not found and depth < 16:
             colocated = [
                 v.decode(errors="replace")
@@ -113,47 +122,58 @@ _RESOURCE_OPS = frozenset(
 )
 
 
+def _input_list(raw: Any) -> list[tuple[str, str]]:
+    """A node's inputs as (node name, edge kind) pairs (see `split_input`)."""
+    return [(r[1:], "control") if r[:1] == "^" else (r.split(":", 1)[0], "data") for r in raw]
+
+
 def worker_graphs(graph: tfpb.GraphDef, path: Path) -> dict[str, OpGraph]:
-    """One OpGraph per worker task of a client GraphDef (see module docstring)."""
-    tasks = sorted({task_of(n.device) for n in graph.node} - {""})
+    """One OpGraph per worker task of a client GraphDef (see module docstring).
+
+    The nodes are read out of the protobuf once, into plain tuples, and each distinct
+    device string is parsed once: a 300k-node graph is then a few passes over lists.
+    """
+    rows = [(n.name, n.op, n.device, n.input) for n in graph.node]
+    task_memo = {d: task_of(d) for d in {row[2] for row in rows}}
+    resource_memo = {d: device_name(d) for d in task_memo if d}
+    tasks = sorted(set(task_memo.values()) - {""})
     workers = [t for t in tasks if not t.startswith("ps")] or ["worker0"]
     nodes = {n.name: n for n in graph.node}
-    placed = placement(nodes, default=workers[0])
-    for node in graph.node:
-        for raw in node.input:
-            if split_input(raw)[0] not in nodes:
-                raise InputError(path, f"node {node.name!r} reads unknown node {raw!r}")
+    placed = placement(nodes, default=workers[0], task_memo=task_memo)
+    inputs = [_input_list(row[3]) for row in rows]
+    for (name, _, _, raw), node_inputs in zip(rows, inputs, strict=True):
+        for (src, _), given in zip(node_inputs, raw, strict=True):
+            if src not in nodes:
+                raise InputError(path, f"node {name!r} reads unknown node {given!r}")
     result: dict[str, OpGraph] = {}
     for rank in workers:
         ops: list[Op] = []
         edges: list[tuple[str, str, str]] = []
         synthetic: set[str] = set()
-        for node in graph.node:
-            if placed[node.name] != rank:
+        for (name, op, device, _), node_inputs in zip(rows, inputs, strict=True):
+            if placed[name] != rank:
                 continue
-            resource = device_name(node.device) if node.device else f"{rank}/CPU:0"
-            ops.append(Op(node.name, "compute", resource, type=node.op))
-            for raw in node.input:
-                src, kind = split_input(raw)
+            resource = resource_memo[device] if device else f"{rank}/CPU:0"
+            ops.append(Op(name, "compute", resource, type=op))
+            for src, kind in node_inputs:
                 peer = placed[src]
                 if peer == rank:
-                    edges.append((src, node.name, kind))
+                    edges.append((src, name, kind))
                     continue
                 recv = f"recv:{src}"
                 if recv not in synthetic:
                     synthetic.add(recv)
                     ops.append(Op(recv, "recv", f"{rank}<-{peer}", param=src, type="_Recv"))
-                edges.append((recv, node.name, kind))
-        for node in graph.node:
-            if placed[node.name] == rank:
+                edges.append((recv, name, kind))
+        for (name, _, _, _), node_inputs in zip(rows, inputs, strict=True):
+            if placed[name] == rank:
                 continue
-            for raw in node.input:
-                src, _ = split_input(raw)
+            for src, _ in node_inputs:
                 if placed.get(src) == rank:
-                    send = f"send:{src}->{placed[node.name]}"
+                    send = f"send:{src}->{placed[name]}"
                     if send not in synthetic:
                         synthetic.add(send)
-                        resource = f"{rank}->{placed[node.name]}"
+                        resource = f"{rank}->{placed[name]}"
                         ops.append(Op(send, "send", resource, param=src, type="_Send"))
                         edges.append((src, send, "data"))
         try:

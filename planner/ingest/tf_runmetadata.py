@@ -58,8 +58,28 @@ def parse_run_metadata(data: bytes, path: Path) -> tfpb.RunMetadata:
 
 
 def looks_like_run_metadata(data: bytes) -> bool:
-    """Cheap content check: field 1 (step_stats) or 3 (partition_graphs), length-delimited."""
-    return len(data) > 2 and data[0] in (0x0A, 0x1A)
+    """Whether binary protobuf `data` is a RunMetadata rather than a GraphDef.
+
+    Both may start with a length-delimited field 1 (step_stats / node), so the first
+    byte cannot tell them apart: data that parses as a RunMetadata with step stats or
+    partition graphs is one; data that does not, but parses as a GraphDef with named
+    nodes, is a GraphDef; anything else is left to the RunMetadata reader to word.
+    """
+    if len(data) <= 2 or data[0] not in (0x0A, 0x1A):
+        return False
+    run = tfpb.RunMetadata()
+    try:
+        run.ParseFromString(data)
+        if run.partition_graphs or run.step_stats.dev_stats:
+            return True
+    except message.DecodeError:
+        pass
+    graph = tfpb.GraphDef()
+    try:
+        graph.ParseFromString(data)
+    except message.DecodeError:
+        return True
+    return not (graph.node and all(n.name and n.op for n in graph.node))
 
 
 def step_number(path: Path, fallback: int) -> int:
