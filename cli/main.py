@@ -17,7 +17,7 @@ from planner import __version__, analysis
 from planner.errors import InputError
 from planner.export import priorities
 from planner.export.chrome_trace import chrome_trace
-from planner.export.files import dumps, write_atomic
+from planner.export.files import check_set_target, dumps, file_names, write_atomic, write_set
 from planner.ingest import detect, planner_json
 from planner.report.ci import Thresholds, failures, junit_xml, markdown_summary, unchecked
 from planner.report.html import render_html
@@ -109,8 +109,11 @@ def plan_files(document: dict[str, Any], fmt: str, output: Path | None) -> dict[
     ranks = [entry["rank"] for entry in document["ranks"]]
     if len(ranks) == 1:
         return {output: priorities.to_tictac(document, ranks[0])}
+    parts = file_names(ranks)  # rank names come from the inputs
     return {
-        output.with_name(f"{output.stem}.{r}{output.suffix}"): priorities.to_tictac(document, r)
+        output.with_name(f"{output.stem}.{parts[r]}{output.suffix}"): priorities.to_tictac(
+            document, r
+        )
         for r in ranks
     }
 
@@ -192,23 +195,27 @@ def metrics_command(
 @cli.command("analyze")
 @paths_argument(required=False)
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Directory for the results.")
+@click.option("--force", is_flag=True, help="Replace the earlier results in the -o directory.")
 @rank_option
 @json_option
 def analyze_command(
-    paths: tuple[Path, ...], output: Path | None, rank: str | None, as_json: bool
+    paths: tuple[Path, ...], output: Path | None, force: bool, rank: str | None, as_json: bool
 ) -> None:
     """Inspect, plan (TIC/TAC or Caramel), metrics and simulation; no PATH: the demo.
 
     With -o DIR: report.json and report.html, the priority files of every plan,
     Caramel's control dependencies and bucket plan, and timeline.json (Chrome trace of
-    the traced step and the best plan's predicted schedule, per rank).
+    the traced step and the best plan's predicted schedule, per rank), written as one
+    set: all of them or, on any failure, none (an earlier set needs --force).
     """
+    if output is not None:
+        check_set_target(output, force)
     job = select_ranks(load(paths or (detect.demo_trace(),), as_json), rank)
     with render.progress(enabled=not as_json, what="analysing") as advance:
         report = analysis.analyze(job, progress=advance)
     files = analysis_files(report, job, output) if output is not None else {}
-    for path, text in files.items():
-        write_atomic(path, text)
+    if output is not None:
+        write_set(output, {path.name: text for path, text in files.items()}, force=force)
     render.emit(report, as_json, render.analyze_view)
     if not as_json and report["simulation"] is not None:
         simulate_commands.simulation_view(report["simulation"])
@@ -217,14 +224,21 @@ def analyze_command(
 
 
 def analysis_files(report: dict[str, Any], job: Job, output: Path) -> dict[Path, str]:
-    """Every file `analyze -o` writes, rendered before any is written."""
+    """Every file `analyze -o` writes, rendered before any is written.
+
+    Rank names come from the inputs: their file name parts (`file_names`) are recorded
+    in the report as `file_names`.
+    """
+    ranks = [entry["rank"] for doc in report["plans"].values() for entry in doc["ranks"]]
+    parts = file_names(ranks)
+    report["file_names"] = {"ranks": parts}
     files = {output / "report.json": dumps(report)}
     for name, document in report["plans"].items():
         files[output / f"priorities_{name}.json"] = dumps(document)
         if name in ("tic", "tac"):
             for entry in document["ranks"]:
                 text = priorities.to_tictac(document, entry["rank"])
-                files[output / f"{entry['rank']}.{name}.txt"] = text
+                files[output / f"{parts[entry['rank']]}.{name}.txt"] = text
     for name, document in report["exports"].items():
         files[output / f"{name}.json"] = dumps(document)
     simulation = report["simulation"]

@@ -188,6 +188,13 @@ def iter_content(path: Path, piece: int = STREAM_PIECE) -> Iterator[bytes]:
         raise InputError(path, f"cannot read ({exc.strerror or exc})") from None
 
 
+def check_document_size(path: Path, size: int) -> None:
+    """Refuse content of `size` bytes (already counted) that is too big to read whole."""
+    limit = max_document()
+    if size > limit:
+        raise _over(path, limit, "PLANNER_MAX_DOCUMENT", whole=True)
+
+
 def read_bytes(path: Path) -> bytes:
     """The whole (gunzipped) content, for inputs parsed whole; InputError when too big.
 

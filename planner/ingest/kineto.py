@@ -487,6 +487,17 @@ def _parse_array(body: bytes) -> list[Any] | None:
     return parsed if isinstance(parsed, list) else None
 
 
+def _too_long(path: Path, pending: bytearray) -> _Irregular:
+    """A stretch of _MAX_PENDING bytes with no event boundary: refused now when it is no
+    JSON (nothing after it can make the file parse), else left to the whole-file reader."""
+    try:
+        _json.loads(b"[" + pending)
+    except _JSONError as exc:
+        if getattr(exc, "pos", len(pending) + 1) <= len(pending):
+            raise InputError(path, f"invalid JSON ({exc})") from None
+    return _Irregular()
+
+
 def _stream_columns(path: Path, cols: _Columns) -> dict[str, Any]:
     """Read the trace piece by piece into `cols`; returns the top-level object sans events.
 
@@ -517,17 +528,22 @@ def _stream_columns(path: Path, cols: _Columns) -> dict[str, Any]:
     pending = buf[found.end() :]
     del buf
     failed = 0  # pending's length when no cut parsed: try again once it has doubled (linear)
+    total = len(header) + len(pending)
     for chunk in itertools.chain([b""], chunks):  # the rest of the header's piece first
         pending += chunk
+        total += len(chunk)
         end = len(pending)
         if end > _MAX_PENDING:
-            raise _Irregular
+            raise _too_long(path, pending)
         if end < 2 * failed:
             continue
         failed = end
         for _ in range(8):
             cut = pending.rfind(b"},", 0, end)
             if cut < 0:
+                if end == len(pending) and pending.isspace():  # padding: nothing to keep
+                    pending.clear()
+                    failed = 0
                 break
             events = _parse_array(pending[: cut + 1])
             if events is not None:
@@ -538,7 +554,7 @@ def _stream_columns(path: Path, cols: _Columns) -> dict[str, Any]:
                 break
             end = cut
         if len(pending) > _MAX_PENDING:
-            raise _Irregular
+            raise _too_long(path, pending)
     # the last events, the closing bracket and the trailer: find the bracket from the right
     close = len(pending)
     for _ in range(64):
@@ -553,6 +569,7 @@ def _stream_columns(path: Path, cols: _Columns) -> dict[str, Any]:
         if isinstance(doc, dict) and events is not None:
             cols.add(events)
             return doc
+    _files.check_document_size(path, total)  # the whole-file reader would refuse it anyway
     raise _Irregular
 
 

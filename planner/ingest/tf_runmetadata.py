@@ -16,6 +16,7 @@ sender-side op that produces the tensor.
 from __future__ import annotations
 
 import graphlib
+import hashlib
 import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -331,9 +332,21 @@ def _rank_graph(step: _Step, device: str, path: Path) -> tuple[OpGraph, dict[str
 
 
 def load_run_metadata(files: list[tuple[Path, bytes]]) -> Job:
-    """A Job from RunMetadata files (any order; steps from the file names)."""
+    """A Job from RunMetadata files (any order; steps from the file names).
+
+    A file with the same bytes as an earlier one (a step copied under another name) is
+    one step, not two: it is left out with a note, so it cannot weigh twice in the
+    timings.
+    """
     steps: list[tuple[Path, _Step]] = []
+    first_of: dict[bytes, Path] = {}
+    duplicates: list[str] = []
     for index, (path, data) in enumerate(files):
+        digest = hashlib.sha256(data).digest()
+        if digest in first_of:
+            duplicates.append(f"ignored {path}: the same RunMetadata as {first_of[digest]}")
+            continue
+        first_of[digest] = path
         run = parse_run_metadata(data, path)
         steps.append((path, _index_step(run, step_number(path, index), path)))
     steps.sort(key=lambda item: item[1].number)
@@ -386,7 +399,7 @@ def load_run_metadata(files: list[tuple[Path, bytes]]) -> Job:
         f"{rank} step {number}: {count} transfer(s) have no RecvTensor record; "
         "the time oracle uses the steps that have them"
         for (rank, number), count in sorted(missing.items())
-    ]
+    ] + duplicates
     return Job(
         framework="tensorflow",
         graphs=graphs,
