@@ -88,7 +88,7 @@ def max_document() -> int:
 
 def size_text(size: int) -> str:
     """`size` bytes in the largest binary unit it reaches ('16 MiB', '1.5 GiB')."""
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+    for unit, shift in (("PiB", 50), ("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if size >= 1 << shift:
             return f"{size / (1 << shift):.3g} {unit}"
     return f"{size} bytes"
