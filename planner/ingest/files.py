@@ -109,7 +109,7 @@ def check_name(path: Path) -> None:
     longest = max((len(part) for part in raw.split(b"/")), default=0)
     if longest > MAX_NAME_BYTES:
         raise InputError(
-            shown(path)[:80] + "...",
+            f"{shown(path.parent)}/{shown(path.name)[:40]}...",
             f"a path component is {longest} bytes, over the {MAX_NAME_BYTES}-byte limit",
         )
 
