@@ -197,8 +197,10 @@ def main() -> None:
         Run(case, command, root / f"{i:04d}-{command}")
         for i, case in enumerate(cases)
         for command in commands
-        if not (case.output and command not in ("analyze", "convert"))
-    ]
+        if not case.output
+        or command == "analyze"
+        or (case.output, command) == ("below-file", "convert")
+    ]  # `convert -o FILE` over an existing file replaces it, as intended
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     rows = run_all(runs, args.jobs, int(args.mem_gb * (1 << 20)), args.timeout)
     shutil.rmtree(root, ignore_errors=True)
