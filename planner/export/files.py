@@ -9,8 +9,10 @@
 - `safe_name` / `file_names`: names from inputs (ranks, TF job names) made into file
   name parts: no path syntax, no control characters, no leading dot, bounded, unique.
 
-A `kill -9` during `write_set` leaves the old set or the new one at the target; its
-staging directory (``.NAME.planner-*``) is removed by the next writer of that target.
+A `kill -9` during `write_set` leaves the old set or the new one at the target. The files
+are written unnamed (Linux `O_TMPFILE`) and only linked into the staging directory at
+the end, so a writer killed while writing leaves nothing; one killed in the few link
+and rename calls leaves a ``.NAME.planner-*`` directory that the next writer removes.
 """
 
 from __future__ import annotations
@@ -289,16 +291,60 @@ def write_set(target: str | Path, files: Mapping[str, str | bytes], force: bool 
     with _locked(out):
         _recover(out)
         check_set_target(out, force)
+        unnamed = _unnamed_files(out.parent, files)
         staging = Path(tempfile.mkdtemp(prefix=f"{_staging_prefix(out)}new-", dir=out.parent))
         try:
             for name, content in files.items():
-                _write_new(staging / name, _as_bytes(content))
+                if unnamed is None:
+                    _write_new(staging / name, _as_bytes(content))
+                else:  # written already: only named now, in a few fast link calls
+                    _name_unnamed(unnamed[name], staging / name)
             os.chmod(staging, _mode(directory=True))
             _fsync_dir(staging)
             _swap_in(staging, out)
             _fsync_dir(out.parent)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+            for fd in (unnamed or {}).values():
+                os.close(fd)
+
+
+def _unnamed_files(directory: Path, files: Mapping[str, str | bytes]) -> dict[str, int] | None:
+    """Each file written, fsynced and still unnamed (Linux `O_TMPFILE`): name -> fd.
+
+    A writer killed while writing then leaves nothing behind: the kernel frees unnamed
+    files. None where the system or file system cannot (the files are then written into
+    the staging directory directly).
+    """
+    flag = getattr(os, "O_TMPFILE", None)
+    if flag is None or not Path("/proc/self/fd").is_dir():
+        return None
+    opened: dict[str, int] = {}
+    try:
+        for name, content in files.items():
+            fd = os.open(directory, flag | os.O_WRONLY | os.O_CLOEXEC, 0o666)
+            opened[name] = fd
+            data = _as_bytes(content)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+    except OSError as exc:
+        for fd in opened.values():
+            os.close(fd)
+        if exc.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            return None
+        raise
+    return opened
+
+
+def _name_unnamed(fd: int, path: Path) -> None:
+    """Give the unnamed file `fd` the name `path` (linkat through /proc, following it)."""
+    fds = os.open("/proc/self/fd", os.O_RDONLY | os.O_CLOEXEC)
+    try:  # a dir fd makes os.link call linkat(AT_SYMLINK_FOLLOW); plain link() would not
+        os.link(str(fd), path, src_dir_fd=fds, follow_symlinks=True)
+    finally:
+        os.close(fds)
 
 
 def _swap_in(staging: Path, out: Path) -> None:
