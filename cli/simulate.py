@@ -119,6 +119,7 @@ def simulate(
     """Replay the traced steps (with their error) and predict each plan's iteration time."""
     sweep = parse_sweep(sweep_spec)
     job = select_ranks(load(paths, as_json), rank)
+    sim.require_timings(job)  # before the plans: a GraphDef alone cannot be simulated
     document = sim.simulation(
         job,
         build_plans(job, plan, channels),

@@ -355,10 +355,15 @@ def timeline(compiled: Compiled, run_: Run) -> dict[str, list]:
 # ------------------------------------------------------------------------ replay
 
 
-def _frame(job: Job) -> pd.DataFrame:
+def require_timings(job: Job) -> None:
+    """InputError unless `job` has timings; callers check before building any plan."""
     if not len(job.trace.timings):
         where = job.sources[0] if job.sources else None
         raise InputError(where, "simulation needs timings; input has none")
+
+
+def _frame(job: Job) -> pd.DataFrame:
+    require_timings(job)
     return with_dedicated(job.trace, job.graphs)
 
 
