@@ -3,7 +3,9 @@
 The file name is only a hint: a RunMetadata is recognised by parsing, JSON by its
 keys. In a directory, files that are not traces (meta.json, TF timelines, a client
 GraphDef beside RunMetadata) are skipped with a note; named explicitly, an
-unrecognised file is an error.
+unrecognised file is an error. A file that cannot be read or parsed is an error in a
+directory too (a truncated rank file must not become a dropped rank), and every path
+passes `files.check_path` before anything opens it.
 """
 
 from __future__ import annotations
