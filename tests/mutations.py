@@ -1015,6 +1015,15 @@ def limits(c: Corpus) -> None:
             env=env,
         )
     )
+    c.case(
+        Case(
+            "bomb-default-limits-ratio",
+            "limits",
+            {"rank0.pt.trace.json.gz": _gzip_of(kineto_head, b" ", 96)},
+            ("rank0.pt.trace.json.gz",),
+            ("rank0.pt.trace.json.gz",),
+        )
+    )
     if not c.heavy:
         return
     # the case at the default limits: 21 MB of gzip inflating to 21 GiB (bench only)

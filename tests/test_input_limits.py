@@ -170,7 +170,11 @@ def test_a_kineto_shaped_bomb_streams_in_bounded_memory(tmp_path: Path) -> None:
     plain = tmp_path / "plain" / "rank0.pt.trace.json.gz"
     plain.parent.mkdir()
     plain.write_bytes(HTA.read_bytes())
-    env = {"PLANNER_MAX_DECOMPRESSED": str(256 << 20), "PLANNER_MAX_DOCUMENT": str(128 << 20)}
+    env = {
+        "PLANNER_MAX_DECOMPRESSED": str(256 << 20),
+        "PLANNER_MAX_DOCUMENT": str(128 << 20),
+        "PLANNER_MAX_GZIP_RATIO": "100000",  # the size limit, not the ratio, stops it here
+    }
     base_code, baseline, _ = _peak_rss_mib(["inspect", str(plain)], env)
     assert base_code == 0
     code, peak, err = _peak_rss_mib(["inspect", str(bomb)], env)
@@ -186,7 +190,7 @@ def test_a_kineto_file_with_no_event_boundary_is_refused_without_a_whole_read(
 ) -> None:
     source = tmp_path / "rank0.pt.trace.json.gz"  # 96 MiB of NULs after the event bracket
     source.write_bytes(_gzip_of(b'{"schemaVersion": 1, "traceEvents": [{"a": "', b"\0", 96))
-    code, peak, err = _peak_rss_mib(["inspect", str(source)], {})
+    code, peak, err = _peak_rss_mib(["inspect", str(source)], {"PLANNER_MAX_GZIP_RATIO": "99999"})
     assert code == 2 and err.startswith(f"planner: error: {source}: invalid JSON"), err
     assert peak < 600, peak  # the 64 MiB stretch once, never the whole 96 MiB document twice
 
@@ -194,10 +198,28 @@ def test_a_kineto_file_with_no_event_boundary_is_refused_without_a_whole_read(
 def test_a_kineto_file_of_padding_is_refused_without_a_whole_read(tmp_path: Path) -> None:
     source = tmp_path / "rank0.pt.trace.json.gz"  # 200 MiB of spaces, then nothing
     source.write_bytes(_gzip_of(b'{"schemaVersion": 1, "traceEvents": [', b" ", 200))
-    env = {"PLANNER_MAX_DOCUMENT": str(100 << 20)}
+    env = {"PLANNER_MAX_DOCUMENT": str(100 << 20), "PLANNER_MAX_GZIP_RATIO": "100000"}
     code, _, err = _peak_rss_mib(["inspect", str(source)], env)
     assert code == 2
     assert "the limit for inputs read whole (raise PLANNER_MAX_DOCUMENT" in err, err
+
+
+def test_a_bomb_at_the_default_limits_is_refused_from_its_ratio_early(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in ("PLANNER_MAX_DECOMPRESSED", "PLANNER_MAX_DOCUMENT", "PLANNER_MAX_GZIP_RATIO"):
+        monkeypatch.delenv(name, raising=False)
+    bomb = tmp_path / "rank0.pt.trace.json.gz"  # 160 MiB from 160 KB: about 1000x
+    bomb.write_bytes(_gzip_of(b'{"schemaVersion": 1, "traceEvents": [', b" ", 160))
+    line = _refused(["inspect", bomb], capsys, bomb, "raise PLANNER_MAX_GZIP_RATIO to allow it")
+    assert "inflates more than 200 times (64" in line  # stopped at 64 MiB, not at 8 GiB
+    real = need(RESNET / "et_rank0.json.gz")  # 32x: the most compressible shared trace here
+    monkeypatch.setenv("PLANNER_MAX_GZIP_RATIO", "33")
+    monkeypatch.setattr(files, "RATIO_FLOOR", 1 << 20)
+    assert sum(len(c) for c in files.iter_content(real)) > 2 << 20
+    monkeypatch.setenv("PLANNER_MAX_GZIP_RATIO", "20")
+    with pytest.raises(files.InputError, match="inflates more than 20 times"):
+        list(files.iter_content(real))
 
 
 # ------------------------------------------------------------- nesting and numbers

@@ -7,7 +7,8 @@ Every reader goes through here, so one place decides what an input may be:
   may become part of an output name);
 - content (the file, or what a gzip inflates to) of at most `max_decompressed()` bytes,
   counted as the stream is read, one piece at a time, so a gzip bomb costs one piece of
-  memory and stops at the limit;
+  memory and stops at the limit; a gzip inflating more than `max_gzip_ratio()` times
+  (past 64 MiB) stops there, long before the limit;
 - when parsed whole (protobuf, planner JSON, Execution Trace), at most `max_document()`
   bytes, since a parsed document costs several times its size in memory.
 
@@ -37,6 +38,14 @@ MAX_DECOMPRESSED = 8 << 30
 MAX_DOCUMENT = 1 << 30
 """An input parsed whole in memory (protobuf, planner JSON, Execution Trace, a Kineto file
 outside the streaming layout) above this is refused; ``PLANNER_MAX_DOCUMENT`` overrides it."""
+
+MAX_GZIP_RATIO = 200
+"""A gzip that has inflated more than this many times its compressed bytes, past
+RATIO_FLOOR, is refused as a bomb: real traces compress 5-50x (the most compressible of
+the shared traces: 50x). ``PLANNER_MAX_GZIP_RATIO`` overrides it."""
+
+RATIO_FLOOR = 64 << 20
+"""Decompressed bytes before the ratio is judged (small, very regular files pass)."""
 
 MAX_NAME_BYTES = 255
 """The longest path component (bytes) accepted: the common file-system limit."""
@@ -84,6 +93,11 @@ def max_decompressed() -> int:
 def max_document() -> int:
     """The limit for inputs parsed whole: ``PLANNER_MAX_DOCUMENT`` or MAX_DOCUMENT."""
     return _env_limit("PLANNER_MAX_DOCUMENT", MAX_DOCUMENT)
+
+
+def max_gzip_ratio() -> int:
+    """The inflation ratio limit: ``PLANNER_MAX_GZIP_RATIO`` or MAX_GZIP_RATIO."""
+    return _env_limit("PLANNER_MAX_GZIP_RATIO", MAX_GZIP_RATIO)
 
 
 def size_text(size: int) -> str:
@@ -168,19 +182,26 @@ def iter_content(path: Path, piece: int = STREAM_PIECE) -> Iterator[bytes]:
     if stat.S_ISDIR(info.st_mode):
         raise InputError(path, "is a directory")
     limit = max_decompressed()
+    ratio = max_gzip_ratio()
     total = 0
     try:
         with path.open("rb") as handle:
             stream: Any = handle
-            if handle.read(2) == GZIP_MAGIC:
-                handle.seek(0)
+            packed = handle.read(2) == GZIP_MAGIC
+            handle.seek(0)
+            if packed:
                 stream = gzip.GzipFile(fileobj=handle)
-            else:
-                handle.seek(0)
             while chunk := stream.read(piece):
                 total += len(chunk)
                 if total > limit:
                     raise _over(path, limit, "PLANNER_MAX_DECOMPRESSED", whole=False)
+                if packed and total > RATIO_FLOOR and total > ratio * handle.tell():
+                    raise InputError(
+                        path,
+                        f"inflates more than {ratio} times ({size_text(total)} from "
+                        f"{size_text(handle.tell())} so far; traces compress 5-50x): a gzip "
+                        "bomb? raise PLANNER_MAX_GZIP_RATIO to allow it",
+                    )
                 yield chunk
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
         raise InputError(path, f"broken gzip data ({exc})") from None
