@@ -138,13 +138,16 @@ def worker_graphs(graph: tfpb.GraphDef, path: Path) -> dict[str, OpGraph]:
     resource_memo = {d: device_name(d) for d in task_memo if d}
     tasks = sorted(set(task_memo.values()) - {""})
     workers = [t for t in tasks if not t.startswith("ps")] or ["worker0"]
-    nodes = {n.name: n for n in graph.node}
-    placed = placement(nodes, default=workers[0], task_memo=task_memo)
+    if all(task_memo.values()):  # every node names its task: no placer needed
+        placed = {row[0]: task_memo[row[2]] for row in rows}
+    else:
+        nodes = {n.name: n for n in graph.node}
+        placed = placement(nodes, default=workers[0], task_memo=task_memo)
     inputs = [_input_list(row[3]) for row in rows]
     for (name, _, _, raw), node_inputs in zip(rows, inputs, strict=True):
-        for (src, _), given in zip(node_inputs, raw, strict=True):
-            if src not in nodes:
-                raise InputError(path, f"node {name!r} reads unknown node {given!r}")
+        for i, (src, _) in enumerate(node_inputs):
+            if src not in placed:
+                raise InputError(path, f"node {name!r} reads unknown node {raw[i]!r}")
     result: dict[str, OpGraph] = {}
     for rank in workers:
         ops: list[Op] = []
