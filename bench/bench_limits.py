@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
+import re
 import statistics
 import subprocess
 import sys
@@ -31,7 +31,22 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-CLI = [sys.executable, "-c", "from planner_cli.main import main; main()"]
+_SCRIPT = """
+import re, sys
+from pathlib import Path
+from planner_cli.main import main
+code = 0
+try:
+    main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+status = Path("/proc/self/status").read_text()
+print("PEAK", re.search(r"VmHWM:\\s+(\\d+) kB", status).group(1), file=sys.stderr)
+sys.exit(code)
+"""
+CLI = [sys.executable, "-c", _SCRIPT]
+"""The CLI in a fresh process that reports its own peak RSS (VmHWM: ru_maxrss would count
+the parent's memory, inherited through the fork before exec)."""
 
 
 def chain_graphdef(path: Path, nodes: int = 300_000) -> Path:
@@ -74,12 +89,13 @@ def long_event(path: Path, mib: int = 48) -> Path:
 def run(args: list[str]) -> tuple[float, float, int, str]:
     """(seconds, peak RSS MiB, exit status, last stderr line) of one CLI process."""
     start = time.perf_counter()
-    proc = subprocess.Popen([*CLI, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
+    done = subprocess.run([*CLI, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     seconds = time.perf_counter() - start
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-    last = err.strip().splitlines()[-1] if err.strip() else ""
-    return seconds, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status), last
+    err = done.stderr.decode(errors="replace")
+    peak = re.search(r"PEAK (\d+)", err)
+    lines = [line for line in err.strip().splitlines() if not line.startswith("PEAK ")]
+    last = lines[-1] if lines else ""
+    return seconds, int(peak.group(1)) / 1024 if peak else float("nan"), done.returncode, last
 
 
 def main() -> None:

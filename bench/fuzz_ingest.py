@@ -14,7 +14,9 @@ classified:
   and writes its output;
 - traceback: a Python traceback, or an exit status other than 0/1/2;
 - unclear: exit 2 with more or less than one stderr line, or a broken input accepted;
-- over-memory: the peak RSS (`wait4`) passed the cap, or the watchdog killed it there;
+- over-memory: the peak RSS (`wait4`) passed the cap, or the watchdog killed it there
+  (a forked run's RSS counts the pages it shares with this process, about 250 MiB of
+  imports and corpus: an upper bound);
 - over-time: it ran past the timeout and was killed;
 - partial output: a refused run left its `-o` (or changed a file `-o` named), or a
   staging/lock file beside it; an accepted one left no output.

@@ -143,13 +143,16 @@ def _gzip_of(prefix: bytes, filler: bytes, mib: int) -> bytes:
 
 def _peak_rss_mib(args: list[str], env: dict[str, str]) -> tuple[int, float, str]:
     """Run the CLI in a fresh interpreter: (exit status, its peak RSS in MiB, stderr)."""
-    script = (
-        "import resource, sys\n"
+    script = (  # VmHWM: this process's own high-water mark (ru_maxrss would count the
+        # parent's memory, inherited through the fork/vfork before exec)
+        "import re, sys\n"
+        "from pathlib import Path\n"
         "from planner_cli.main import main\n"
         "code = 0\n"
         "try:\n    main(sys.argv[1:])\n"
         "except SystemExit as exc:\n    code = exc.code\n"
-        "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "status = Path('/proc/self/status').read_text()\n"
+        "peak = int(re.search(r'VmHWM:\\s+(\\d+) kB', status).group(1))\n"
         "print(f'PEAK {peak}', file=sys.stderr)\n"
         "sys.exit(code)\n"
     )
