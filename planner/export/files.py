@@ -1,6 +1,7 @@
 """File output that is whole or absent, created with the user's umask, safely named.
 
-- `write_atomic`: one file, written to a temporary file beside it and renamed into place.
+- `write_atomic`: one file, written unnamed (or under a temporary name) beside it and
+  renamed into place.
 - `write_set`: a directory of files (`analyze -o`), written into a temporary directory
   beside it and swapped into place in one step (Linux `renameat2(RENAME_EXCHANGE)`,
   else two renames with a recovery on the next run). A lock beside it refuses a second
@@ -26,6 +27,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import tempfile
 import unicodedata
@@ -102,21 +104,29 @@ def check_dir_target(path: str | Path) -> Path:
 
 
 def write_atomic(path: str | Path, content: str | bytes) -> None:
-    """Write to a temporary file beside `path`, then rename it into place.
+    """Write `content` beside `path` under a temporary name, then rename it into place.
 
-    The file gets the permissions a plain `open` would give (0666 less the umask).
+    The data is written to an unnamed file where Linux allows (`O_TMPFILE`) and named
+    only to be renamed, so a writer killed while writing leaves nothing. The file gets
+    the permissions a plain `open` would give (0666 less the umask).
     """
     target = check_file_target(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    data = _as_bytes(content)
+    unnamed = _unnamed_files(target.parent, {target.name: data})
+    tmp = target.parent / f".{target.name}.planner-{secrets.token_hex(6)}"
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(_as_bytes(content))
-        os.chmod(tmp, _mode(directory=False))
+        if unnamed is None:
+            _write_new(tmp, data)
+        else:
+            _name_unnamed(unnamed[target.name], tmp)
         os.replace(tmp, target)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+    finally:
+        for fd in (unnamed or {}).values():
+            os.close(fd)
 
 
 def dumps(document: Any) -> str:
