@@ -16,7 +16,7 @@ import click
 
 from planner import __version__
 from planner.errors import InputError
-from planner.export.files import dumps, write_atomic
+from planner.export.files import dumps, file_names, write_atomic
 from planner_cli import caramel as caramel_commands
 from planner_cli import enforce as enforce_commands
 from planner_cli import model as model_commands
@@ -148,8 +148,11 @@ def plan_files(document: dict[str, Any], fmt: str, output: Path | None) -> dict[
     ranks = [entry["rank"] for entry in document["ranks"]]
     if len(ranks) == 1:
         return {output: priorities.to_tictac(document, ranks[0])}
+    parts = file_names(ranks)  # rank names come from the inputs
     return {
-        output.with_name(f"{output.stem}.{r}{output.suffix}"): priorities.to_tictac(document, r)
+        output.with_name(f"{output.stem}.{parts[r]}{output.suffix}"): priorities.to_tictac(
+            document, r
+        )
         for r in ranks
     }
 
@@ -237,30 +240,40 @@ def metrics_command(
 @cli.command("analyze")
 @paths_argument(required=False)
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Directory for the results.")
+@click.option("--force", is_flag=True, help="Replace the earlier results in the -o directory.")
 @rank_option
 @network_option
 @json_option
 @each_option(output_dir=True)
 def analyze_command(
-    paths: tuple[Path, ...], output: Path | None, rank: str | None, network: Any, as_json: bool
+    paths: tuple[Path, ...],
+    output: Path | None,
+    force: bool,
+    rank: str | None,
+    network: Any,
+    as_json: bool,
 ) -> None:
     """Inspect, plan (TIC/TAC or Caramel), metrics and simulation; no PATH: the demo.
 
     With -o DIR: report.json and report.html, the priority files of every plan,
     Caramel's control dependencies and bucket plan, and timeline.json (Chrome trace of
-    the traced step and the best plan's predicted schedule, per rank).
+    the traced step and the best plan's predicted schedule, per rank), written as one
+    set: all of them or, on any failure, none (an earlier set needs --force).
     """
     from planner import analysis
+    from planner.export.files import check_set_target, write_set
     from planner.ingest import detect
     from planner.report.outputs import analysis_files
 
+    if output is not None:
+        check_set_target(output, force)
     job = select_ranks(load(paths or (detect.demo_trace(),), as_json), rank)
     with render.progress(enabled=not as_json, what="analysing") as advance:
         report = analysis.analyze(job, progress=advance, network=network)
     network_notes(report["plans"].get("caramel", {}), as_json)
     files = analysis_files(report, job, output) if output is not None else {}
-    for path, text in files.items():
-        write_atomic(path, text)
+    if output is not None:
+        write_set(output, {path.name: text for path, text in files.items()}, force=force)
     render.emit(report, as_json, render.analyze_view)
     if not as_json and report["simulation"] is not None:
         simulate_commands.simulation_view(report["simulation"])

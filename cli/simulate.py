@@ -139,6 +139,7 @@ def simulate(
 
     sweep = parse_sweep(sweep_spec)
     job = select_ranks(load(paths, as_json), rank)
+    sim.require_timings(job)  # before the plans: a GraphDef alone cannot be simulated
     document = sim.simulation(
         job,
         build_plans(job, plan, channels),

@@ -67,7 +67,10 @@ def _holds_traces(folder: Path) -> bool:
 def find_runs(folder: Path) -> list[Path]:
     """The runs inside a folder that holds no trace files itself: each subfolder (at any
     depth) that holds trace files, sorted. Empty when `folder` is a run itself."""
-    if not folder.is_dir() or _holds_traces(folder):
+    try:
+        if not folder.is_dir() or _holds_traces(folder):
+            return []
+    except OSError:  # a name the system refuses: the reader's check words it
         return []
     runs: list[Path] = []
     for sub in sorted(p for p in folder.iterdir() if p.is_dir()):

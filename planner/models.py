@@ -33,6 +33,7 @@ import numpy as np
 from planner import allreduce
 from planner.errors import InputError
 from planner.graph import OpGraph
+from planner.ingest.files import read_bytes
 from planner.metrics import caramel_figures
 from planner.oracle import NetworkModel, fit_network_model
 from planner.records import partial_steps
@@ -374,9 +375,9 @@ def _metadata(job: Job) -> dict[str, object]:
         path = Path(source)
         folder = path if path.is_dir() else path.parent
         for candidate in sorted(folder.glob("meta*.json"))[:1]:
-            try:
-                loaded = json.loads(candidate.read_text())
-            except (OSError, ValueError):
+            try:  # within the input limits: a FIFO or a bomb named meta.json is skipped
+                loaded = json.loads(read_bytes(candidate))
+            except (InputError, ValueError, RecursionError):
                 continue
             if isinstance(loaded, dict):
                 merged = {**loaded, **merged}

@@ -357,10 +357,15 @@ def timeline(compiled: Compiled, run_: Run) -> dict[str, list]:
 # ------------------------------------------------------------------------ replay
 
 
-def _frame(job: Job) -> pd.DataFrame:
+def require_timings(job: Job) -> None:
+    """InputError unless `job` has timings; callers check before building any plan."""
     if not len(job.trace.timings):
         where = job.sources[0] if job.sources else None
         raise InputError(where, "simulation needs timings; input has none")
+
+
+def _frame(job: Job) -> pd.DataFrame:
+    require_timings(job)
     frame = with_dedicated(job.trace, job.graphs)
     if "wait" in frame:
         # A rank's collective lasts its transfer plus its wait for the later peers: the

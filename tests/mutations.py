@@ -14,9 +14,10 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import os
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,15 @@ class Case:
     blame: tuple[str, ...] = ()
     valid: bool = False
     xfail: str | None = None
+    special: tuple[tuple[str, str], ...] = ()
+    """(relative path, what): ``fifo``, ``socket``, ``sparse:<bytes>`` or ``link:<target>``."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Environment for the run (lower limits, so a bomb stays small)."""
+    output: str = ""
+    """What `-o` names: "" a fresh path; ``file`` an existing file; ``below-file`` a path
+    under an existing file (then `-o` itself is the culprit)."""
+    heavy: bool = False
+    """Only for bench/fuzz_ingest.py (default limits, GiBs to inflate), not the tests."""
 
     def write(self, root: Path) -> tuple[list[Path], list[Path]]:
         """Write the files under `root` (created); the input and culprit paths."""
@@ -52,8 +62,42 @@ class Case:
             path = root / relative
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(content)
+        for relative, what in self.special:
+            _make_special(root / relative, what)
         place = [root if p == "." else root / p for p in self.inputs]
         return place, [root if p == "." else root / p for p in self.blame]
+
+    def output_path(self, work: Path) -> tuple[Path, bytes | None]:
+        """The `-o` path for a run in `work`, and the bytes that must stay there (or None)."""
+        if not self.output:
+            return work / "out", None
+        taken = work / "taken.txt"
+        taken.parent.mkdir(parents=True, exist_ok=True)
+        taken.write_bytes(b"an earlier file the planner must not touch\n")
+        return (taken if self.output == "file" else taken / "out"), taken.read_bytes()
+
+
+def _make_special(path: Path, what: str) -> None:
+    """Create a FIFO, a listening-free socket file, a sparse file or a symlink at `path`."""
+    import os
+    import socket
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if what == "fifo":
+        os.mkfifo(path)
+    elif what == "socket":
+        sock = socket.socket(socket.AF_UNIX)
+        try:
+            sock.bind(str(path))
+        finally:
+            sock.close()
+    elif what.startswith("sparse:"):
+        with path.open("r+b" if path.exists() else "wb") as handle:
+            handle.truncate(int(what.split(":", 1)[1]))
+    elif what.startswith("link:"):
+        path.symlink_to(what.split(":", 1)[1])
+    else:
+        raise ValueError(what)
 
 
 @dataclass
@@ -62,20 +106,17 @@ class Corpus:
 
     rng: random.Random
     cases: list[Case] = field(default_factory=list)
+    heavy: bool = False  # also build the cases only bench/fuzz_ingest.py runs
 
     def _add(self, case: Case) -> Case:
         xfail = case.xfail or KNOWN_KINETO_BUGS.get(case.name)
-        named = Case(
-            f"{len(self.cases):03d}-{case.name}",
-            case.family,
-            case.files,
-            case.inputs,
-            case.blame,
-            case.valid,
-            xfail,
-        )
+        named = replace(case, name=f"{len(self.cases):03d}-{case.name}", xfail=xfail)
         self.cases.append(named)
         return named
+
+    def case(self, case: Case) -> Case:
+        """Any case, with the fields the helpers below do not set."""
+        return self._add(case)
 
     def file(
         self,
@@ -871,12 +912,301 @@ def kineto(c: Corpus) -> None:
     c.file("valid", "k-hta-as-is", "rank0.pt.trace.json", text.encode(), valid=True)
 
 
-FAMILIES = (empty_and_garbage, tf_run_metadata, tf_graphdef, planner_json, kineto)
+def _gzip_of(prefix: bytes, filler: bytes, mib: int) -> bytes:
+    """`prefix` then `mib` MiB of `filler`, gzipped (about 1000:1: a bomb)."""
+    import zlib
+
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+    block = filler * (1 << 20)
+    parts = [packer.compress(prefix), *(packer.compress(block) for _ in range(mib))]
+    return b"".join([*parts, packer.flush()])
 
 
-def build_corpus(seed: int = 0) -> list[Case]:
-    """The corpus for a seed (deterministic), in memory; `Case.write` puts one on disk."""
-    corpus = Corpus(random.Random(seed))
+@cache
+def _gib_of_zeros_gz() -> bytes:
+    """One gzip member inflating to 1 GiB of NULs (about 1 MB); members concatenate."""
+    return _gzip_of(b"", b"\0", 1024)
+
+
+_SMALL_LIMITS = (
+    ("PLANNER_MAX_DECOMPRESSED", str(32 << 20)),
+    ("PLANNER_MAX_DOCUMENT", str(16 << 20)),
+)
+
+
+def special_files(c: Corpus) -> None:
+    """FIFOs, sockets and devices (refused from `stat`, never opened), and sparse giants."""
+    for name in ("rank0.json", "trace.pb", "graph.pbtxt"):
+        c.case(
+            Case(f"fifo-{name}", "special-file", {}, (name,), (name,), special=((name, "fifo"),))
+        )
+    c.case(
+        Case(
+            "socket",
+            "special-file",
+            {},
+            ("trace.json",),
+            ("trace.json",),
+            special=(("trace.json", "socket"),),
+        )
+    )
+    for device in ("/dev/zero", "/dev/urandom", "/dev/null"):
+        name = f"rank0{device.replace('/', '-')}.json.gz"
+        c.case(
+            Case(
+                f"link-to{device.replace('/', '-')}",
+                "special-file",
+                {},
+                (name,),
+                (name,),
+                special=((name, f"link:{device}"),),
+            )
+        )
+    demo = _demo_bytes()
+    c.case(
+        Case(
+            "fifo-in-a-dir",
+            "special-file",
+            {"run_metadata_step3.pb": demo},
+            (".",),
+            ("run_metadata_step4.pb",),
+            special=(("run_metadata_step4.pb", "fifo"),),
+        )
+    )
+    c.case(
+        Case(
+            "sparse-12GiB-pb",
+            "limits",
+            {"run_metadata_step3.pb": demo},
+            ("run_metadata_step3.pb",),
+            ("run_metadata_step3.pb",),
+            special=(("run_metadata_step3.pb", f"sparse:{12 << 30}"),),
+        )
+    )
+
+
+def limits(c: Corpus) -> None:
+    """Gzip bombs of every format (under lowered limits) and the whole-read limit."""
+    kineto_head = b'{"schemaVersion": 1, "traceEvents": ['
+    bombs = {
+        "kineto-spaces": ("rank0.pt.trace.json.gz", kineto_head, b" "),
+        "kineto-nuls": ("rank0.pt.trace.json.gz", kineto_head + b'{"name": "', b"\0"),
+        "kineto-brackets": ("rank0.pt.trace.json.gz", kineto_head, b"["),
+        "planner-json": ("trace.json.gz", b'{"schema": "planner.trace/1", "notes": ["', b" "),
+        "protobuf": ("run_metadata_step3.pb.gz", b"", b"\0"),
+        "pbtxt": ("graph.pbtxt.gz", b'node { name: "', b"a"),
+    }
+    for label, (name, prefix, filler) in bombs.items():
+        c.case(
+            Case(
+                f"bomb-{label}",
+                "limits",
+                {name: _gzip_of(prefix, filler, 48)},
+                (name,),
+                (name,),
+                env=_SMALL_LIMITS,
+            )
+        )
+    big_pb = _gz(_demo_bytes() * 1)
+    env = (("PLANNER_MAX_DOCUMENT", str(len(_demo_bytes()) - 1)),)
+    c.case(
+        Case(
+            "whole-read-limit-pb",
+            "limits",
+            {"run_metadata_step3.pb.gz": big_pb},
+            ("run_metadata_step3.pb.gz",),
+            ("run_metadata_step3.pb.gz",),
+            env=env,
+        )
+    )
+    c.case(
+        Case(
+            "bomb-default-limits-ratio",
+            "limits",
+            {"rank0.pt.trace.json.gz": _gzip_of(kineto_head, b" ", 96)},
+            ("rank0.pt.trace.json.gz",),
+            ("rank0.pt.trace.json.gz",),
+        )
+    )
+    if not c.heavy:
+        return
+    # the issue's case at the default limits: 21 MB of gzip inflating to 21 GiB (bench only)
+    c.case(
+        Case(
+            "bomb-21GiB-default-limits",
+            "limits",
+            {"rank0.pt.trace.json.gz": _gzip_of(kineto_head, b" ", 1) + _gib_of_zeros_gz() * 21},
+            ("rank0.pt.trace.json.gz",),
+            ("rank0.pt.trace.json.gz",),
+            heavy=True,
+        )
+    )
+
+
+def nesting_numbers_names(c: Corpus) -> None:
+    """Deep nesting, numbers that overflow, lone surrogates and unusable file names."""
+    deep = "[" * 100_000 + "]" * 100_000
+    c.file("deep-nesting", "json-100k-brackets", "trace.json", deep.encode())
+    c.file(
+        "deep-nesting",
+        "kineto-100k-brackets",
+        "rank0.pt.trace.json",
+        b'{"schemaVersion": 1, "traceEvents": [' + deep.encode() + b"]}",
+    )
+    text = _planner_doc()
+    nested = '"notes": [' + "[" * 5000 + "]" * 5000 + ","
+    c.file(
+        "deep-nesting",
+        "pj-notes-5000-deep",
+        "trace.json",
+        text.replace('"notes": [', nested, 1).encode(),
+    )
+    depth = 20_000
+    pbtxt = (
+        'node { name: "a" op: "NoOp" attr { key: "f" value { '
+        + 'func { name: "x" attr { key: "k" value { ' * depth
+        + "i: 1"
+        + " } } }" * depth
+        + " } } }\n"
+    )
+    c.file("deep-nesting", "pbtxt-attr-20000-deep", "graph.pbtxt", pbtxt.encode())
+    hta = json.loads(_hta_text())
+    steps = [
+        i
+        for i, e in enumerate(hta["traceEvents"])
+        if str(e.get("name", "")).startswith("ProfilerStep#")
+    ]
+    doc = copy.deepcopy(hta)
+    doc["traceEvents"][steps[0]]["name"] = f"ProfilerStep#{10**40}"
+    c.file("overflow-number", "k-step-10e40", "rank0.pt.trace.json", _js(doc))
+    doc = copy.deepcopy(hta)
+    doc["traceEvents"][steps[0]]["ts"] = 10**40
+    c.file("overflow-number", "k-step-ts-10e40", "rank0.pt.trace.json", _js(doc))
+    for label, size in (("zero", 0), ("negative", -3), ("below-rank", 1)):
+        doc = copy.deepcopy(hta)
+        doc["distributedInfo"] = {**doc.get("distributedInfo", {}), "world_size": size}
+        c.file("mismatched-ranks", f"k-world-size-{label}", "rank1.pt.trace.json", _js(doc))
+    if TORCH_RESNET.exists():
+        import re
+
+        resnet = _resnet_text()
+        found = re.search(
+            r'"name": "aten::conv2d".{0,600}?"Input Dims": (\[\[.*?\]\])', resnet, re.S
+        )
+        assert found
+        for label, dims in (
+            ("600-deep", "[" * 600 + "1" + "]" * 600),
+            ("1e30", "[[1e30]]"),
+            ("null", "[[null]]"),
+            ("negative", "[[-7]]"),
+            ("int64-overflow", "[[4294967296, 4294967296, 4294967296]]"),
+        ):
+            family = "deep-nesting" if label == "600-deep" else "overflow-number"
+            edited = resnet[: found.start(1)] + dims + resnet[found.end(1) :]
+            c.file(family, f"k-input-dims-{label}", "rank0.json", edited.encode())
+    # lone surrogates: escaped (valid JSON syntax, no Unicode text) and as raw bytes
+    planner = json.loads(text)
+    op = planner["ranks"][0]["ops"][0]["name"]
+    c.file(
+        "bad-name",
+        "pj-op-name-lone-surrogate",
+        "trace.json",
+        text.replace(json.dumps(op), json.dumps(op)[:-1] + '\\udc80"').encode(),
+    )
+    c.file(
+        "bad-name",
+        "pj-rank-lone-surrogate",
+        "trace.json",
+        text.replace('"rank": "worker0"', '"rank": "\\ud800worker0"').encode(),
+    )
+    kineto_op = next(e["name"] for e in hta["traceEvents"] if e.get("ph") == "X")
+    c.file(
+        "bad-name",
+        "k-name-lone-surrogate",
+        "rank0.pt.trace.json",
+        _hta_text().replace(json.dumps(kineto_op), '"bad\\udc80name"', 1).encode(),
+    )
+    c.file(
+        "bad-name",
+        "pj-raw-surrogate-bytes",
+        "trace.json",
+        text.encode().replace(b"}", b"\xed\xb2\x80}", 1),
+    )
+    odd = os.fsdecode(b"run_metadata_step3\xff.pb")
+    c.file("bad-name", "file-name-not-utf8", odd, _demo_bytes())
+    long_name = "é" * 130 + ".pb"
+    c.case(Case("path-component-over-255-bytes", "bad-name", {}, (long_name,), ("",)))
+
+
+def wrong_together(c: Corpus) -> None:
+    """Ranks of two jobs, a truncated rank in a directory, a duplicated RunMetadata."""
+    if TORCH_RESNET.exists():
+        transformer = TORCH_RESNET.parent / "transformer_ddp" / "rank1.json.gz"
+        rank0 = (TORCH_RESNET / "rank0.json.gz").read_bytes()
+        rank1 = (TORCH_RESNET / "rank1.json.gz").read_bytes()
+        if transformer.exists():
+            c.files(
+                "mismatched-ranks",
+                "k-two-jobs",
+                {"rank0.json.gz": rank0, "rank1.json.gz": transformer.read_bytes()},
+                blame=("rank1.json.gz",),
+            )
+        for label, data in (
+            ("half", rank1[: len(rank1) // 2]),
+            ("empty", b""),
+            ("tail-cut", _gz(gzip.decompress(rank1)[:-100])),
+        ):
+            c.files(
+                "mismatched-ranks",
+                f"k-dir-rank1-truncated-{label}",
+                {"rank0.json.gz": rank0, "rank1.json.gz": data},
+                blame=("rank1.json.gz",),
+                give_dir=True,
+            )
+    c.files(
+        "valid",
+        "rm-copied-under-another-name",
+        {"run_metadata_step3.pb": _demo_bytes(), "run_metadata_step9.pb": _demo_bytes()},
+        blame=(),
+        valid=True,
+    )
+
+
+def outputs(c: Corpus) -> None:
+    """`-o` that names an existing file or a path below one (valid input, unusable -o)."""
+    for output in ("file", "below-file"):
+        c.case(
+            Case(
+                f"output-{output}",
+                "output",
+                {"run_metadata_step3.pb": _demo_bytes()},
+                ("run_metadata_step3.pb",),
+                (),
+                output=output,
+            )
+        )
+
+
+FAMILIES = (
+    empty_and_garbage,
+    tf_run_metadata,
+    tf_graphdef,
+    planner_json,
+    kineto,
+    special_files,
+    limits,
+    nesting_numbers_names,
+    wrong_together,
+    outputs,
+)
+
+
+def build_corpus(seed: int = 0, heavy: bool = False) -> list[Case]:
+    """The corpus for a seed (deterministic), in memory; `Case.write` puts one on disk.
+
+    `heavy` adds the cases that take GiBs to inflate at the default limits (the bench).
+    """
+    corpus = Corpus(random.Random(seed), heavy=heavy)
     for family in FAMILIES:
         family(corpus)
     return corpus.cases

@@ -56,6 +56,7 @@ from planner.enforce.plan_file import (
     read_plan_file,
 )
 from planner.errors import InputError
+from planner.ingest.files import read_bytes
 from planner.ingest.proto import tf_subset_pb2 as tfpb
 from planner.ingest.tf_graphdef import parse_graphdef, split_input, task_of
 
@@ -386,10 +387,7 @@ def _with_nodes(graph: tfpb.GraphDef, nodes: Sequence[tfpb.NodeDef]) -> tfpb.Gra
 def read_graphdef(path: str | Path) -> tuple[tfpb.GraphDef, bool]:
     """A GraphDef file (binary, or text when ``.pbtxt``/text content) and whether text."""
     p = Path(path)
-    try:
-        data = p.read_bytes()
-    except OSError as exc:
-        raise InputError(p, f"cannot read ({exc.strerror or exc})") from None
+    data = read_bytes(p)  # within the input limits; FIFOs and devices refused
     text = p.suffix in (".pbtxt", ".txt") or data[:4096].lstrip().startswith(b"node")
     return parse_graphdef(data, p, text), text
 
@@ -405,5 +403,6 @@ def rewrite_file(
     result, in the input's text or binary form."""
     graph, text = read_graphdef(graphdef)
     out, rewrite = rewrite_with_plan(graph, plan, rank, drop_cyclic, mode)
-    data = text_format.MessageToString(out).encode() if text else out.SerializeToString()
-    return data, rewrite
+    if text:
+        return text_format.MessageToString(out).encode(), rewrite
+    return out.SerializeToString(deterministic=True), rewrite  # byte-identical across runs

@@ -4,12 +4,14 @@ The file name is only a hint: a RunMetadata is recognised by parsing, JSON by it
 keys. In a directory, files that are not traces (meta.json, a client GraphDef or TF
 timelines beside RunMetadata) are skipped with a note; named explicitly, an
 unrecognised file is an error. A TensorFlow XPlane protobuf is refused with what to
-give instead.
+give instead (skipped, with a note, in a directory). A file that cannot be read or
+parsed is an error in a directory too (a truncated rank file must not become a
+dropped rank), and every path passes `files.check_path` before anything opens it.
 """
 
 from __future__ import annotations
 
-import json
+import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import Any
 
 from planner.errors import InputError
 from planner.ingest import sniffers
-from planner.ingest.files import read_bytes, read_head
+from planner.ingest.files import check_path, parse_json, read_bytes, read_head
 from planner.trace import Job
 
 TRACE_SUFFIXES = (".pb", ".pbtxt", ".json", ".gz")
@@ -66,10 +68,7 @@ def sniff(path: Path) -> Sniffed:
 def _sniff_json(path: Path, known: str | None) -> Sniffed:
     """Read and parse a JSON file; its format is `known` or decided from its keys."""
     data = read_bytes(path)
-    try:
-        document = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(path, f"invalid JSON ({exc})") from None
+    document = parse_json(path, data)
     return Sniffed(path, known or _json_format(document), data, document)
 
 
@@ -95,20 +94,24 @@ def _json_format(document: Any) -> str:
 
 
 def expand(paths: Iterable[Path]) -> list[tuple[Path, bool]]:
-    """Input files as (path, named explicitly); directories list their trace files."""
+    """Input files as (path, named explicitly); directories list their trace files.
+
+    Every path is checked before anything opens it (`check_path`): FIFOs, devices,
+    oversized files and bad names are refused, in a directory too.
+    """
     result: list[tuple[Path, bool]] = []
     for path in paths:
-        if path.is_dir():
+        if stat.S_ISDIR(check_path(path).st_mode):
             found = sorted(
-                p for p in path.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES)
+                p for p in path.iterdir() if p.name.endswith(TRACE_SUFFIXES) and not p.is_dir()
             )
             if not found:
                 raise InputError(path, "directory holds no trace files (.pb, .pbtxt, .json, .gz)")
+            for p in found:
+                check_path(p)
             result.extend((p, False) for p in found)
-        elif path.exists():
-            result.append((path, True))
         else:
-            raise InputError(path, "no such file or directory")
+            result.append((path, True))
     return result
 
 
@@ -143,14 +146,11 @@ def load(paths: Iterable[str | Path], progress: Progress | None = None) -> Job:
         if progress:
             progress(str(path))
         try:
-            item = sniff(path)
+            item = sniff(path)  # in a directory too: a truncated rank file is no rank dropped
         except InputError as exc:
-            if explicit:
+            if explicit or exc.problem != sniffers.XPLANE_ANSWER:
                 raise
-            xplane = exc.problem == sniffers.XPLANE_ANSWER
-            notes.append(
-                f"skipped {path}: " + ("a TF profiler XPlane" if xplane else "not a trace")
-            )
+            notes.append(f"skipped {path}: a TF profiler XPlane")
             continue
         if item.format == "unknown_json":
             if explicit:

@@ -1,20 +1,54 @@
-"""Reading input files: transparent, bounded gunzip, and cheap heads for sniffing."""
+"""Reading input files within limits: checked paths, bounded streaming gunzip, sniff heads.
+
+Every reader goes through here, so one place decides what an input may be:
+
+- a regular file (a FIFO, socket or device is refused from `stat`, never opened);
+- a name that is UTF-8 with no component over 255 bytes (it is shown in messages and
+  may become part of an output name);
+- content (the file, or what a gzip inflates to) of at most `max_decompressed()` bytes,
+  counted as the stream is read, one piece at a time, so a gzip bomb costs one piece of
+  memory and stops at the limit; a gzip inflating more than `max_gzip_ratio()` times
+  (past 64 MiB) stops there, long before the limit;
+- when parsed whole (protobuf, planner JSON, Execution Trace), at most `max_document()`
+  bytes, since a parsed document costs several times its size in memory.
+
+Each refusal is one `InputError` line naming the limit and the variable that raises it.
+"""
 
 from __future__ import annotations
 
 import gzip
 import io
+import json
 import os
+import re
+import stat
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from planner.errors import InputError
 
 MAX_DECOMPRESSED = 8 << 30
-"""A file that decompresses to more than this is refused (a gzip bomb, or no trace).
+"""Content (a plain file's size, or what a gzip inflates to) above this is refused.
 
-The environment variable ``PLANNER_MAX_DECOMPRESSED`` (bytes) overrides it, read at
-every call (see `max_decompressed`)."""
+``PLANNER_MAX_DECOMPRESSED`` (bytes) overrides it, read at every call (`max_decompressed`)."""
+
+MAX_DOCUMENT = 1 << 30
+"""An input parsed whole in memory (protobuf, planner JSON, Execution Trace, a Kineto file
+outside the streaming layout) above this is refused; ``PLANNER_MAX_DOCUMENT`` overrides it."""
+
+MAX_GZIP_RATIO = 200
+"""A gzip that has inflated more than this many times its compressed bytes, past
+RATIO_FLOOR, is refused as a bomb: real traces compress 5-50x (the most compressible of
+the shared traces: 50x). ``PLANNER_MAX_GZIP_RATIO`` overrides it."""
+
+RATIO_FLOOR = 64 << 20
+"""Decompressed bytes before the ratio is judged (small, very regular files pass)."""
+
+MAX_NAME_BYTES = 255
+"""The longest path component (bytes) accepted: the common file-system limit."""
 
 MAX_SPAN_S = 86_400.0
 """An op or iteration longer than a day is refused: wrong time units or a broken clock."""
@@ -27,54 +61,176 @@ MAX_TIME_NS = 1 << 62
 
 GZIP_MAGIC = b"\x1f\x8b"
 
+STREAM_PIECE = 1 << 16
+"""Bytes inflated at a time: the memory a gzip stream costs beyond its consumer."""
 
-def _raw(path: Path) -> bytes:
+_NOT_REGULAR = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _env_limit(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
     try:
-        return path.read_bytes()
+        value = int(raw)
+    except ValueError:
+        raise InputError(None, f"{name}={raw!r} is not a byte count") from None
+    if value <= 0:
+        raise InputError(None, f"{name}={raw!r} must be positive")
+    return value
+
+
+def max_decompressed() -> int:
+    """The content limit in bytes: ``PLANNER_MAX_DECOMPRESSED`` or MAX_DECOMPRESSED."""
+    return _env_limit("PLANNER_MAX_DECOMPRESSED", MAX_DECOMPRESSED)
+
+
+def max_document() -> int:
+    """The limit for inputs parsed whole: ``PLANNER_MAX_DOCUMENT`` or MAX_DOCUMENT."""
+    return _env_limit("PLANNER_MAX_DOCUMENT", MAX_DOCUMENT)
+
+
+def max_gzip_ratio() -> int:
+    """The inflation ratio limit: ``PLANNER_MAX_GZIP_RATIO`` or MAX_GZIP_RATIO."""
+    return _env_limit("PLANNER_MAX_GZIP_RATIO", MAX_GZIP_RATIO)
+
+
+def size_text(size: int) -> str:
+    """`size` bytes in the largest binary unit it reaches ('16 MiB', '1.5 GiB')."""
+    for unit, shift in (("PiB", 50), ("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if size >= 1 << shift:
+            return f"{size / (1 << shift):.3g} {unit}"
+    return f"{size} bytes"
+
+
+def shown(path: str | Path) -> str:
+    """The path as it can be printed: bytes that are not UTF-8 as \\x escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def check_name(path: Path) -> None:
+    """Refuse a path that is not UTF-8 or has a component over MAX_NAME_BYTES bytes."""
+    raw = os.fsencode(path)
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(shown(path), "file name is not UTF-8; rename it") from None
+    longest = max((len(part) for part in raw.split(b"/")), default=0)
+    if longest > MAX_NAME_BYTES:
+        raise InputError(
+            f"{shown(path.parent)}/{shown(path.name)[:40]}...",
+            f"a path component is {longest} bytes, over the {MAX_NAME_BYTES}-byte limit",
+        )
+
+
+def check_path(path: Path) -> os.stat_result:
+    """The `stat` of an input that may be read: named well, a regular file or a directory.
+
+    FIFOs, sockets and devices are refused here, before anything opens them (a FIFO
+    would block, `/dev/zero` never ends). A plain file over `max_decompressed()` is
+    refused from its size.
+    """
+    check_name(path)
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise InputError(path, "no such file or directory") from None
+    except OSError as exc:
+        raise InputError(path, f"cannot read ({exc.strerror or exc})") from None
+    if stat.S_ISDIR(info.st_mode):
+        return info
+    for test, what in _NOT_REGULAR:
+        if test(info.st_mode):
+            raise InputError(path, f"is {what}, not a regular file; refused without reading it")
+    if not stat.S_ISREG(info.st_mode):
+        raise InputError(path, "is not a regular file; refused without reading it")
+    limit = max_decompressed()
+    if info.st_size > limit:
+        raise InputError(
+            path,
+            f"is {size_text(info.st_size)}, over the {size_text(limit)} input limit "
+            "(raise PLANNER_MAX_DECOMPRESSED to allow it)",
+        )
+    return info
+
+
+def _over(path: Path, limit: int, variable: str, whole: bool) -> InputError:
+    if whole:
+        return InputError(
+            path,
+            f"is more than {size_text(limit)}, the limit for inputs read whole "
+            f"(raise {variable} to allow it)",
+        )
+    return InputError(
+        path,
+        f"decompresses to more than {size_text(limit)} (a gzip bomb? raise {variable} to allow it)",
+    )
+
+
+def iter_content(path: Path, piece: int = STREAM_PIECE) -> Iterator[bytes]:
+    """The (gunzipped) content in pieces of at most `piece` bytes, within the limit.
+
+    Memory is one piece plus zlib's window, whatever the file inflates to; past
+    `max_decompressed()` an InputError names the limit. Broken gzip data is an InputError.
+    """
+    info = check_path(path)
+    if stat.S_ISDIR(info.st_mode):
+        raise InputError(path, "is a directory")
+    limit = max_decompressed()
+    ratio = max_gzip_ratio()
+    total = 0
+    try:
+        with path.open("rb") as handle:
+            stream: Any = handle
+            packed = handle.read(2) == GZIP_MAGIC
+            handle.seek(0)
+            if packed:
+                stream = gzip.GzipFile(fileobj=handle)
+            while chunk := stream.read(piece):
+                total += len(chunk)
+                if total > limit:
+                    raise _over(path, limit, "PLANNER_MAX_DECOMPRESSED", whole=False)
+                if packed and total > RATIO_FLOOR and total > ratio * handle.tell():
+                    raise InputError(
+                        path,
+                        f"inflates more than {ratio} times ({size_text(total)} from "
+                        f"{size_text(handle.tell())} so far; traces compress 5-50x): a gzip "
+                        "bomb? raise PLANNER_MAX_GZIP_RATIO to allow it",
+                    )
+                yield chunk
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise InputError(path, f"broken gzip data ({exc})") from None
     except OSError as exc:
         raise InputError(path, f"cannot read ({exc.strerror or exc})") from None
 
 
-def max_decompressed() -> int:
-    """The decompression limit in bytes: ``PLANNER_MAX_DECOMPRESSED`` or MAX_DECOMPRESSED."""
-    raw = os.environ.get("PLANNER_MAX_DECOMPRESSED", "").strip()
-    if not raw:
-        return MAX_DECOMPRESSED
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InputError(None, f"PLANNER_MAX_DECOMPRESSED={raw!r} is not a byte count") from None
-    if value <= 0:
-        raise InputError(None, f"PLANNER_MAX_DECOMPRESSED={raw!r} must be positive")
-    return value
-
-
-def _limit_text(limit: int) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if limit >= 1 << shift:
-            return f"{limit / (1 << shift):g} {unit}"
-    return f"{limit} bytes"
+def check_document_size(path: Path, size: int) -> None:
+    """Refuse content of `size` bytes (already counted) that is too big to read whole."""
+    limit = max_document()
+    if size > limit:
+        raise _over(path, limit, "PLANNER_MAX_DOCUMENT", whole=True)
 
 
 def read_bytes(path: Path) -> bytes:
-    """The file's content, gunzipped when it is gzip; InputError when broken or too big."""
-    raw = _raw(path)
-    if raw[:2] != GZIP_MAGIC:
-        return raw
+    """The whole (gunzipped) content, for inputs parsed whole; InputError when too big.
+
+    Bounded by both limits: `max_decompressed()` as the stream is read and
+    `max_document()` for what is held, so memory never exceeds the smaller one.
+    """
+    document = max_document()
+    content = max_decompressed()
     out = io.BytesIO()
-    limit = max_decompressed()
-    try:
-        with gzip.GzipFile(fileobj=io.BytesIO(raw)) as stream:
-            while chunk := stream.read(min(1 << 22, limit + 1 - out.tell())):
-                out.write(chunk)
-                if out.tell() > limit:
-                    raise InputError(
-                        path,
-                        f"decompresses to more than {_limit_text(limit)} (a gzip bomb? "
-                        "raise PLANNER_MAX_DECOMPRESSED to allow it)",
-                    )
-    except (OSError, EOFError, zlib.error) as exc:
-        raise InputError(path, f"broken gzip data ({exc})") from None
+    for chunk in iter_content(path, 1 << 20):
+        out.write(chunk)
+        if out.tell() > document:
+            if document >= content:  # pragma: no cover - iter_content refuses first
+                break
+            raise _over(path, document, "PLANNER_MAX_DOCUMENT", whole=True)
     return out.getvalue()
 
 
@@ -84,7 +240,7 @@ def read_head(path: Path, size: int = 1 << 16) -> bytes:
     A gzip too short to yield anything is an error; one that breaks later is left for
     the full read to report.
     """
-    raw = b""
+    check_path(path)
     try:
         with path.open("rb") as handle:
             raw = handle.read(size)
@@ -97,3 +253,43 @@ def read_head(path: Path, size: int = 1 << 16) -> bytes:
         raise InputError(path, f"broken gzip data ({exc})") from None
     except OSError as exc:
         raise InputError(path, f"cannot read ({exc.strerror or exc})") from None
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def parse_json(path: Path, data: bytes) -> Any:
+    """`data` as JSON; one InputError for invalid, non-UTF-8 or too deeply nested text.
+
+    A ``\\uDxxx`` escape that is not half of a pair would give a string no output can
+    encode: refused here, naming it (the walk runs only when such an escape is present).
+    """
+    try:
+        document = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(path, f"invalid JSON ({exc})") from None
+    except RecursionError:
+        raise InputError(path, "JSON nested too deeply (more than about 1000 levels)") from None
+    if _SURROGATE_ESCAPE.search(data):
+        lone = first_lone_surrogate(document)
+        if lone is not None:
+            raise InputError(path, f"a string holds a lone surrogate, not Unicode text: {lone!a}")
+    return document
+
+
+def first_lone_surrogate(document: Any) -> str | None:
+    """The first string (key or value) in `document` that is not encodable UTF-8, or None."""
+    stack = [document]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return item[:60]
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None

@@ -45,7 +45,7 @@ import pandas as pd
 from planner import waits
 from planner.errors import InputError
 from planner.graph import PHASES, GraphError, Op, OpGraph, build_graph
-from planner.ingest import kineto_dag, kineto_params
+from planner.ingest import kineto_dag, kineto_params, limits
 from planner.ingest.kineto_comms import (
     BACKEND,
     BUILTIN_PATTERNS,
@@ -300,6 +300,8 @@ def build_rank(
     `op_memo` is shared by the ranks of one job; `step_marker` names the step ranges
     of a trace without ``ProfilerStep#N``; `patterns` say which GPU events communicate.
     """
+    limits.check_world(ev.path, ev.rank, ev.distributed.get("world_size"))
+    limits.check_input_dims(ev.path, ev.args, ev.names, ev.name_code)
     steps = find_steps(ev, rank_name, step_marker)
     notes = list(steps.notes)
     r, is_outer = _rows(ev, rank_name, steps, notes)
@@ -506,6 +508,7 @@ def _load_kineto(paths: Sequence[Path], et_paths: Sequence[Path] | None, options
         del ev
     if failed is not None:
         raise failed
+    limits.check_same_job(parts.graphs, parts.meta["ranks"])
     timings = _timings(parts.occurrences)
     _add_waits(timings, parts)
     return Job(

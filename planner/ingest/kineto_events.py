@@ -9,10 +9,8 @@ anything else is parsed whole by the generic reader, which also words every erro
 
 from __future__ import annotations
 
-import gzip
 import itertools
 import re
-import zlib
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -24,7 +22,7 @@ import pandas as pd
 
 from planner.errors import InputError
 from planner.ingest import files as _files
-from planner.ingest.files import GZIP_MAGIC, MAX_SPAN_S, MAX_TIME_NS, read_bytes
+from planner.ingest.files import MAX_SPAN_S, MAX_TIME_NS, read_bytes
 from planner.ingest.sniffers import is_execution_trace, is_kineto  # noqa: F401 (re-exported)
 
 try:  # orjson parses Kineto JSON ~2-3x faster with less peak memory than json
@@ -389,26 +387,8 @@ def _rank_events(path: Path, doc: dict[str, Any], **columns: Any) -> RankEvents:
 
 
 def _chunks(path: Path) -> Iterator[bytes]:
-    """The decompressed content in pieces of about STREAM_CHUNK bytes (`_Irregular` if broken)."""
-    total = 0
-    # read_bytes' limit, read now (PLANNER_MAX_DECOMPRESSED): past it, the whole-document
-    # reader refuses the file with its own message
-    limit = _files.max_decompressed()
-    try:
-        with path.open("rb") as handle:
-            stream: Any = handle
-            if handle.read(2) == GZIP_MAGIC:
-                handle.seek(0)
-                stream = gzip.GzipFile(fileobj=handle)
-            else:
-                handle.seek(0)
-            while chunk := stream.read(STREAM_CHUNK):
-                total += len(chunk)
-                if total > limit:
-                    raise _Irregular
-                yield chunk
-    except (OSError, EOFError, zlib.error):
-        raise _Irregular from None
+    """The decompressed content in pieces of STREAM_CHUNK bytes (InputError past the limit)."""
+    return _files.iter_content(path, STREAM_CHUNK)
 
 
 def _parse_array(body: bytes) -> list[Any] | None:
@@ -420,6 +400,17 @@ def _parse_array(body: bytes) -> list[Any] | None:
     return parsed if isinstance(parsed, list) else None
 
 
+def _too_long(path: Path, pending: bytearray) -> _Irregular:
+    """A stretch of _MAX_PENDING bytes with no event boundary: refused now when it is no
+    JSON (nothing after it can make the file parse), else left to the whole-file reader."""
+    try:
+        _json.loads(b"[" + pending)
+    except _JSONError as exc:
+        if getattr(exc, "pos", len(pending) + 1) <= len(pending):
+            raise InputError(path, f"invalid JSON ({exc})") from None
+    return _Irregular()
+
+
 def _stream_columns(path: Path, cols: _Columns) -> dict[str, Any]:
     """Read the trace piece by piece into `cols`; returns the top-level object sans events.
 
@@ -429,37 +420,54 @@ def _stream_columns(path: Path, cols: _Columns) -> dict[str, Any]:
     and the next cut is tried instead. Memory is bounded by the columns plus one piece.
     """
     chunks = _chunks(path)
-    buf = b""
+    buf, searched = bytearray(), 0
     for chunk in chunks:  # the header, up to the opening bracket of traceEvents
         buf += chunk
+        if len(buf) > _MAX_PENDING:
+            raise _Irregular
+        if len(buf) < 2 * searched:  # search again once doubled: linear, not quadratic
+            continue
+        searched = len(buf)
         found = _EVENTS_KEY.search(buf)
         if found:
             break
-        if len(buf) > _MAX_PENDING:
-            raise _Irregular
     else:
-        raise _Irregular
+        found = _EVENTS_KEY.search(buf)
+        if found is None:
+            raise _Irregular
     if not buf.lstrip().startswith(b"{"):
         raise _Irregular  # the old bare-array format: small, parsed whole
-    header = buf[: found.end() - 1]
+    header = bytes(buf[: found.end() - 1])
     pending = buf[found.end() :]
     del buf
+    failed = 0  # pending's length when no cut parsed: try again once it has doubled (linear)
+    total = len(header) + len(pending)
     for chunk in itertools.chain([b""], chunks):  # the rest of the header's piece first
         pending += chunk
+        total += len(chunk)
         end = len(pending)
+        if end > _MAX_PENDING:
+            raise _too_long(path, pending)
+        if end < 2 * failed:
+            continue
+        failed = end
         for _ in range(8):
             cut = pending.rfind(b"},", 0, end)
             if cut < 0:
+                if end == len(pending) and pending.isspace():  # padding: nothing to keep
+                    pending.clear()
+                    failed = 0
                 break
             events = _parse_array(pending[: cut + 1])
             if events is not None:
                 cols.add(events)
                 del events
-                pending = pending[cut + 2 :]
+                del pending[: cut + 2]
+                failed = 0
                 break
             end = cut
         if len(pending) > _MAX_PENDING:
-            raise _Irregular
+            raise _too_long(path, pending)
     # the last events, the closing bracket and the trailer: find the bracket from the right
     close = len(pending)
     for _ in range(64):
@@ -474,6 +482,7 @@ def _stream_columns(path: Path, cols: _Columns) -> dict[str, Any]:
         if isinstance(doc, dict) and events is not None:
             cols.add(events)
             return doc
+    _files.check_document_size(path, total)  # the whole-file reader would refuse it anyway
     raise _Irregular
 
 

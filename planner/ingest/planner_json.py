@@ -86,10 +86,11 @@ def _seconds(value: Any, what: str, path: Path, limit: float = 1e10) -> int:
 
 
 def _rank_name(value: Any, where: str, path: Path) -> str:
-    """A rank name; it becomes part of output file names, so no path syntax in it."""
+    """A rank name: not empty, printable (it is shown on terminals). Path syntax is fine:
+    output file names are made from it by `planner.export.files.file_names`."""
     name = _need(value, str, f"{where}.rank", path)
-    if not name or name.startswith(".") or any(c in name for c in "/\\") or not name.isprintable():
-        raise InputError(path, f"{where}.rank {name!r} is not usable as a file name part")
+    if not name or not name.isprintable():
+        raise InputError(path, f"{where}.rank {name!r} is empty or holds control characters")
     return name
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from google.protobuf import message, text_format
 
@@ -64,6 +65,8 @@ def parse_graphdef(data: bytes, path: Path, text: bool) -> tfpb.GraphDef:
             graph.ParseFromString(data)
     except (message.DecodeError, text_format.ParseError, UnicodeDecodeError) as exc:
         raise InputError(path, f"not a TensorFlow GraphDef ({_short(exc)})") from None
+    except RecursionError:  # the text parser recurses per nested message (AttrValue.func)
+        raise InputError(path, "not a TensorFlow GraphDef (messages nested too deeply)") from None
     if not graph.node or not all(n.name and n.op for n in graph.node):
         raise InputError(path, "not a TensorFlow GraphDef (no named nodes with ops)")
     return graph
@@ -73,7 +76,9 @@ def _short(exc: Exception) -> str:
     return str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
 
 
-def placement(nodes: dict[str, tfpb.NodeDef], default: str) -> dict[str, str]:
+def placement(
+    nodes: dict[str, tfpb.NodeDef], default: str, task_memo: dict[str, str] | None = None
+) -> dict[str, str]:
     """The task of every node, as TensorFlow's placer would put nodes with no device.
 
     A node colocated by `_class: loc:@x`, or one that uses a resource handle (reads
@@ -81,13 +86,16 @@ def placement(nodes: dict[str, tfpb.NodeDef], default: str) -> dict[str, str]:
     client's target, `default`.
     """
     placed: dict[str, str] = {}
+    memo = task_memo if task_memo is not None else {}
 
     def task(name: str, depth: int = 0) -> str:
         if name in placed:
             return placed[name]
         node = nodes[name]
-        found = task_of(node.device)
-        uses_handle = node.op in _RESOURCE_OPS or node.op.startswith("ResourceApply")
+        found = memo.get(node.device)
+        if found is None:
+            found = memo[node.device] = task_of(node.device)
+        uses_handle = _uses_handle(node.op)
         handle = split_input(node.input[0])[0] if node.input and uses_handle else ""
         if handle in nodes and nodes[handle].op in _HANDLE_OPS and depth < 16:
             found = task(handle, depth + 1) or found  # colocated with its variable
@@ -162,39 +170,58 @@ def step_nodes(nodes: dict[str, tfpb.NodeDef]) -> tuple[set[str], list[str]]:
     return ancestry(fetches), fetches
 
 
+def _input_list(raw: Any) -> list[tuple[str, str]]:
+    """A node's inputs as (node name, edge kind) pairs (see `split_input`)."""
+    return [(r[1:], "control") if r[:1] == "^" else (r.split(":", 1)[0], "data") for r in raw]
+
+
+def _uses_handle(op: str) -> bool:
+    return op in _RESOURCE_OPS or op.startswith("ResourceApply")
+
+
 def worker_graphs(graph: tfpb.GraphDef, path: Path) -> dict[str, OpGraph]:
     """One OpGraph per worker task of a client GraphDef: the nodes of the training step
-    (`step_nodes`), each placed as TensorFlow would (see module docstring)."""
-    tasks = sorted({task_of(n.device) for n in graph.node} - {""})
+    (`step_nodes`), each placed as TensorFlow would (see module docstring).
+
+    The nodes are read out of the protobuf once, into plain tuples, and each distinct
+    device string is parsed once: a 300k-node graph is then a few passes over lists.
+    """
+    rows = [(n.name, n.op, n.device, n.input) for n in graph.node]
+    task_memo = {d: task_of(d) for d in {row[2] for row in rows}}
+    resource_memo = {d: device_name(d) for d in task_memo if d}
+    tasks = sorted(set(task_memo.values()) - {""})
     workers = [t for t in tasks if not t.startswith("ps")] or ["worker0"]
     nodes = {n.name: n for n in graph.node}
-    for node in graph.node:
-        for raw in node.input:
-            if split_input(raw)[0] not in nodes:
-                raise InputError(path, f"node {node.name!r} reads unknown node {raw!r}")
-    placed = placement(nodes, default=workers[0])
+    if all(task_memo.values()) and not any(_uses_handle(row[1]) for row in rows):
+        placed = {row[0]: task_memo[row[2]] for row in rows}  # no placer decision left
+    else:
+        placed = placement(nodes, default=workers[0], task_memo=task_memo)
+    inputs = [_input_list(row[3]) for row in rows]
+    for (name, _, _, raw), node_inputs in zip(rows, inputs, strict=True):
+        for i, (src, _) in enumerate(node_inputs):
+            if src not in placed:
+                raise InputError(path, f"node {name!r} reads unknown node {raw[i]!r}")
     step, fetches = step_nodes(nodes)
     result: dict[str, OpGraph] = {}
     for rank in workers:
         ops: list[Op] = []
         edges: list[tuple[str, str, str]] = []
         synthetic: set[str] = set()
-        for node in graph.node:
-            if placed[node.name] != rank or node.name not in step:
+        for (name, op, device, _), node_inputs in zip(rows, inputs, strict=True):
+            if placed[name] != rank or name not in step:
                 continue
-            resource = device_name(node.device) if node.device else f"{rank}/CPU:0"
-            ops.append(Op(node.name, "compute", resource, type=node.op))
-            for raw in node.input:
-                src, kind = split_input(raw)
+            resource = resource_memo[device] if device else f"{rank}/CPU:0"
+            ops.append(Op(name, "compute", resource, type=op))
+            for src, kind in node_inputs:
                 peer = placed[src]
                 if peer == rank:
-                    edges.append((src, node.name, kind))
+                    edges.append((src, name, kind))
                     continue
                 recv = f"recv:{src}"
                 if recv not in synthetic:
                     synthetic.add(recv)
                     ops.append(Op(recv, "recv", f"{rank}<-{peer}", param=src, type="_Recv"))
-                edges.append((recv, node.name, kind))
+                edges.append((recv, name, kind))
         if rank == workers[0]:  # the client's target receives the fetched values
             for fetch in fetches:  # train ops are fetched as operations: no value
                 recv = f"recv:{fetch}"
@@ -202,16 +229,15 @@ def worker_graphs(graph: tfpb.GraphDef, path: Path) -> dict[str, OpGraph]:
                     synthetic.add(recv)
                     ops.append(Op(recv, "recv", f"{rank}<-{placed[fetch]}", param=fetch,
                                   type="_Recv"))  # fmt: skip
-        for node in graph.node:
-            if placed[node.name] == rank or node.name not in step:
+        for (name, _, _, _), node_inputs in zip(rows, inputs, strict=True):
+            if placed[name] == rank or name not in step:
                 continue
-            for raw in node.input:
-                src, _ = split_input(raw)
+            for src, _ in node_inputs:
                 if placed.get(src) == rank:
-                    send = f"send:{src}->{placed[node.name]}"
+                    send = f"send:{src}->{placed[name]}"
                     if send not in synthetic:
                         synthetic.add(send)
-                        resource = f"{rank}->{placed[node.name]}"
+                        resource = f"{rank}->{placed[name]}"
                         ops.append(Op(send, "send", resource, param=src, type="_Send"))
                         edges.append((src, send, "data"))
         try:

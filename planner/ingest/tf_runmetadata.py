@@ -16,6 +16,7 @@ sender-side op that produces the tensor.
 from __future__ import annotations
 
 import graphlib
+import hashlib
 import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -58,8 +59,28 @@ def parse_run_metadata(data: bytes, path: Path) -> tfpb.RunMetadata:
 
 
 def looks_like_run_metadata(data: bytes) -> bool:
-    """Cheap content check: field 1 (step_stats) or 3 (partition_graphs), length-delimited."""
-    return len(data) > 2 and data[0] in (0x0A, 0x1A)
+    """Whether binary protobuf `data` is a RunMetadata rather than a GraphDef.
+
+    Both may start with a length-delimited field 1 (step_stats / node), so the first
+    byte cannot tell them apart: data that parses as a RunMetadata with step stats or
+    partition graphs is one; data that does not, but parses as a GraphDef with named
+    nodes, is a GraphDef; anything else is left to the RunMetadata reader to word.
+    """
+    if len(data) <= 2 or data[0] not in (0x0A, 0x1A):
+        return False
+    run = tfpb.RunMetadata()
+    try:
+        run.ParseFromString(data)
+        if run.partition_graphs or run.step_stats.dev_stats:
+            return True
+    except message.DecodeError:
+        pass
+    graph = tfpb.GraphDef()
+    try:
+        graph.ParseFromString(data)
+    except message.DecodeError:
+        return True
+    return not (graph.node and all(n.name and n.op for n in graph.node))
 
 
 def step_number(path: Path, fallback: int) -> int:
@@ -311,9 +332,21 @@ def _rank_graph(step: _Step, device: str, path: Path) -> tuple[OpGraph, dict[str
 
 
 def load_run_metadata(files: list[tuple[Path, bytes]]) -> Job:
-    """A Job from RunMetadata files (any order; steps from the file names)."""
+    """A Job from RunMetadata files (any order; steps from the file names).
+
+    A file with the same bytes as an earlier one (a step copied under another name) is
+    one step, not two: it is left out with a note, so it cannot weigh twice in the
+    timings.
+    """
     steps: list[tuple[Path, _Step]] = []
+    first_of: dict[bytes, Path] = {}
+    duplicates: list[str] = []
     for index, (path, data) in enumerate(files):
+        digest = hashlib.sha256(data).digest()
+        if digest in first_of:
+            duplicates.append(f"ignored {path}: the same RunMetadata as {first_of[digest]}")
+            continue
+        first_of[digest] = path
         run = parse_run_metadata(data, path)
         steps.append((path, _index_step(run, step_number(path, index), path)))
     steps.sort(key=lambda item: item[1].number)
@@ -366,7 +399,7 @@ def load_run_metadata(files: list[tuple[Path, bytes]]) -> Job:
         f"{rank} step {number}: {count} transfer(s) have no RecvTensor record; "
         "the time oracle uses the steps that have them"
         for (rank, number), count in sorted(missing.items())
-    ]
+    ] + duplicates
     return Job(
         framework="tensorflow",
         graphs=graphs,

@@ -15,18 +15,26 @@ if TYPE_CHECKING:
 def analysis_files(report: dict[str, Any], job: Job, output: Path) -> dict[Path, str]:
     """Path -> text of every file: report.json and report.html, the priority files of
     every plan, Caramel's exports, and timeline.json (the traced step and the best plan's
-    predicted schedule, per rank)."""
+    predicted schedule, per rank).
+
+    Rank names come from the inputs: the file name part made of each
+    (`planner.export.files.file_names`) is recorded in the report as ``file_names``.
+    """
     from planner.export import priorities
     from planner.export.chrome_trace import chrome_trace
+    from planner.export.files import file_names
     from planner.report.html import recommendation, render_html
 
+    ranks = [entry["rank"] for doc in report["plans"].values() for entry in doc["ranks"]]
+    parts = file_names(ranks)
+    report["file_names"] = {"ranks": parts}
     files = {output / "report.json": dumps(report)}
     for name, document in report["plans"].items():
         files[output / f"priorities_{name}.json"] = dumps(document)
         if name in ("tic", "tac"):
             for entry in document["ranks"]:
                 text = priorities.to_tictac(document, entry["rank"])
-                files[output / f"{entry['rank']}.{name}.txt"] = text
+                files[output / f"{parts[entry['rank']]}.{name}.txt"] = text
     for name, document in report["exports"].items():
         files[output / f"{name}.json"] = dumps(document)
     simulation = report["simulation"]
