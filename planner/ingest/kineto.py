@@ -73,6 +73,7 @@ from planner.ingest.kineto_params import LAYER_PARAMS, parameters_from_sizes
 from planner.ingest.kineto_steps import (
     BACKWARD,
     FORWARD,
+    Steps,
     cumcount,
     find_steps,
     lane_labels,
@@ -141,7 +142,7 @@ class _Rows:
     lane_label: dict[int, str]
 
 
-def _rows(ev: RankEvents, rank: str, steps: Any, notes: list[str]) -> tuple[_Rows, np.ndarray]:
+def _rows(ev: RankEvents, rank: str, steps: Steps, notes: list[str]) -> tuple[_Rows, np.ndarray]:
     """Classify the rows of `ev`; also returns which rows are outermost CPU ops."""
     is_cpu = ev.cat_flags(CPU_OP_CATS)
     is_gpu = gpu_rows(ev)
@@ -350,7 +351,7 @@ def _edges(
 
 
 def _spans_of(
-    steps: Any, o: _Occ, on_gpu: np.ndarray
+    steps: Steps, o: _Occ, on_gpu: np.ndarray
 ) -> tuple[list[tuple[int, int, int]], list[dict[str, int]]]:
     """(step, start, end) per step with occurrences: the span of the device work it
     launched (`on_gpu`: GPU ops and collectives) where it has any, else its CPU range

@@ -136,7 +136,9 @@ def keep_args_pattern(patterns: tuple[CommPattern, ...]) -> re.Pattern[str] | No
     return re.compile("|".join(f"(?:{s})" for s in sizes)) if sizes else None
 
 
-def kernel_kinds(ev: RankEvents, is_gpu: np.ndarray, patterns: tuple[CommPattern, ...]):
+def kernel_kinds(
+    ev: RankEvents, is_gpu: np.ndarray, patterns: tuple[CommPattern, ...]
+) -> tuple[np.ndarray, list[str]]:
     """Per distinct name: the index of the first matching pattern and the kind it gives
     (``""`` for NCCL's Generic kernel: the kind comes from the backend record)."""
     hit = np.full(len(ev.names), -1, dtype=np.int64)
