@@ -29,7 +29,9 @@ from pathlib import Path
 
 SCRIPT = Path(__file__).resolve()
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
-FETCHES = ("Momentum/update", "truediv:0")  # the generated cnn job: train op and loss
+# the generated cnn job: train op, loss and the global step's value (a training loop reads
+# it each step, as MonitoredTrainingSession does; planner's GraphDef plans assume so)
+FETCHES = ("Momentum/update", "truediv:0", "global_step/Read/ReadVariableOp:0")
 
 
 def _free_ports(n: int) -> list[int]:
