@@ -436,6 +436,15 @@ def bucket_sweep(job: Job, network: NetworkModel | None = None) -> dict[str, Any
         problem = caramel.network_problem(fitted) if network is None else None
         document["network_source"] = "benchmark" if network is not None else "trace"
         document["network_note"] = None
+        cpu_only = not any(
+            op.resource.startswith("gpu") for r in ranks for op in job.graphs[r].ops.values()
+        )
+        if cpu_only:  # bench_ddp_buckets: on 2 cores, smaller buckets measured slower
+            document["recommended_cap_mb"] = None
+            document["reason"] = (
+                "no recommendation on a CPU job: its collectives (gloo) reduce on the cores "
+                "that run the backward pass, which the model, made for GPU ranks, does not see"
+            )
         if problem:
             document["network_note"] = (
                 f"the trace's network fit does not hold ({problem}): the predictions are "
