@@ -289,14 +289,17 @@ def _step_dict(s: StepMetrics) -> dict[str, Any]:
     }
 
 
-def metrics(job: Job) -> dict[str, Any]:
-    """`planner.metrics/1`: per-step figures, per-rank summaries and the oracle bounds."""
+def metrics(job: Job, oracle: Mapping[str, TimeOracle] | None = None) -> dict[str, Any]:
+    """`planner.metrics/1`: per-step figures, per-rank summaries and the oracle bounds.
+
+    `oracle`: the job's `oracles`, when a caller has them already (computed once, handed on).
+    """
     if not len(job.trace.timings):
         raise InputError(_first_source(job), "metrics need timings; input has none")
     # per-rank figures from what each rank saw (a collective's whole span), so that a
     # rank reads the same alone (analyze-ranks) or in its job; waits are reported apart
     frame = with_dedicated(job.trace, job.graphs, transfer_only=False)
-    oracle = oracles(job)
+    oracle = oracle or oracles(job)
     steps: list[dict[str, Any]] = []
     ranks: list[dict[str, Any]] = []
     notes: list[str] = []
@@ -400,7 +403,7 @@ def analyze(
         "planner_version": __version__,
         "inspect": inspect(job),
         "plans": {name: plan_document(p, job.graphs, job.meta) for name, p in plans.items()},
-        "metrics": metrics(job) if timed else None,
+        "metrics": metrics(job, oracle) if timed else None,
         "observed_orders": observed_orders(job) if timed else [],
         "simulation": None,
         "exports": {},
