@@ -139,30 +139,37 @@ def _stragglers(ranks: Sequence[dict[str, Any]]) -> dict[int, dict[str, Any]]:
 
 
 def rank_inputs(paths: Sequence[Path]) -> list[list[Path]] | None:
-    """The inputs split into one entry per rank, when they are PyTorch profiler traces of
-    two or more ranks (each with its Execution Trace, ``et_<name>``, when given): one run
-    folder (`planner.api.rank_files`) or the files themselves. None for anything else
-    (one rank, TensorFlow, planner JSON, folders of several): one process loads those.
+    """The inputs of one job split into one entry per rank, when they are the PyTorch
+    profiler traces of two or more ranks (each with its Execution Trace, named
+    ``et_<name>`` beside it, when given); None for anything else (one rank, TensorFlow,
+    planner JSON, an Execution Trace named otherwise, a file that does not sniff): one
+    process loads those, and names any problem exactly as without the split.
+
+    Files are listed as `detect.load` lists them, and files it skips (a folder's
+    meta.json) are skipped here too.
     """
-    from planner.api import rank_files
     from planner.ingest import detect
 
-    if len(paths) == 1:
-        return rank_files(paths[0])
-    if not all(p.is_file() for p in paths):
+    kineto: list[Path] = []
+    traces: dict[tuple[Path, str], Path] = {}
+    try:
+        for path, _ in detect.expand(paths):
+            found = detect.sniff(path).format
+            if found == "kineto":
+                kineto.append(path)
+            elif found == "execution_trace":
+                traces[(path.parent, path.name)] = path
+            elif found != "unknown_json":
+                return None
+    except InputError:
         return None
-    formats = {}
-    for path in paths:
-        try:
-            formats[path] = detect.sniff(path).format
-        except InputError:
-            return None  # the one-process load names the problem
-    kineto = [p for p in paths if formats[p] == "kineto"]
-    traces = {p.name: p for p in paths if formats[p] == "execution_trace"}
-    paired = {"et_" + p.name for p in kineto} & set(traces)
-    if len(kineto) < 2 or len(kineto) + len(paired) != len(paths):
+    ranks = [
+        [p, *([traces[(p.parent, "et_" + p.name)]] if (p.parent, "et_" + p.name) in traces else [])]
+        for p in kineto
+    ]
+    if len(kineto) < 2 or sum(len(r) for r in ranks) != len(kineto) + len(traces):
         return None
-    return [[p, *([traces["et_" + p.name]] if "et_" + p.name in traces else [])] for p in kineto]
+    return ranks
 
 
 def analyze_ranks(

@@ -52,6 +52,10 @@ def rank_summary(paths: Sequence[str]) -> dict[str, Any]:
         "document": document,
         "collectives": _columns(coll),
         "bounds": _bound_terms(job, rank, oracle[rank].times),
+        "job_signature": {
+            "meta": dict(((job.meta.get("ranks") or {}).get(rank)) or {}),
+            "collectives": [[n, int(graph.ops[n].nbytes)] for n in collective],
+        },
     }
 
 
@@ -139,6 +143,7 @@ def job_metrics(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     ranks = checked(results)
     if not ranks:
         raise InputError(None, "no rank inputs given")
+    _check_same_job(ranks)
     frame = pd.concat(
         [pd.DataFrame(r["collectives"]).assign(rank=r["rank"]) for r in ranks], ignore_index=True
     )
@@ -175,6 +180,32 @@ def job_metrics(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "allreduce": None if kinds == {True} else _allreduce(ranks, frame, waited, alignment),
         "notes": notes,
     }
+
+
+def _check_same_job(ranks: Sequence[dict[str, Any]]) -> None:
+    """Refuse ranks of different jobs, as the joint Kineto ingest does
+    (`limits.check_same_job`, on the collectives each summary carries)."""
+    import numpy as np
+
+    from planner.graph import Op, OpGraph
+    from planner.ingest.limits import check_same_job
+
+    if ranks[0]["framework"] != "pytorch":
+        return
+    empty = np.zeros(0, dtype=np.int64)
+    graphs = {
+        r["rank"]: OpGraph(
+            ops={
+                n: Op(name=n, kind="collective", nbytes=b)
+                for n, b in r["job_signature"]["collectives"]
+            },
+            src=empty,
+            dst=empty,
+            control=np.zeros(0, dtype=bool),
+        )
+        for r in ranks
+    }
+    check_same_job(graphs, {r["rank"]: r["job_signature"]["meta"] for r in ranks})
 
 
 def _bounds(terms: Mapping[str, Any], waited: Mapping[tuple[int, str], int]) -> tuple[float, float]:
