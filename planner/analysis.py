@@ -48,9 +48,13 @@ def _first_source(job: Job) -> str | None:
     return job.sources[0] if job.sources else None
 
 
-def inspect(job: Job) -> dict[str, Any]:
-    """What is in the input: devices, op counts by kind, transfers, steps, notes."""
-    oracle = oracles(job) if len(job.trace.timings) else {}
+def inspect(job: Job, oracle: Mapping[str, TimeOracle] | None = None) -> dict[str, Any]:
+    """What is in the input: devices, op counts by kind, transfers, steps, notes.
+
+    `oracle`: the job's `oracles`, when a caller has them already (computed once, handed on).
+    """
+    if oracle is None:
+        oracle = oracles(job) if len(job.trace.timings) else {}
     timings = job.trace.timings
     waited = (
         timings[timings["wait"] > 0].groupby(["rank", "op"])["wait"].mean() / 1e9
@@ -401,7 +405,7 @@ def analyze(
     report: dict[str, Any] = {
         "schema": "planner.report/1",
         "planner_version": __version__,
-        "inspect": inspect(job),
+        "inspect": inspect(job, oracle),
         "plans": {name: plan_document(p, job.graphs, job.meta) for name, p in plans.items()},
         "metrics": metrics(job, oracle) if timed else None,
         "observed_orders": observed_orders(job) if timed else [],

@@ -206,3 +206,30 @@ def test_ranks_of_different_jobs_are_refused(capsys: pytest.CaptureFixture[str])
     code, out, err = run_cli(["metrics", a, b, "-j", "2"], capsys)
     assert code == 2 and out == ""
     assert err.strip().endswith(str(joint.value)) and "not from the same job" in err
+
+
+def test_analyze_computes_the_oracle_once_and_hands_it_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Inspect, the plans and the metrics of `analyze` share one time oracle (and so one
+    dedicated-time table for it), with the figures each would compute on its own."""
+    job = detect.load([RESNET])
+    calls = {"oracles": 0, "with_dedicated": 0}
+    real_oracles, real_dedicated = analysis.oracles, analysis.with_dedicated
+
+    def counted_oracles(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls["oracles"] += 1
+        return real_oracles(*args, **kwargs)
+
+    def counted_dedicated(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls["with_dedicated"] += 1
+        return real_dedicated(*args, **kwargs)
+
+    monkeypatch.setattr(analysis, "oracles", counted_oracles)
+    monkeypatch.setattr(analysis, "with_dedicated", counted_dedicated)
+    report = analysis.analyze(job, samples=5)
+    # one oracle (its transfer-only table) and the metrics' own view (whole spans)
+    assert calls == {"oracles": 1, "with_dedicated": 2}
+    monkeypatch.undo()
+    assert report["inspect"] == analysis.inspect(job)
+    assert report["metrics"] == analysis.metrics(job)
