@@ -16,9 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner.errors import InputError
+
+if TYPE_CHECKING:
+    from planner.trace import Job
 
 
 def rank_summary(paths: Sequence[str]) -> dict[str, Any]:
@@ -69,7 +72,7 @@ def _columns(rows: Any) -> dict[str, list[Any]]:
     }
 
 
-def _bound_terms(job: Any, rank: str, times: Mapping[str, float]) -> dict[str, Any]:
+def _bound_terms(job: Job, rank: str, times: Mapping[str, float]) -> dict[str, Any]:
     """What `job_metrics` needs to redo the oracle bounds of a rank once waits are known.
 
     The resources its transfers run on (when it has collectives) are "open": their rows
