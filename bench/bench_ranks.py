@@ -16,6 +16,10 @@ document is checked byte-identical to the one-process document where both ran.
 Parent RSS: the timed process's peak; worker RSS: the largest peak of the processes that
 ran the rank tasks (ru_maxrss, MiB).
 
+``hta load`` (``--modes ... "hta load"``; ``pip install -e '.[bench]'``) times HTA 0.5.0's
+``TraceAnalysis(trace_dir=...)`` on the same folder, interleaved with the others; its
+worker MiB is the largest of its parsing subprocesses.
+
 Usage: nice python bench/bench_ranks.py [--sizes 8 64] [--repeat 3] [--modes ...]
 """
 
@@ -39,6 +43,7 @@ SOURCE = HERE.parents[1] / "shared" / "traces" / "generated" / "torch" / "transf
 DATA = HERE / "_data" / "ranks"
 WORLD = 1024
 MODES = ("one process", "-j 1", "-j 2", "dask")
+HTA = "hta load"
 
 CHILD = r"""
 import hashlib, json, resource, sys
@@ -46,6 +51,16 @@ from pathlib import Path
 from planner.export.files import dumps
 mode, folder = sys.argv[1], Path(sys.argv[2])
 files = sorted(folder.glob("rank*.json.gz"))
+if mode == "hta load":
+    import contextlib, io, logging
+    logging.disable(logging.CRITICAL)
+    from hta.trace_analysis import TraceAnalysis
+    with contextlib.redirect_stdout(io.StringIO()):
+        TraceAnalysis(trace_dir=str(folder))
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    print(json.dumps({"sha": None, "parent_mib": own, "worker_mib": max(own, kids), "workers": 0}))
+    sys.exit(0)
 if mode == "one process":
     from planner import analysis
     from planner.ingest import detect
@@ -116,7 +131,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[8, 64])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=[*MODES, HTA])
     args = parser.parse_args()
     print(f"source: {SOURCE} (2 real ranks), copies jittered; medians of {args.repeat} runs")
     print(
@@ -129,14 +144,15 @@ def main() -> None:
         for _ in range(args.repeat):
             for mode in args.modes:  # interleaved: each round runs every mode once
                 got[mode].append(run(mode, folder))
-        shas = {r["sha"] for runs in got.values() for r in runs}
+        shas = {r["sha"] for runs in got.values() for r in runs if r["sha"] is not None}
         for mode, runs in got.items():
             total = statistics.median(r["seconds"] for r in runs)
             parent = statistics.median(r["parent_mib"] for r in runs)
             worker = statistics.median(r["worker_mib"] for r in runs)
+            same = "-" if mode == HTA else "yes" if len(shas) == 1 else "NO"
             print(
                 f"{size:>6} {mode:<12} {total:>8.2f} {total / size:>7.3f} {parent:>10.0f} "
-                f"{worker:>10.0f} {runs[0]['workers']:>5}  {'yes' if len(shas) == 1 else 'NO'}"
+                f"{worker:>10.0f} {runs[0]['workers']:>5}  {same}"
             )
         digest = hashlib.sha256("".join(sorted(shas)).encode()).hexdigest()[:12]
         print(f"{size:>6} documents: {len(shas)} distinct ({digest})")
