@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from planner import __version__
+from planner.api import resolve
 from planner.errors import InputError
 from planner.export.files import dumps, file_names, write_atomic
 from planner_cli import caramel as caramel_commands
@@ -188,6 +189,7 @@ def plan_files(document: dict[str, Any], fmt: str, output: Path | None) -> dict[
     help="Write a Markdown summary table here (for a CI job page).",
 )
 @rank_option
+@parallel_commands.parallel_options
 @json_option
 @each_option(single_files=("junit", "markdown"))
 def metrics_command(
@@ -198,15 +200,25 @@ def metrics_command(
     junit: Path | None,
     markdown: Path | None,
     rank: str | None,
+    workers: int | None,
+    dask_address: str | None,
     as_json: bool,
 ) -> None:
     """Per-step Umax, Lmin, efficiency E and speedup bound S (TicTac §3.2); for
-    all-reduce jobs also C, N, overlap, utilization and stragglers (Caramel §3.1)."""
-    from planner import analysis
+    all-reduce jobs also C, N, overlap, utilization and stragglers (Caramel §3.1).
+
+    PyTorch traces of several ranks are read one rank per process (-j, --dask); the
+    figures are the same as in one process."""
+    from planner import analysis, parallel
     from planner.report.ci import Thresholds, failures, junit_xml, markdown_summary, unchecked
 
-    job = select_ranks(load(paths, as_json), rank)
-    document = analysis.metrics(job)
+    ranks = parallel.rank_inputs(resolve(paths)) if rank is None else None
+    if ranks is not None:
+        document, _ = parallel.metrics_ranks(ranks, workers=workers, dask_address=dask_address)
+    else:
+        if dask_address is not None:
+            render.note("--dask: one rank or not PyTorch: read in this process", as_json)
+        document = analysis.metrics(select_ranks(load(paths, as_json), rank))
     gate = Thresholds(min_efficiency, max_straggler, min_utilization)
     failed = failures(document, gate)
     if gate.given():

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
@@ -11,13 +13,31 @@ from planner.export.files import dumps, write_atomic
 from planner_cli import render
 from planner_cli.options import json_option
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def parallel_options(func: F) -> F:
+    """`-j N` and `--dask ADDRESS|local`: where the per-rank tasks run."""
+    func = click.option(
+        "--dask",
+        "dask_address",
+        default=None,
+        metavar="ADDRESS|local",
+        help="Run the per-rank tasks on this Dask scheduler (tcp://H:P), or `local`: a "
+        "local cluster of -j workers (needs planner[dask]).",
+    )(func)
+    return click.option(
+        "--workers",
+        "-j",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Processes, one rank each at a time (default: the CPUs; 1: this process).",
+    )(func)
+
 
 @click.command("analyze-ranks")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option(
-    "--workers", "-j", type=click.IntRange(min=1), default=None, help="Processes (default: CPUs)."
-)
-@click.option("--dask", "dask_address", default=None, help="Dask scheduler address (tcp://H:P).")
+@parallel_options
 @click.option("--output", "-o", type=click.Path(path_type=Path, dir_okay=False), help="JSON here.")
 @json_option
 def analyze_ranks_command(

@@ -48,9 +48,13 @@ def _first_source(job: Job) -> str | None:
     return job.sources[0] if job.sources else None
 
 
-def inspect(job: Job) -> dict[str, Any]:
-    """What is in the input: devices, op counts by kind, transfers, steps, notes."""
-    oracle = oracles(job) if len(job.trace.timings) else {}
+def inspect(job: Job, oracle: Mapping[str, TimeOracle] | None = None) -> dict[str, Any]:
+    """What is in the input: devices, op counts by kind, transfers, steps, notes.
+
+    `oracle`: the job's `oracles`, when a caller has them already (computed once, handed on).
+    """
+    if oracle is None:
+        oracle = oracles(job) if len(job.trace.timings) else {}
     timings = job.trace.timings
     waited = (
         timings[timings["wait"] > 0].groupby(["rank", "op"])["wait"].mean() / 1e9
@@ -289,14 +293,17 @@ def _step_dict(s: StepMetrics) -> dict[str, Any]:
     }
 
 
-def metrics(job: Job) -> dict[str, Any]:
-    """`planner.metrics/1`: per-step figures, per-rank summaries and the oracle bounds."""
+def metrics(job: Job, oracle: Mapping[str, TimeOracle] | None = None) -> dict[str, Any]:
+    """`planner.metrics/1`: per-step figures, per-rank summaries and the oracle bounds.
+
+    `oracle`: the job's `oracles`, when a caller has them already (computed once, handed on).
+    """
     if not len(job.trace.timings):
         raise InputError(_first_source(job), "metrics need timings; input has none")
     # per-rank figures from what each rank saw (a collective's whole span), so that a
     # rank reads the same alone (analyze-ranks) or in its job; waits are reported apart
     frame = with_dedicated(job.trace, job.graphs, transfer_only=False)
-    oracle = oracles(job)
+    oracle = oracle or oracles(job)
     steps: list[dict[str, Any]] = []
     ranks: list[dict[str, Any]] = []
     notes: list[str] = []
@@ -398,9 +405,9 @@ def analyze(
     report: dict[str, Any] = {
         "schema": "planner.report/1",
         "planner_version": __version__,
-        "inspect": inspect(job),
+        "inspect": inspect(job, oracle),
         "plans": {name: plan_document(p, job.graphs, job.meta) for name, p in plans.items()},
-        "metrics": metrics(job) if timed else None,
+        "metrics": metrics(job, oracle) if timed else None,
         "observed_orders": observed_orders(job) if timed else [],
         "simulation": None,
         "exports": {},

@@ -1,8 +1,9 @@
 """Per-rank ingest and analysis in parallel, reduced to job-level figures.
 
 Each task loads the input of ONE rank (its trace files, or its folder), computes that
-rank's metrics and time-oracle bounds, and returns only those small figures plus the
-iteration spans; the reducer combines them. Whole traces never leave the worker.
+rank's figures and returns only a small record; the parent reduces the records
+(`reduce_ranks` for `analyze-ranks`, `planner.pipeline.job_metrics` for `metrics`).
+Whole traces never leave the worker.
 Runs on a local process pool (`concurrent.futures`) by default, or on a Dask cluster
 given its scheduler address (the `dask` extra); there the paths must be readable by
 the Dask workers (a shared file system).
@@ -12,8 +13,9 @@ from __future__ import annotations
 
 import os
 import resource
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 from statistics import fmean
 from typing import Any
@@ -73,22 +75,10 @@ def analyze_rank(paths: RankInput) -> dict[str, Any]:
 
 def reduce_ranks(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Job-level figures from per-rank summaries; InputError for the first failed rank."""
-    for result in results:
-        if "error" in result:
-            path, problem = result["error"]
-            raise InputError(path, problem)
-    by_rank: dict[str, dict[str, Any]] = {}
-    for result in results:
-        if result["rank"] in by_rank:
-            raise InputError(
-                result["sources"][0],
-                f"rank {result['rank']!r} also comes from {by_rank[result['rank']]['sources'][0]}",
-            )
-        by_rank[result["rank"]] = result
-    ranks = [by_rank[r] for r in sorted(by_rank)]
-    frameworks = sorted({r["framework"] for r in ranks})
-    if len(frameworks) > 1:
-        raise InputError(ranks[0]["sources"][0], f"ranks mix frameworks ({', '.join(frameworks)})")
+    from planner.pipeline import checked
+
+    ranks = checked(results)
+    frameworks = [ranks[0]["framework"]] if ranks else []
     common = sorted(set.intersection(*(set(r["spans"]) for r in ranks))) if ranks else []
     stragglers = _stragglers(ranks)
     iterations = []
@@ -148,6 +138,40 @@ def _stragglers(ranks: Sequence[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     return {int(s["iteration"]): s for s in waits.straggler_times(rows).to_dict("records")}
 
 
+def rank_inputs(paths: Sequence[Path]) -> list[list[Path]] | None:
+    """The inputs of one job split into one entry per rank, when they are the PyTorch
+    profiler traces of two or more ranks (each with its Execution Trace, named
+    ``et_<name>`` beside it, when given); None for anything else (one rank, TensorFlow,
+    planner JSON, an Execution Trace named otherwise, a file that does not sniff): one
+    process loads those, and names any problem exactly as without the split.
+
+    Files are listed as `detect.load` lists them, and files it skips (a folder's
+    meta.json) are skipped here too.
+    """
+    from planner.ingest import detect
+
+    kineto: list[Path] = []
+    traces: dict[tuple[Path, str], Path] = {}
+    try:
+        for path, _ in detect.expand(paths):
+            found = detect.sniff(path).format
+            if found == "kineto":
+                kineto.append(path)
+            elif found == "execution_trace":
+                traces[(path.parent, path.name)] = path
+            elif found != "unknown_json":
+                return None
+    except InputError:
+        return None
+    ranks = [
+        [p, *([traces[(p.parent, "et_" + p.name)]] if (p.parent, "et_" + p.name) in traces else [])]
+        for p in kineto
+    ]
+    if len(kineto) < 2 or sum(len(r) for r in ranks) != len(kineto) + len(traces):
+        return None
+    return ranks
+
+
 def analyze_ranks(
     rank_inputs: Sequence[RankInput],
     workers: int | None = None,
@@ -157,36 +181,96 @@ def analyze_ranks(
 
     `rank_inputs`: one entry per rank (its files, or its folder). `workers`: process pool
     size (default: CPU count; 1 runs in this process, no pool). `dask_address`: run the
-    tasks on that Dask scheduler instead (``tcp://host:8786``; needs ``pip install
-    planner[dask]``). Raises InputError for the first bad rank input.
+    tasks on that Dask scheduler instead (``tcp://host:8786``, or ``local`` for a local
+    cluster; needs ``pip install planner[dask]``). Raises InputError for the first bad
+    rank input.
     """
-    tasks = [[str(p) for p in paths] for paths in rank_inputs]
-    if not tasks:
-        raise InputError(None, "no rank inputs given")
-    if dask_address is not None:
-        results = _on_dask(tasks, dask_address)
-    elif workers == 1:
-        results = [analyze_rank(t) for t in tasks]
-    else:
-        with ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
-            results = list(pool.map(analyze_rank, tasks))
-    usage = [
+    results = map_ranks(analyze_rank, rank_inputs, workers, dask_address)
+    return reduce_ranks(results), usage_of(results)
+
+
+def metrics_ranks(
+    rank_inputs: Sequence[RankInput],
+    workers: int | None = None,
+    dask_address: str | None = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """`planner.metrics/1` of a job, one rank per task (`planner.pipeline`); the same
+    document, byte for byte, as `analysis.metrics` on the whole job in one process.
+
+    Arguments as `analyze_ranks`; returns (document, per-worker resource records).
+    """
+    from planner import pipeline
+
+    results = map_ranks(pipeline.rank_summary, rank_inputs, workers, dask_address)
+    return pipeline.job_metrics(results), usage_of(results)
+
+
+def usage_of(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per rank: the worker process that computed it and its peak RSS (MiB) by then."""
+    return [
         {"rank": r.get("rank"), "pid": r.get("pid"), "peak_rss_mib": r.get("peak_rss_mib")}
         for r in results
         if "error" not in r
     ]
-    return reduce_ranks(results), usage
 
 
-def _on_dask(tasks: list[list[str]], address: str) -> list[dict[str, Any]]:
+def _with_usage(task: Callable[[list[str]], dict[str, Any]], paths: list[str]) -> dict[str, Any]:
+    """Run one task and note the process and its peak RSS in its record."""
+    result = task(paths)
+    result.setdefault("pid", os.getpid())
+    result.setdefault("peak_rss_mib", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    return result
+
+
+def map_ranks(
+    task: Callable[[list[str]], dict[str, Any]],
+    rank_inputs: Sequence[RankInput],
+    workers: int | None = None,
+    dask_address: str | None = None,
+) -> list[dict[str, Any]]:
+    """`task` on every rank's input, in input order: here (`workers` 1), on a local process
+    pool (`workers` processes, default the CPUs) or on Dask (`dask_address`, or
+    ``"local"`` for a LocalCluster of `workers` processes on 127.0.0.1).
+
+    `task` is a module-level function, so that it pickles by name; a worker holds one
+    rank at a time and returns only its small record.
+    """
+    tasks = [[str(p) for p in paths] for paths in rank_inputs]
+    if not tasks:
+        raise InputError(None, "no rank inputs given")
+    run = partial(_with_usage, task)
+    if dask_address is not None:
+        return _on_dask(run, tasks, dask_address, workers)
+    if workers == 1 or len(tasks) == 1:
+        return [run(t) for t in tasks]
+    count = min(workers or os.cpu_count() or 1, len(tasks))
+    with ProcessPoolExecutor(max_workers=count) as pool:
+        return list(pool.map(run, tasks))
+
+
+def _on_dask(
+    run: Callable[[list[str]], dict[str, Any]],
+    tasks: list[list[str]],
+    address: str,
+    workers: int | None,
+) -> list[dict[str, Any]]:
     try:
-        from distributed import Client
+        from distributed import Client, LocalCluster
     except ImportError:
         raise InputError(None, "--dask needs the dask extra: pip install 'planner[dask]'") from None
+    if address == "local":
+        with LocalCluster(
+            host="127.0.0.1",
+            n_workers=workers or os.cpu_count() or 1,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+        ) as cluster:
+            return _on_dask(run, tasks, cluster.scheduler_address, workers)
     try:
         client = Client(address, timeout="10s")
-    except (OSError, TimeoutError) as exc:
+    except (OSError, TimeoutError, ValueError) as exc:
         raise InputError(None, f"cannot reach the Dask scheduler at {address} ({exc})") from None
     with client:
-        futures = client.map(analyze_rank, tasks, pure=False)
+        futures = client.map(run, tasks, pure=False)
         return list(client.gather(futures))

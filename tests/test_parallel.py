@@ -9,7 +9,7 @@ import pytest
 from conftest import DEMO, REPO, SHARED, need, run_cli
 from test_schemas import validate
 
-from planner import analysis
+from planner import analysis, parallel, pipeline
 from planner.errors import InputError
 from planner.ingest import detect
 from planner.parallel import analyze_ranks
@@ -83,3 +83,153 @@ def test_unreachable_dask_scheduler_is_an_input_error() -> None:
     pytest.importorskip("distributed")
     with pytest.raises(InputError, match="cannot reach the Dask scheduler"):
         analyze_ranks([[DEMO]], dask_address="tcp://127.0.0.1:9")
+
+
+# ---------------------------------------------------------------------------------------
+# `planner metrics` on several ranks: one rank per task, the same document byte for byte
+
+TORCH_RUNS = SHARED / "generated" / "torch"
+DLRM = (
+    SHARED / "public" / "param" / "et_replay" / "tests" / "inputs"
+    / "dlrm_kineto.tar.gz.extracted" / "dlrm_kineto"
+)  # fmt: skip
+JOBS = {
+    "resnet_ddp": TORCH_RUNS / "resnet_ddp",
+    "resnet_ddp_bucket1mb": TORCH_RUNS / "resnet_ddp_bucket1mb",
+    "transformer_ddp": TORCH_RUNS / "transformer_ddp",
+    "dlrm_8_ranks": DLRM,
+}
+
+
+def _one_process(folder: Path) -> str:
+    """`planner metrics FOLDER --json` as one process computes it: the joint load."""
+    from planner.export.files import dumps
+
+    return dumps(analysis.metrics(detect.load([folder])))
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_metrics_per_rank_is_byte_identical(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = need(JOBS[name])
+    expected = _one_process(folder)
+    ranks = parallel.rank_inputs([folder])
+    assert ranks is not None and len(ranks) == (8 if name == "dlrm_8_ranks" else 2)
+    for workers in ("1", "2"):
+        code, out, err = run_cli(["metrics", folder, "--json", "-j", workers], capsys)
+        assert code == 0, err
+        assert out == expected
+    document = json.loads(expected)
+    validate(document)
+    assert document["allreduce"]["stragglers"]  # the cross-rank part is there to get right
+
+
+def test_the_parent_redoes_what_the_waits_change() -> None:
+    """A rank alone reads its collectives' waits as transfer; in its job the oracle drops
+    them, so the job's bounds differ from the rank's own and the parent must redo them."""
+    folder = need(JOBS["transformer_ddp"])
+    summaries = [pipeline.rank_summary([str(p) for p in r]) for r in parallel.rank_inputs([folder])]
+    alone = [s["document"]["ranks"][0]["oracle_umax"] for s in summaries]
+    joined = pipeline.job_metrics(summaries)
+    whole = analysis.metrics(detect.load([folder]))
+    assert [r["oracle_umax"] for r in joined["ranks"]] == [r["oracle_umax"] for r in whole["ranks"]]
+    assert [r["oracle_umax"] for r in joined["ranks"]] != alone
+    waits = [t["wait"] for t in joined["allreduce"]["transfers"]]
+    assert any(w > 0 for w in waits)
+    assert waits == [t["wait"] for t in whole["allreduce"]["transfers"]]
+
+
+def test_metrics_on_a_dask_local_cluster(capsys: pytest.CaptureFixture[str]) -> None:
+    distributed = pytest.importorskip("distributed", reason="the dask extra is not installed")
+    folder = need(JOBS["dlrm_8_ranks"])
+    expected = _one_process(folder)
+    from planner.export.files import dumps
+
+    with distributed.LocalCluster(
+        host="127.0.0.1", n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    ) as cluster:
+        document, usage = parallel.metrics_ranks(
+            parallel.rank_inputs([folder]), dask_address=cluster.scheduler_address
+        )
+    assert dumps(document) == expected
+    assert len(usage) == 8 and all(u["peak_rss_mib"] > 10 for u in usage)
+    code, out, err = run_cli(["metrics", JOBS["transformer_ddp"], "--json", "--dask", "local",
+                              "-j", "2"], capsys)  # fmt: skip
+    assert code == 0, err
+    assert out == _one_process(JOBS["transformer_ddp"])
+
+
+def test_rank_inputs_split_only_pytorch_ranks(tmp_path: Path) -> None:
+    folder = need(JOBS["resnet_ddp"])
+    ranks = parallel.rank_inputs([folder])
+    assert [[p.name for p in r] for r in ranks] == [
+        ["rank0.json.gz", "et_rank0.json.gz"],
+        ["rank1.json.gz", "et_rank1.json.gz"],
+    ]
+    files = [folder / "rank0.json.gz", folder / "rank1.json.gz"]
+    assert parallel.rank_inputs(files) == [[files[0]], [files[1]]]
+    assert parallel.rank_inputs([files[0]]) is None  # one rank
+    assert parallel.rank_inputs([DEMO]) is None  # TensorFlow
+    # an Execution Trace not named et_<trace>: the joint load pairs it, so no split
+    (tmp_path / "a.json.gz").write_bytes((folder / "rank0.json.gz").read_bytes())
+    (tmp_path / "b.json.gz").write_bytes((folder / "rank1.json.gz").read_bytes())
+    (tmp_path / "trace0.json.gz").write_bytes((folder / "et_rank0.json.gz").read_bytes())
+    assert parallel.rank_inputs([tmp_path]) is None
+
+
+def test_a_truncated_rank_fails_as_in_one_process(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = need(JOBS["transformer_ddp"])
+    data = (folder / "rank1.json.gz").read_bytes()
+    (tmp_path / "rank0.json.gz").write_bytes((folder / "rank0.json.gz").read_bytes())
+    (tmp_path / "rank1.json.gz").write_bytes(data[: len(data) * 2 // 3])
+    assert parallel.rank_inputs([tmp_path]) is not None  # its head still sniffs as Kineto
+    out_file = tmp_path / "out" / "metrics.md"
+    results = []
+    for workers in ("1", "2"):
+        code, out, err = run_cli(
+            ["metrics", tmp_path, "-j", workers, "--markdown", out_file], capsys
+        )
+        results.append((code, out, err))
+        assert code == 2 and out == "" and len(err.splitlines()) == 1, err
+        assert "rank1.json.gz" in err and not out_file.exists()
+    with pytest.raises(InputError) as joint:
+        detect.load([tmp_path])
+    assert str(joint.value) in results[1][2]
+
+
+def test_ranks_of_different_jobs_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    a = need(JOBS["resnet_ddp"]) / "rank0.json.gz"
+    b = need(JOBS["transformer_ddp"]) / "rank1.json.gz"
+    with pytest.raises(InputError) as joint:
+        detect.load([a, b])
+    code, out, err = run_cli(["metrics", a, b, "-j", "2"], capsys)
+    assert code == 2 and out == ""
+    assert err.strip().endswith(str(joint.value)) and "not from the same job" in err
+
+
+def test_analyze_computes_the_oracle_once_and_hands_it_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Inspect, the plans and the metrics of `analyze` share one time oracle (and so one
+    dedicated-time table for it), with the figures each would compute on its own."""
+    job = detect.load([RESNET])
+    calls = {"oracles": 0, "with_dedicated": 0}
+    real_oracles, real_dedicated = analysis.oracles, analysis.with_dedicated
+
+    def counted_oracles(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls["oracles"] += 1
+        return real_oracles(*args, **kwargs)
+
+    def counted_dedicated(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls["with_dedicated"] += 1
+        return real_dedicated(*args, **kwargs)
+
+    monkeypatch.setattr(analysis, "oracles", counted_oracles)
+    monkeypatch.setattr(analysis, "with_dedicated", counted_dedicated)
+    report = analysis.analyze(job, samples=5)
+    # one oracle (its transfer-only table) and the metrics' own view (whole spans)
+    assert calls == {"oracles": 1, "with_dedicated": 2}
+    monkeypatch.undo()
+    assert report["inspect"] == analysis.inspect(job)
+    assert report["metrics"] == analysis.metrics(job)

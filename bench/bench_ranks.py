@@ -1,0 +1,162 @@
+"""`planner metrics` on jobs of 8 / 64 / 256 / 1,024 ranks: one process vs -j 1, -j 2, Dask.
+
+Input: the 2 real Kineto rank traces of ../shared/traces/generated/torch/transformer_ddp
+(gloo DDP), copied to N ranks: rank r is a copy of the real rank r % 2 with
+``distributedInfo`` renamed (rank r of a job of `WORLD` ranks: the 8- and 64-rank sets
+are the first ranks of that job, as HTA's sampled-rank traces are), its clock shifted by
+a random offset (0-2 s) and each step delayed by a random 0-20 ms, so that the ranks'
+stragglers and collective orders differ. Built once under bench/_data/ranks (git-ignored).
+
+Each configuration runs as a whole process (interpreter start-up and imports included,
+what a user waits for), interleaved over --repeat rounds; figures are medians.
+``one process`` is today's path (`detect.load` of every rank into one Job, then
+`analysis.metrics`); ``-j 1``, ``-j 2`` and ``dask`` (a LocalCluster of 2 worker
+processes, started inside the timed process) run `planner.parallel.metrics_ranks`, whose
+document is checked byte-identical to the one-process document where both ran.
+Parent RSS: the timed process's peak; worker RSS: the largest peak of the processes that
+ran the rank tasks (ru_maxrss, MiB).
+
+``hta load`` (``--modes ... "hta load"``; ``pip install -e '.[bench]'``) times HTA 0.5.0's
+``TraceAnalysis(trace_dir=...)`` on the same folder, interleaved with the others; its
+worker MiB is the largest of its parsing subprocesses.
+
+Usage: nice python bench/bench_ranks.py [--sizes 8 64] [--repeat 3] [--modes ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import random
+import statistics
+import subprocess
+import sys
+import time
+from bisect import bisect_right
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+SOURCE = HERE.parents[1] / "shared" / "traces" / "generated" / "torch" / "transformer_ddp"
+DATA = HERE / "_data" / "ranks"
+WORLD = 1024
+MODES = ("one process", "-j 1", "-j 2", "dask")
+HTA = "hta load"
+
+CHILD = r"""
+import hashlib, json, resource, sys
+from pathlib import Path
+from planner.export.files import dumps
+mode, folder = sys.argv[1], Path(sys.argv[2])
+files = sorted(folder.glob("rank*.json.gz"))
+if mode == "hta load":
+    import contextlib, io, logging
+    logging.disable(logging.CRITICAL)
+    from hta.trace_analysis import TraceAnalysis
+    with contextlib.redirect_stdout(io.StringIO()):
+        TraceAnalysis(trace_dir=str(folder))
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    print(json.dumps({"sha": None, "parent_mib": own, "worker_mib": max(own, kids), "workers": 0}))
+    sys.exit(0)
+if mode == "one process":
+    from planner import analysis
+    from planner.ingest import detect
+    document, usage = analysis.metrics(detect.load(files)), []
+else:
+    from planner import parallel
+    ranks = parallel.rank_inputs(files)
+    workers, dask = (2, "local") if mode == "dask" else (int(mode.split()[-1]), None)
+    document, usage = parallel.metrics_ranks(ranks, workers=workers, dask_address=dask)
+text = dumps(document)
+parent = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({
+    "sha": hashlib.sha256(text.encode()).hexdigest(),
+    "parent_mib": parent,
+    "worker_mib": max((u["peak_rss_mib"] for u in usage), default=parent),
+    "workers": len({u["pid"] for u in usage}) or 1,
+}))
+"""
+
+
+def build(size: int) -> Path:
+    """bench/_data/ranks/N: N jittered rank copies (made once, reused)."""
+    folder = DATA / str(size)
+    if len(list(folder.glob("rank*.json.gz"))) == size:
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    sources = [
+        json.loads(gzip.decompress((SOURCE / f"rank{r}.json.gz").read_bytes())) for r in (0, 1)
+    ]
+    for rank in range(size):
+        rng = random.Random(rank)
+        trace = json.loads(json.dumps(sources[rank % 2]))  # a deep copy
+        info = trace["distributedInfo"]
+        info.update(rank=rank, world_size=WORLD)
+        for group in info.get("pg_config", []):
+            group.update(pg_size=WORLD, ranks=list(range(WORLD)))
+        steps = sorted(
+            e["ts"]
+            for e in trace["traceEvents"]
+            if str(e.get("name", "")).startswith("ProfilerStep#")
+        )
+        offset = rng.uniform(0, 2e6)  # µs
+        delays, total = [0.0], 0.0
+        for _ in steps:
+            total += rng.uniform(0, 2e4)
+            delays.append(total)
+        for event in trace["traceEvents"]:
+            if "ts" in event and event.get("ph") != "M":
+                event["ts"] = event["ts"] + offset + delays[bisect_right(steps, event["ts"])]
+        with gzip.open(folder / f"rank{rank}.json.gz", "wt", compresslevel=1) as out:
+            json.dump(trace, out)
+    return folder
+
+
+def run(mode: str, folder: Path) -> dict[str, Any]:
+    """One configuration as a whole process: wall seconds and its figures."""
+    t0 = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, mode, str(folder)], capture_output=True, text=True
+    )
+    seconds = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise SystemExit(f"{mode} on {folder}: {done.stderr.strip().splitlines()[-1]}")
+    return {"seconds": seconds, **json.loads(done.stdout.strip().splitlines()[-1])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[8, 64])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=[*MODES, HTA])
+    args = parser.parse_args()
+    print(f"source: {SOURCE} (2 real ranks), copies jittered; medians of {args.repeat} runs")
+    print(
+        f"{'ranks':>6} {'mode':<12} {'total s':>8} {'s/rank':>7} {'parent MiB':>10} "
+        f"{'worker MiB':>10} {'procs':>5}  same document"
+    )
+    for size in args.sizes:
+        folder = build(size)
+        got: dict[str, list[dict[str, Any]]] = {m: [] for m in args.modes}
+        for _ in range(args.repeat):
+            for mode in args.modes:  # interleaved: each round runs every mode once
+                got[mode].append(run(mode, folder))
+        shas = {r["sha"] for runs in got.values() for r in runs if r["sha"] is not None}
+        for mode, runs in got.items():
+            total = statistics.median(r["seconds"] for r in runs)
+            parent = statistics.median(r["parent_mib"] for r in runs)
+            worker = statistics.median(r["worker_mib"] for r in runs)
+            same = "-" if mode == HTA else "yes" if len(shas) == 1 else "NO"
+            print(
+                f"{size:>6} {mode:<12} {total:>8.2f} {total / size:>7.3f} {parent:>10.0f} "
+                f"{worker:>10.0f} {runs[0]['workers']:>5}  {same}"
+            )
+        digest = hashlib.sha256("".join(sorted(shas)).encode()).hexdigest()[:12]
+        print(f"{size:>6} documents: {len(shas)} distinct ({digest})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,313 @@
+"""`planner.metrics/1` of a multi-rank job from per-rank summaries, byte for byte.
+
+`rank_summary` ingests ONE rank and computes its metrics alone; `job_metrics` joins the
+summaries into the document one process computes on the whole job. The only figures
+that need the other ranks come from each collective's wait for the last rank
+(`planner.waits`): the wait is cut from the collective's dedicated time (so it moves the
+time oracle of the resources the transfers run on, hence the oracle bounds Umax/Lmin),
+and it splits the transfers' spans, the steps' ``wait`` and the stragglers. A summary
+therefore carries its rank's collective rows and the rows and op order of its transfer
+resources; the parent computes the waits from every rank's collective rows
+(`waits.split_waits`, as the joint ingest does) and finishes those figures, adding in
+the same order as `planner.metrics.bounds`, so that the floats are the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from planner.errors import InputError
+
+if TYPE_CHECKING:
+    from planner.trace import Job
+
+
+def rank_summary(paths: Sequence[str]) -> dict[str, Any]:
+    """One task: load one rank's input and return its summary (or an error record).
+
+    Errors come back as ``{"error": [path, problem]}`` rather than raised, so that they
+    cross process and network boundaries intact.
+    """
+    from planner import analysis
+    from planner.ingest import detect
+
+    try:
+        job = detect.load([Path(p) for p in paths])
+        if len(job.graphs) != 1:
+            raise InputError(
+                paths[0], f"holds {len(job.graphs)} ranks ({', '.join(job.ranks)}); give one rank"
+            )
+        oracle = analysis.oracles(job) if len(job.trace.timings) else {}
+        document = analysis.metrics(job, oracle)
+    except InputError as exc:
+        return {"error": [exc.path, exc.problem]}
+    (rank,) = job.ranks
+    graph = job.graphs[rank]
+    rows = job.trace.of(rank)
+    collective = [n for n, op in graph.ops.items() if op.kind == "collective"]
+    coll = rows[rows["op"].isin(collective)]
+    return {
+        "rank": rank,
+        "framework": job.framework,
+        "sources": list(job.sources),
+        "document": document,
+        "collectives": _columns(coll),
+        "bounds": _bound_terms(job, rank, oracle[rank].times),
+        "job_signature": {
+            "meta": dict(((job.meta.get("ranks") or {}).get(rank)) or {}),
+            "collectives": [[n, int(graph.ops[n].nbytes)] for n in collective],
+        },
+    }
+
+
+def _columns(rows: Any) -> dict[str, list[Any]]:
+    """(iteration, op, start, duration) of timing rows as plain lists (cheap to pickle)."""
+    return {
+        "iteration": [int(v) for v in rows["iteration"]],
+        "op": [str(v) for v in rows["op"]],
+        "start": [int(v) for v in rows["start"]],
+        "duration": [int(v) for v in rows["duration"]],
+    }
+
+
+def _bound_terms(job: Job, rank: str, times: Mapping[str, float]) -> dict[str, Any]:
+    """What `job_metrics` needs to redo the oracle bounds of a rank once waits are known.
+
+    The resources its transfers run on (when it has collectives) are "open": their rows
+    (steps the oracle uses) and op order travel; every other resource's sum of oracle
+    times is final here, taken in the order `metrics.bounds` adds them.
+    """
+    from planner.metrics import device_ops
+    from planner.records import partial_steps
+
+    graph = job.graphs[rank]
+    device = device_ops(graph)
+    has_collectives = any(op.kind == "collective" for op in graph.ops.values())
+    open_resources = {graph.ops[n].resource for n in graph.transfers} if has_collectives else set()
+    order: list[list[Any]] = []
+    sums: dict[str, float] = {}
+    ops: dict[str, list[list[Any]]] = {}
+    for name, t in times.items():
+        if device is not None and name not in device:
+            continue
+        op = graph.ops[name]
+        if op.resource not in sums and op.resource not in ops:
+            order.append([op.resource, None])
+        if op.resource in open_resources:
+            ops.setdefault(op.resource, []).append([name, int(op.nbytes), op.is_transfer])
+        else:
+            sums[op.resource] = sums.get(op.resource, 0.0) + t
+    for entry in order:
+        entry[1] = sums.get(entry[0])
+    rows = job.trace.of(rank)
+    partial = partial_steps(rows, graph.ops) if len(rows) else {}
+    if partial and rows["iteration"].nunique() > len(partial):
+        rows = rows[~rows["iteration"].isin(list(partial))]
+    on_open = {n for n, op in graph.ops.items() if op.resource in open_resources}
+    return {
+        "order": order,
+        "ops": ops,
+        "rows": _columns(rows[rows["op"].isin(on_open)]),
+        "transfers": [[n, int(graph.ops[n].nbytes)] for n in graph.transfers],
+        "applies": bool(graph.transfers),
+    }
+
+
+def checked(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The summaries in rank order; InputError for the first failed rank, a rank given
+    twice or ranks of different frameworks."""
+    for result in results:
+        if "error" in result:
+            path, problem = result["error"]
+            raise InputError(path, problem)
+    by_rank: dict[str, dict[str, Any]] = {}
+    for result in results:
+        if result["rank"] in by_rank:
+            raise InputError(
+                result["sources"][0],
+                f"rank {result['rank']!r} also comes from {by_rank[result['rank']]['sources'][0]}",
+            )
+        by_rank[result["rank"]] = result
+    ranks = [by_rank[r] for r in sorted(by_rank)]
+    frameworks = sorted({r["framework"] for r in ranks})
+    if len(frameworks) > 1:
+        raise InputError(ranks[0]["sources"][0], f"ranks mix frameworks ({', '.join(frameworks)})")
+    return ranks
+
+
+def job_metrics(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The job's `planner.metrics/1` from its ranks' summaries (`rank_summary`)."""
+    import pandas as pd
+
+    from planner import waits
+
+    ranks = checked(results)
+    if not ranks:
+        raise InputError(None, "no rank inputs given")
+    _check_same_job(ranks)
+    frame = pd.concat(
+        [pd.DataFrame(r["collectives"]).assign(rank=r["rank"]) for r in ranks], ignore_index=True
+    )
+    frame = frame.astype({"iteration": "int64", "start": "int64", "duration": "int64"})
+    frame["wait"], alignment = waits.split_waits(frame)
+    waited: dict[str, dict[tuple[int, str], int]] = {}
+    columns = (frame["rank"], frame["iteration"], frame["op"], frame["wait"])
+    for rank, it, op, wait in zip(*columns, strict=True):
+        waited.setdefault(rank, {})[(int(it), op)] = int(wait)
+    steps, entries, notes = [], [], []
+    for r in ranks:
+        document = r["document"]
+        steps.extend(document["steps"])
+        notes.extend(document["notes"])
+        (entry,) = document["ranks"]
+        entry = dict(entry)
+        if "oracle_umax" in entry:
+            umax, lmin = _bounds(r["bounds"], waited.get(r["rank"], {}))
+            entry["oracle_umax"], entry["oracle_lmin"] = umax, lmin
+            if r["bounds"]["applies"]:
+                from planner.metrics import speedup_bound
+
+                entry["oracle_speedup_bound"] = speedup_bound(umax, lmin)
+        entries.append(entry)
+    kinds = {r["document"]["allreduce"] is None for r in ranks}
+    if len(kinds) > 1:
+        problem = "some ranks have collectives and some none: give them to one process (-j 1)"
+        raise InputError(ranks[0]["sources"][0], problem)
+    return {
+        "schema": "planner.metrics/1",
+        "framework": ranks[0]["framework"],
+        "steps": steps,
+        "ranks": entries,
+        "allreduce": None if kinds == {True} else _allreduce(ranks, frame, waited, alignment),
+        "notes": notes,
+    }
+
+
+def _check_same_job(ranks: Sequence[dict[str, Any]]) -> None:
+    """Refuse ranks of different jobs, as the joint Kineto ingest does
+    (`limits.check_same_job`, on the collectives each summary carries)."""
+    import numpy as np
+
+    from planner.graph import Op, OpGraph
+    from planner.ingest.limits import check_same_job
+
+    if ranks[0]["framework"] != "pytorch":
+        return
+    empty = np.zeros(0, dtype=np.int64)
+    graphs = {
+        r["rank"]: OpGraph(
+            ops={
+                n: Op(name=n, kind="collective", nbytes=b)
+                for n, b in r["job_signature"]["collectives"]
+            },
+            src=empty,
+            dst=empty,
+            control=np.zeros(0, dtype=bool),
+        )
+        for r in ranks
+    }
+    check_same_job(graphs, {r["rank"]: r["job_signature"]["meta"] for r in ranks})
+
+
+def _bounds(terms: Mapping[str, Any], waited: Mapping[tuple[int, str], int]) -> tuple[float, float]:
+    """(Umax, Lmin) of a rank from its `_bound_terms`, the open resources' oracle redone
+    with the waits cut out of the collectives (`trace.with_dedicated`, `oracle.of_runs`)."""
+    import numpy as np
+
+    from planner.oracle import fit_network_model
+    from planner.trace import dedicated_durations
+
+    rows = terms["rows"]
+    resource = {name: res for res, ops in terms["ops"].items() for name, _, _ in ops}
+    minimum: dict[str, float] = {}
+    if rows["op"]:
+        wait = np.array(
+            [waited.get((i, o), 0) for i, o in zip(rows["iteration"], rows["op"], strict=True)],
+            dtype=np.int64,
+        )
+        start = np.array(rows["start"], dtype=np.int64) + wait
+        duration = np.array(rows["duration"], dtype=np.int64) - wait
+        import pandas as pd
+
+        table = pd.DataFrame({"iteration": rows["iteration"], "op": rows["op"]}).assign(
+            resource=lambda f: f["op"].map(resource)
+        )
+        dedicated = np.zeros(len(table), dtype=np.float64)
+        groups = table.groupby(["iteration", "resource"], sort=False).indices
+        for idx in groups.values():
+            dedicated[idx] = dedicated_durations(start[idx], duration[idx])
+        table["dedicated"] = dedicated
+        minimum = (table.groupby("op")["dedicated"].agg("min") / 1e9).to_dict()
+    transfers = [(n, b) for n, b in terms["transfers"] if n in minimum and b > 0]
+    network = fit_network_model(
+        np.array([b for _, b in transfers]), np.array([minimum[n] for n, _ in transfers])
+    )
+    per_resource: dict[str, float] = {}
+    for res, total in terms["order"]:
+        if total is not None:
+            per_resource[res] = total
+            continue
+        value = 0.0
+        for name, nbytes, is_transfer in terms["ops"][res]:
+            if name in minimum:
+                t = float(minimum[name])
+            elif is_transfer and network is not None:
+                t = network.time(nbytes)
+            else:
+                t = 0.0
+            value = value + t
+        per_resource[res] = value
+    return float(sum(per_resource.values())), float(max(per_resource.values(), default=0.0))
+
+
+def _allreduce(
+    ranks: Sequence[dict[str, Any]],
+    frame: Any,
+    waited: Mapping[str, Mapping[tuple[int, str], int]],
+    alignment: Any,
+) -> dict[str, Any]:
+    """The job's `planner.allreduce/1` from the ranks' own (waits 0) and the waits."""
+    from planner.allreduce import SCHEMA, _mean
+    from planner.waits import straggler_times
+
+    steps, entries, transfers = [], [], []
+    for r in ranks:
+        document = r["document"]["allreduce"]
+        rows = r["collectives"]
+        own = waited.get(r["rank"], {})
+        if len(rows["op"]) != len(document["transfers"]):
+            raise InputError(r["sources"][0], "collective rows and transfers disagree")
+        for entry, it, op, duration in zip(
+            document["transfers"], rows["iteration"], rows["op"], rows["duration"], strict=True
+        ):
+            wait = own.get((it, op), 0)
+            transfers.append(
+                {**entry, "wait": float(wait) / 1e9, "transfer": (duration - wait) / 1e9}
+            )
+        steps.extend(dict(s) for s in document["steps"])
+        entries.extend(document["ranks"])
+    stragglers = straggler_times(frame[["iteration", "op", "start", "duration", "wait", "rank"]])
+    straggler_list = stragglers.to_dict("records") if len(stragglers) else []
+    by_step = {s["iteration"]: s["waits"] for s in straggler_list}
+    for s in steps:
+        s["wait"] = by_step.get(s["iteration"], {}).get(s["rank"], 0.0)
+    return {
+        "schema": SCHEMA,
+        "framework": ranks[0]["framework"],
+        "steps": steps,
+        "ranks": entries,
+        "transfers": transfers,
+        "stragglers": straggler_list,
+        "job": {
+            "ranks": len(ranks),
+            "iteration_time_mean": _mean([s["iteration_time"] for s in steps]),
+            "utilization_mean": _mean([s["utilization"] for s in steps]),
+            "alpha_mean": _mean([s["alpha"] for s in steps]),
+            "rho_mean": _mean([s["rho"] for s in steps]),
+            "straggler_time_mean": _mean([s["straggler_time"] for s in straggler_list]),
+            "straggler_time_max": max((s["straggler_time"] for s in straggler_list), default=None),
+        },
+        "clock_alignment": alignment.to_dict() if alignment is not None else None,
+    }
