@@ -18,7 +18,7 @@ from planner.errors import InputError
 from planner.graph import OpGraph
 from planner.metrics import OverlapMetrics, overlap_metrics, transfer_windows
 from planner.trace import Job
-from planner.waits import straggler_times
+from planner.waits import with_step_waits
 
 SCHEMA = "planner.allreduce/1"
 
@@ -208,11 +208,7 @@ def allreduce_metrics(job: Job) -> dict[str, Any]:
                 "distinct_transfer_orders": transfer_orders(job, rank),
             }
         )
-    stragglers = straggler_times(pd.concat(collective_rows, ignore_index=True))
-    straggler_list = stragglers.to_dict("records") if len(stragglers) else []
-    waited = {s["iteration"]: s["waits"] for s in straggler_list}
-    for s in steps:
-        s["wait"] = waited.get(s["iteration"], {}).get(s["rank"], 0.0)
+    straggler_list = with_step_waits(pd.concat(collective_rows, ignore_index=True), steps)
     return {
         "schema": SCHEMA,
         "framework": job.framework,

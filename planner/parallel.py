@@ -35,14 +35,10 @@ def analyze_rank(paths: RankInput) -> dict[str, Any]:
     cross process and network boundaries intact.
     """
     from planner import analysis
-    from planner.ingest import detect
+    from planner.pipeline import load_one_rank
 
     try:
-        job = detect.load([Path(p) for p in paths])
-        if len(job.graphs) != 1:
-            raise InputError(
-                paths[0], f"holds {len(job.graphs)} ranks ({', '.join(job.ranks)}); give one rank"
-            )
+        job = load_one_rank(paths)
         document = analysis.metrics(job)
     except InputError as exc:
         return {"error": [exc.path, exc.problem]}

@@ -24,6 +24,18 @@ if TYPE_CHECKING:
     from planner.trace import Job
 
 
+def load_one_rank(paths: Sequence[str | Path]) -> Job:
+    """The Job of one rank's input; InputError when the input holds another number."""
+    from planner.ingest import detect
+
+    job = detect.load([Path(p) for p in paths])
+    if len(job.graphs) != 1:
+        raise InputError(
+            paths[0], f"holds {len(job.graphs)} ranks ({', '.join(job.ranks)}); give one rank"
+        )
+    return job
+
+
 def rank_summary(paths: Sequence[str]) -> dict[str, Any]:
     """One task: load one rank's input and return its summary (or an error record).
 
@@ -31,14 +43,9 @@ def rank_summary(paths: Sequence[str]) -> dict[str, Any]:
     cross process and network boundaries intact.
     """
     from planner import analysis
-    from planner.ingest import detect
 
     try:
-        job = detect.load([Path(p) for p in paths])
-        if len(job.graphs) != 1:
-            raise InputError(
-                paths[0], f"holds {len(job.graphs)} ranks ({', '.join(job.ranks)}); give one rank"
-            )
+        job = load_one_rank(paths)
         oracle = analysis.oracles(job) if len(job.trace.timings) else {}
         document = analysis.metrics(job, oracle)
     except InputError as exc:
@@ -270,7 +277,7 @@ def _allreduce(
 ) -> dict[str, Any]:
     """The job's `planner.allreduce/1` from the ranks' own (waits 0) and the waits."""
     from planner.allreduce import SCHEMA, _mean
-    from planner.waits import straggler_times
+    from planner.waits import with_step_waits
 
     steps, entries, transfers = [], [], []
     for r in ranks:
@@ -288,11 +295,8 @@ def _allreduce(
             )
         steps.extend(dict(s) for s in document["steps"])
         entries.extend(document["ranks"])
-    stragglers = straggler_times(frame[["iteration", "op", "start", "duration", "wait", "rank"]])
-    straggler_list = stragglers.to_dict("records") if len(stragglers) else []
-    by_step = {s["iteration"]: s["waits"] for s in straggler_list}
-    for s in steps:
-        s["wait"] = by_step.get(s["iteration"], {}).get(s["rank"], 0.0)
+    columns = ["iteration", "op", "start", "duration", "wait", "rank"]
+    straggler_list = with_step_waits(frame[columns], steps)
     return {
         "schema": SCHEMA,
         "framework": ranks[0]["framework"],

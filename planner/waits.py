@@ -130,3 +130,14 @@ def straggler_times(rows: pd.DataFrame) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(out)
+
+
+def with_step_waits(rows: pd.DataFrame, steps: list[dict]) -> list[dict]:
+    """`straggler_times` of the collective `rows` as records; sets each step document's
+    ``wait`` (`steps`: rank, iteration) to its rank's time waiting in that step."""
+    stragglers = straggler_times(rows)
+    records = stragglers.to_dict("records") if len(stragglers) else []
+    waited = {s["iteration"]: s["waits"] for s in records}
+    for step in steps:
+        step["wait"] = waited.get(step["iteration"], {}).get(step["rank"], 0.0)
+    return records
