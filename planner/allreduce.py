@@ -216,16 +216,23 @@ def allreduce_metrics(job: Job) -> dict[str, Any]:
         "ranks": ranks,
         "transfers": transfers,
         "stragglers": straggler_list,
-        "job": {
-            "ranks": len(job.ranks),
-            "iteration_time_mean": _mean([s["iteration_time"] for s in steps]),
-            "utilization_mean": _mean([s["utilization"] for s in steps]),
-            "alpha_mean": _mean([s["alpha"] for s in steps]),
-            "rho_mean": _mean([s["rho"] for s in steps]),
-            "straggler_time_mean": _mean([s["straggler_time"] for s in straggler_list]),
-            "straggler_time_max": max((s["straggler_time"] for s in straggler_list), default=None),
-        },
+        "job": job_summary(len(job.ranks), steps, straggler_list),
         "clock_alignment": job.meta.get("clock_alignment"),
+    }
+
+
+def job_summary(
+    ranks: int, steps: list[dict[str, Any]], stragglers: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The ``job`` block of ``planner.allreduce/1`` from its steps and stragglers."""
+    return {
+        "ranks": ranks,
+        "iteration_time_mean": _mean([s["iteration_time"] for s in steps]),
+        "utilization_mean": _mean([s["utilization"] for s in steps]),
+        "alpha_mean": _mean([s["alpha"] for s in steps]),
+        "rho_mean": _mean([s["rho"] for s in steps]),
+        "straggler_time_mean": _mean([s["straggler_time"] for s in stragglers]),
+        "straggler_time_max": max((s["straggler_time"] for s in stragglers), default=None),
     }
 
 

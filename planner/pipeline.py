@@ -276,7 +276,7 @@ def _allreduce(
     alignment: Any,
 ) -> dict[str, Any]:
     """The job's `planner.allreduce/1` from the ranks' own (waits 0) and the waits."""
-    from planner.allreduce import SCHEMA, _mean
+    from planner.allreduce import SCHEMA, job_summary
     from planner.waits import with_step_waits
 
     steps, entries, transfers = [], [], []
@@ -304,14 +304,6 @@ def _allreduce(
         "ranks": entries,
         "transfers": transfers,
         "stragglers": straggler_list,
-        "job": {
-            "ranks": len(ranks),
-            "iteration_time_mean": _mean([s["iteration_time"] for s in steps]),
-            "utilization_mean": _mean([s["utilization"] for s in steps]),
-            "alpha_mean": _mean([s["alpha"] for s in steps]),
-            "rho_mean": _mean([s["rho"] for s in steps]),
-            "straggler_time_mean": _mean([s["straggler_time"] for s in straggler_list]),
-            "straggler_time_max": max((s["straggler_time"] for s in straggler_list), default=None),
-        },
+        "job": job_summary(len(ranks), steps, straggler_list),
         "clock_alignment": alignment.to_dict() if alignment is not None else None,
     }

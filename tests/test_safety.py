@@ -213,17 +213,23 @@ def test_op_names_with_path_syntax_write_only_inside_the_output(
     assert all(p.is_relative_to(work / "out") or p == work / "out" for p in created), created
 
 
+def _trace_with_rank(tmp_path: Path, rank: str) -> Path:
+    """A planner trace (in tmp_path/in/) whose first rank is named `rank`."""
+    doc = json.loads(_planner_doc())
+    doc["ranks"][0]["rank"] = rank
+    source = tmp_path / "in" / "trace.json"
+    source.parent.mkdir()
+    source.write_text(json.dumps(doc))
+    return source
+
+
 @pytest.mark.parametrize(
     "rank", ["../../evil", "a/b", "..", ".hidden", "c:\\x", "x" * 300, "café☃", "Worker0"]
 )
 def test_rank_names_become_safe_file_names_with_the_mapping_in_the_report(
     rank: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    doc = json.loads(_planner_doc())
-    doc["ranks"][0]["rank"] = rank
-    source = tmp_path / "in" / "trace.json"
-    source.parent.mkdir()
-    source.write_text(json.dumps(doc))
+    source = _trace_with_rank(tmp_path, rank)
     out = tmp_path / "work" / "out"
     code, _, err = run_cli(["analyze", source, "-o", out], capsys)
     assert code == 0, err
@@ -242,11 +248,7 @@ def test_rank_names_become_safe_file_names_with_the_mapping_in_the_report(
 def test_empty_or_control_rank_names_are_refused(
     rank: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    doc = json.loads(_planner_doc())
-    doc["ranks"][0]["rank"] = rank
-    source = tmp_path / "in" / "trace.json"
-    source.parent.mkdir()
-    source.write_text(json.dumps(doc))
+    source = _trace_with_rank(tmp_path, rank)
     before = _tree(tmp_path)
     code, _, err = run_cli(["analyze", source, "-o", tmp_path / "out"], capsys)
     assert code == 2
