@@ -1,16 +1,26 @@
 """Bucket advice against real runs: predicted vs measured step time per bucket_cap_mb.
 
-1. Trains a communication-heavy MLP with DDP (gloo, 2 ranks on 127.0.0.1) at
-   bucket_cap_mb=25 and profiles a few steps (torch.profiler, record_shapes).
-2. `planner.analysis.bucket_sweep` on that trace predicts the step time of every cap;
-   the bench takes the recommended cap (else the best predicted), the default 25 MB and
-   the worst predicted cap.
-3. Trains again at those three caps, interleaved (rounds of --steps steps per cap, a new
-   DDP wrapper each time, the first steps after each wrap dropped: DDP rebuilds its
-   buckets after its first iteration), and prints the median measured step time beside
-   the prediction, the error, and whether the ranking by prediction matches.
+1. Times gloo all-reduce on this machine (`planner.netbench`, the `planner
+   bench-network` code) unless `--network FILE` is given: the network model.
+2. Trains the repo's CPU DDP example model (`examples/train_ddp.make_model`, an MLP of
+   `--layers` Linear layers of width `--width`; gloo, 2 ranks on 127.0.0.1) at every cap
+   of the sweep and with `bucket_cap_mb` unset (DDP's default: 25 MiB after a 1 MiB
+   first bucket), interleaved: `--rounds` rounds of `--steps` timed steps per cap, a new
+   DDP wrapper each time, the first steps after each wrap dropped (DDP rebuilds its
+   buckets after its first iteration). In the middle round the job at `--trace-cap` is
+   also profiled for 5 steps (torch.profiler, record_shapes), and, in every round, timed
+   under the profiler (the profiler's own cost).
+3. `planner.analysis.bucket_sweep` on that trace alone predicts the step time of every
+   cap. The bench takes the recommended cap (else the best predicted), the default and
+   the worst predicted cap, and prints the median measured step time beside each
+   prediction, the error, and whether the ranking by prediction matches: caps whose
+   predictions differ by less than `TIE` are a tie (no order is claimed); every other
+   pair must be measured in the predicted order.
 
-    python bench/bench_ddp_buckets.py [--rounds 3] [--steps 12] [--network net.csv]
+Tracing in the same rounds as the measurement keeps the machine's state (its load,
+other VMs on the host) the same for both.
+
+    python bench/bench_ddp_buckets.py [--rounds 5] [--steps 10] [--trace-cap 4]
 
 Needs torch (CPU is enough). Figures depend on the machine's load: run it on a quiet one.
 """
@@ -18,6 +28,9 @@ Needs torch (CPU is enough). Figures depend on the machine's load: run it on a q
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
+import json
 import os
 import socket
 import statistics
@@ -31,64 +44,74 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-WIDTH, LAYERS, BATCH = 1536, 6, 16
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from train_ddp import make_model  # noqa: E402  (the repo's CPU DDP example)
+
 DROP = 2  # steps dropped after each wrap (bucket rebuild, warm caches)
-
-
-def _model() -> nn.Module:
-    torch.manual_seed(0)
-    layers: list[nn.Module] = []
-    for _ in range(LAYERS):
-        layers += [nn.Linear(WIDTH, WIDTH), nn.ReLU()]
-    return nn.Sequential(*layers, nn.Linear(WIDTH, 10))
+TIE = 0.05  # predictions closer than this claim no order
+DEFAULT = "default"  # bucket_cap_mb unset
 
 
 def _step(ddp: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
     record = torch.profiler.record_function
     opt.zero_grad(set_to_none=True)
     with record("forward"):
-        loss = nn.functional.cross_entropy(ddp(x), y)
+        loss = nn.functional.mse_loss(ddp(x), y)
     with record("backward"):
         loss.backward()
     with record("optimizer_step"):
         opt.step()
 
 
-def _worker(rank: int, port: int, out: str, caps: list[float], rounds: int, steps: int) -> None:
+def _wrap(model: nn.Module, cap: float | str) -> nn.Module:
+    kwargs = {} if cap == DEFAULT else {"bucket_cap_mb": float(cap)}
+    return nn.parallel.DistributedDataParallel(model, **kwargs)
+
+
+def _worker(
+    rank: int, port: int, out: str, shape: dict, caps: list, trace_cap: float, runs: tuple
+) -> None:
+    rounds, steps = runs
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    model = _model()
-    x, y = torch.randn(BATCH, WIDTH), torch.randint(0, 10, (BATCH,))
-    if not caps:  # the profiling run at the default cap
-        ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=25)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-        path = os.path.join(out, f"rank{rank}.json")
-        with torch.profiler.profile(
-            activities=[torch.profiler.ProfilerActivity.CPU],
-            schedule=torch.profiler.schedule(wait=1, warmup=1, active=5),
-            on_trace_ready=lambda p: p.export_chrome_trace(path),
-            record_shapes=True,
-        ) as prof:
-            for _ in range(8):
-                _step(ddp, opt, x, y)
-                prof.step()
-    else:
-        times: dict[float, list[float]] = {c: [] for c in caps}
-        for _ in range(rounds):
-            for cap in caps:
-                ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap)
-                opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    model = make_model(shape["width"], shape["layers"])
+    x, y = torch.randn(shape["batch"], shape["width"]), torch.randn(shape["batch"], shape["width"])
+    times: dict[str, list[float]] = {}
+    plan = [(c, False) for c in caps] + [(trace_cap, True)]
+    for number in range(rounds):
+        for cap, profiled in plan:
+            ddp = _wrap(model, cap)
+            opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+            key = f"{cap}/profiled" if profiled else str(cap)
+            prof = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True
+            )
+            with prof if profiled else contextlib.nullcontext():
                 for i in range(steps + DROP):
                     dist.barrier()
                     t0 = time.perf_counter()
                     _step(ddp, opt, x, y)
                     if i >= DROP:
-                        times[cap].append(time.perf_counter() - t0)
-        if rank == 0:
-            with open(os.path.join(out, "times.txt"), "w") as handle:
-                for cap, values in times.items():
-                    handle.write(f"{cap} {' '.join(map(str, values))}\n")
+                        times.setdefault(key, []).append(time.perf_counter() - t0)
+            if profiled and number == rounds // 2:
+                _trace(ddp, opt, x, y, os.path.join(out, f"rank{rank}.json"))
+    if rank == 0:
+        Path(out, "times.json").write_text(json.dumps(times))
     dist.destroy_process_group()
+
+
+def _trace(ddp: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+           path: str) -> None:  # fmt: skip
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU],
+        schedule=torch.profiler.schedule(wait=0, warmup=1, active=5, repeat=1),
+        on_trace_ready=lambda p: p.export_chrome_trace(path),
+        record_shapes=True,
+    ) as prof:
+        for _ in range(6):
+            dist.barrier()
+            _step(ddp, opt, x, y)
+            prof.step()
 
 
 def _port() -> int:
@@ -97,52 +120,119 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def _run(out: str, caps: list[float], rounds: int, steps: int) -> None:
-    mp.spawn(_worker, args=(_port(), out, caps, rounds, steps), nprocs=2, join=True)
+def _run(out: str, shape: dict, caps: list, trace_cap: float, runs: tuple[int, int]) -> None:
+    mp.spawn(_worker, args=(_port(), out, shape, caps, trace_cap, runs), nprocs=2, join=True)
+
+
+def _network(path: Path | None, out: str, shape: dict):
+    """The network model: the file given, else a fresh gloo all-reduce benchmark."""
+    from planner import netbench
+
+    if path is not None:
+        return netbench.read_model(path), str(path)
+    layer = shape["width"] * (shape["width"] + 1) * 4
+    total = layer * shape["layers"]
+    sizes = sorted({2048, 65536, layer, 4 * layer, total})
+    rows = netbench.bench_allreduce(sizes, repeats=10)
+    csv_path = Path(out, "net.csv")
+    csv_path.write_text(netbench.to_csv(rows))
+    return netbench.read_model(csv_path), f"bench-network now ({len(sizes)} sizes)"
+
+
+def _ranking(caps: list[str], predicted: dict, measured: dict) -> tuple[bool, list[str]]:
+    """Every pair predicted apart by more than TIE is measured in the predicted order."""
+    ok, lines = True, []
+    for a, b in itertools.combinations(caps, 2):
+        gap = predicted[b] / predicted[a] - 1
+        if abs(gap) < TIE:
+            lines.append(f"{a} vs {b}: predicted within {TIE:.0%} ({gap:+.1%}): a tie")
+            continue
+        faster, slower = (a, b) if gap > 0 else (b, a)
+        agree = measured[faster] < measured[slower]
+        ok &= agree
+        lines.append(
+            f"{faster} predicted faster than {slower} by {abs(gap):.1%}: measured "
+            f"{measured[slower] / measured[faster] - 1:+.1%} ({'agrees' if agree else 'DISAGREES'})"
+        )
+    return ok, lines
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--trace-cap", type=float, default=4.0, help="bucket_cap_mb traced")
+    parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=24)
+    parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--network", type=Path, help="benchmark model (bench-network CSV)")
     args = parser.parse_args()
-    from planner import analysis, netbench
+    from planner import analysis, buckets
     from planner.ingest.kineto import load_kineto
 
+    shape = {"width": args.width, "layers": args.layers, "batch": args.batch}
+    caps = [float(c) for c in buckets.DEFAULT_CAPS_MB] + [DEFAULT]
     with tempfile.TemporaryDirectory() as out:
-        _run(out, [], 0, 0)
+        network, source = _network(args.network, out, shape)
+        _run(out, shape, caps, args.trace_cap, (args.rounds, args.steps))
+        times = json.loads((Path(out) / "times.json").read_text())
         job = load_kineto([Path(out) / "rank0.json", Path(out) / "rank1.json"])
-        network = netbench.read_model(args.network) if args.network else None
         sweep = analysis.bucket_sweep(job, network)
-        if sweep is None:
-            print("no bucket sweep: the trace has no gradient-ready times", file=sys.stderr)
-            return 1
-        predicted = {c["bucket_cap_mb"]: c["predicted_step_time"] for c in sweep["caps"]}
-        best = sweep["recommended_cap_mb"] or min(predicted, key=predicted.get)
-        worst = max(predicted, key=lambda c: (predicted[c], c))
-        caps = list(dict.fromkeys([best, 25, worst]))
-        print(f"trace at 25 MB: measured {sweep['measured_step_time'] * 1e3:.1f} ms, "
-              f"replay error {sweep['replay_error']:+.1%}; {sweep['reason']}")  # fmt: skip
-        _run(out, caps, args.rounds, args.steps)
-        measured = {}
-        for line in (Path(out) / "times.txt").read_text().splitlines():
-            cap, *values = line.split()
-            measured[float(cap)] = statistics.median(map(float, values))
-            count = len(values)
+    if sweep is None:
+        print("no bucket sweep: the trace has no gradient-ready times", file=sys.stderr)
+        return 1
+    name = {str(c): f"{c:g}" for c in caps if c != DEFAULT} | {DEFAULT: DEFAULT}
+    measured = {name[k]: statistics.median(v) for k, v in times.items() if k in name}
+    traced = f"{args.trace_cap:g}"
+    profiled = statistics.median(times[f"{args.trace_cap}/profiled"])
+    count = min(len(v) for v in times.values())
+    predicted = {f"{c['bucket_cap_mb']:g}": c["predicted_step_time"] for c in sweep["caps"]}
+    predicted[DEFAULT] = sweep["default_configuration"]["predicted_step_time"]
+    explicit = {k: v for k, v in predicted.items() if k != DEFAULT}
+    rec = sweep["recommended_cap_mb"]
+    best = f"{rec:g}" if rec is not None else min(explicit, key=explicit.get)
+    worst = max(explicit, key=lambda c: (explicit[c], -float(c)))
+    roles = {best: "recommended" if rec is not None else "best predicted"}
+    roles.setdefault(DEFAULT, "default (unset)")
+    roles.setdefault(worst, "bad")
     print(
-        f"\n{'cap MB':>7} {'role':>12} {'predicted':>10} {'measured':>10} {'error':>7}  (n={count})"
+        f"network: {source}: a={network.a * 1e6:.0f} us, b={network.b * 1e9:.3f} ns/B "
+        f"(R2 {network.r2:.3f})\n"
+        f"trace at bucket_cap_mb={traced}: {sweep['steps']} steps, "
+        f"{sweep['measured_step_time'] * 1e3:.1f} ms per traced step; the same cap measured "
+        f"{measured[traced] * 1e3:.1f} ms, under the profiler {profiled * 1e3:.1f} ms "
+        f"(profiler cost {profiled / measured[traced] - 1:+.1%})\n"
+        f"replay of the traced buckets {sweep['replay_error']:+.1%} (worst step "
+        f"{sweep['replay_error_worst']:.1%}); kappa {sweep['kappa']} "
+        f"({sweep['kappa_source']}); first bucket rule {sweep['first_bucket_rule']}\n"
+        f"advice: {sweep['reason']}"
     )
-    roles = {best: "recommended", 25: "default", worst: "bad"}
-    for cap in caps:
+    print(
+        f"\n{'cap MB':>8} {'buckets':>7} {'role':>16} {'predicted':>10} {'measured':>10} "
+        f"{'error':>7}  (n={count} steps each, interleaved)"
+    )
+    rows = sweep["caps"] + [sweep["default_configuration"] | {"bucket_cap_mb": DEFAULT}]
+    for row in rows:
+        cap = (
+            row["bucket_cap_mb"] if row["bucket_cap_mb"] == DEFAULT else f"{row['bucket_cap_mb']:g}"
+        )
         p, m = predicted[cap], measured[cap]
-        print(f"{cap:7g} {roles[cap]:>12} {p * 1e3:8.1f}ms {m * 1e3:8.1f}ms {p / m - 1:+7.1%}")
-    by_prediction = sorted(caps, key=lambda c: predicted[c])
-    by_measurement = sorted(caps, key=lambda c: measured[c])
-    print(f"ranking by prediction {by_prediction}, by measurement {by_measurement}: "
-          f"{'match' if by_prediction == by_measurement else 'NO MATCH'}")  # fmt: skip
-    worst_error = max(abs(predicted[c] / measured[c] - 1) for c in caps)
-    print(f"worst |error| {worst_error:.1%} (target <= 10%)")
+        role = roles.get(cap, "traced" if cap == traced else "")
+        print(
+            f"{cap:>8} {row['buckets']:>7} {role:>16} {p * 1e3:8.1f}ms {m * 1e3:8.1f}ms "
+            f"{p / m - 1:+7.1%}"
+        )
+    chosen = list(roles)
+    ok, lines = _ranking(chosen, predicted, measured)
+    print(f"ranking of {', '.join(chosen)} by prediction vs measurement: "
+          f"{'match' if ok else 'NO MATCH'}")  # fmt: skip
+    for line in lines:
+        print(f"  {line}")
+    worst_error = max(abs(predicted[c] / measured[c] - 1) for c in chosen)
+    all_error = max(abs(predicted[c] / measured[c] - 1) for c in predicted)
+    print(
+        f"worst |error| of those: {worst_error:.1%} (target <= 10%); of every cap: {all_error:.1%}"
+    )
     return 0
 
 

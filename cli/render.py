@@ -295,24 +295,58 @@ def analyze_view(report: dict[str, Any]) -> None:
         console.print(f"[yellow]note:[/yellow] {line}")
 
 
+def sweep_model_line(sweep: dict[str, Any]) -> str:
+    """How the bucket sweep modelled contention, and the replay errors it left."""
+    kappa, worst = sweep.get("kappa"), sweep.get("replay_error_worst")
+    parts = [
+        f"contention kappa={kappa:g} ({sweep.get('kappa_source', '')})"
+        if kappa is not None
+        else "contention unknown",
+    ]
+    if sweep.get("uncalibrated_replay_error") is not None and kappa not in (None, 1.0):
+        parts.append(
+            f"without it the traced buckets replay {sweep['uncalibrated_replay_error']:+.1%}"
+        )
+    if worst is not None:
+        parts.append(f"worst step error {worst:.1%} over {sweep.get('steps')} steps")
+    rule = sweep.get("first_bucket_rule")
+    parts.append(
+        "an explicit cap also limits the first bucket (as in the trace)"
+        if rule == "cap"
+        else "the first bucket stays 1 MiB with an explicit cap (as in the trace)"
+        if rule == "1 MiB"
+        else "traced with bucket_cap_mb unset: an explicit cap is taken to limit the first "
+        "bucket too (PyTorch 2.13)"
+        if rule == "unset"
+        else "the trace cannot tell the first bucket's limit: taken as the cap (PyTorch 2.13)"
+    )
+    return "; ".join(parts)
+
+
 def bucket_sweep_view(sweep: dict[str, Any]) -> None:
     """Predicted step time per DDP bucket cap, with the replay error of the traced buckets."""
     console = out()
+    if not sweep["caps"]:
+        console.print(f"DDP bucket_cap_mb sweep: {sweep['reason']}")
+        return
     error = sweep["replay_error"]
     table = new_table(
         title="DDP bucket_cap_mb sweep (predicted step time; replay error of the traced "
         f"buckets {'n/a' if error is None else f'{error:+.1%}'})"
     )
-    for column in ("bucket_cap_mb", "buckets", "predicted step"):
+    for column in ("bucket_cap_mb", "first bucket MB", "buckets", "predicted step"):
         table.add_column(column, justify="right")
-    for row in sweep["caps"]:
+    default = sweep.get("default_configuration")
+    for row in sweep["caps"] + ([default] if default else []):
         mark = " *" if row["bucket_cap_mb"] == sweep["recommended_cap_mb"] else ""
         table.add_row(
-            f"{row['bucket_cap_mb']:g}{mark}",
+            f"{row['bucket_cap_mb']:g}{mark}" + (" (unset)" if row is default else ""),
+            f"{row.get('first_bucket_cap_mb', 1):g}",
             str(row["buckets"]),
             seconds_text(row["predicted_step_time"]),
         )
     console.print(table)
+    console.print(sweep_model_line(sweep))
     console.print(
         f"traced buckets: measured {seconds_text(sweep['measured_step_time'])}, predicted "
         f"{seconds_text(sweep['observed_predicted_step_time'])}; "

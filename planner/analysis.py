@@ -437,21 +437,21 @@ def bucket_sweep(job: Job, network: NetworkModel | None = None) -> dict[str, Any
     fitted = caramel.trace_network_model(job.graphs[ranks[0]], job.trace.timings)
     model = network or fitted
     if model is None:
-        return None
+        if buckets.profile(job) is None:
+            return None
+        return {
+            "schema": "planner.bucket_sweep/1",
+            "caps": [],
+            "replay_error": None,
+            "recommended_cap_mb": None,
+            "reason": "no network model: the trace's transfers cannot be fitted (fewer than "
+            "2 sizes); give a benchmark model (--network) for bucket advice",
+        }
     document = buckets.sweep(job, model)
     if document is not None:
         problem = caramel.network_problem(fitted) if network is None else None
         document["network_source"] = "benchmark" if network is not None else "trace"
         document["network_note"] = None
-        cpu_only = not any(
-            op.resource.startswith("gpu") for r in ranks for op in job.graphs[r].ops.values()
-        )
-        if cpu_only:  # bench_ddp_buckets: on 2 cores, smaller buckets measured slower
-            document["recommended_cap_mb"] = None
-            document["reason"] = (
-                "no recommendation on a CPU job: its collectives (gloo) reduce on the cores "
-                "that run the backward pass, which the model, made for GPU ranks, does not see"
-            )
         if problem:
             document["network_note"] = (
                 f"the trace's network fit does not hold ({problem}): the predictions are "

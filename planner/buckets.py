@@ -1,19 +1,33 @@
 """DDP bucket advice: the iteration time predicted for each ``bucket_cap_mb``.
 
 DDP rebuilds its gradient buckets after the first iteration in gradient-ready order:
-it adds gradients to a bucket until the bucket holds at least its limit (1 MiB for the
-first bucket, ``first_bucket_cap``; ``bucket_cap_mb`` for the rest), then opens the
-next. A bucket's all-reduce is launched when its last gradient is ready, in bucket
-order, and the all-reduces share one channel, each taking ``f(bytes)`` of the network
-model (`planner.oracle.NetworkModel`).
+it adds gradients to a bucket until the bucket holds at least its limit, then opens
+the next. The first bucket's limit depends on the PyTorch release and on whether the
+cap was given: with ``bucket_cap_mb`` unset every release uses 25 MiB with a 1 MiB
+first bucket; with an explicit cap PyTorch 2.13 uses the cap for the first bucket too,
+where older releases kept 1 MiB. Which rule the traced job followed is read from its
+buckets (`first_bucket_rule`). A bucket's all-reduce is launched when its last gradient
+is ready, in bucket order, and the all-reduces share one channel, each taking
+``f(bytes)`` of the network model (`planner.oracle.NetworkModel`).
 
-The step time of a cap is ``max(last gradient ready, last all-reduce end) + tail``:
-the gradients' ready times (``torch::autograd::AccumulateGrad`` ends, relative to the
-step start; per gradient the latest over the ranks, since a bucket's all-reduce waits
-for its slowest rank) and the ``tail`` after the last all-reduce (optimizer, the next
-step's start) are measured in the trace; only the buckets and their all-reduces
-change with the cap. The same model run on the observed buckets gives the replay
-error printed beside every prediction.
+The step time of a cap is ``max(backward end, last all-reduce end) + tail``: the
+gradients' ready times (``torch::autograd::AccumulateGrad`` ends, relative to the step
+start; per gradient the latest over the ranks, since a bucket's all-reduce waits for
+its slowest rank) and the ``tail`` after the last all-reduce (optimizer, the next
+step's start) are measured in the trace; only the buckets and their all-reduces change
+with the cap.
+
+**Contention** (`kappa`). On GPU ranks the backward pass and NCCL use different
+resources. On a CPU job gloo reduces and copies on the cores that run the backward
+pass: while both run, each goes slower. The model shares the rank's processor between
+them: while a collective and the backward pass overlap, each progresses at ``1/kappa``
+of its own speed (``kappa = 1``: independent; ``kappa = 2``: fair halves of one core).
+The traced ready times are first turned into backward *work* (the time each gradient
+would be ready without collectives in flight), then each cap is replayed. ``kappa`` is
+calibrated on the traced steps (the value whose replay of the traced buckets matches
+the measured steps) and reported with the per-step replay errors left after it; a
+trace whose collectives never overlap the backward pass cannot tell ``kappa`` and
+gets no recommendation.
 """
 
 from __future__ import annotations
@@ -29,11 +43,17 @@ from planner.trace import Job
 
 MIB = 1 << 20
 FIRST_BUCKET_BYTES = 1 * MIB
-"""DDP's first bucket limit (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``)."""
+"""DDP's first bucket limit with the cap unset (``dist._DEFAULT_FIRST_BUCKET_BYTES``)."""
+DEFAULT_CAP_MB = 25.0
+"""DDP's ``bucket_cap_mb`` when unset."""
 DEFAULT_CAPS_MB: tuple[float, ...] = (0.25, 0.5, 1, 2, 4, 8, 16, 25, 50, 100)
 MIN_GAIN = 0.02
 """A cap is recommended only when it is predicted faster than the traced buckets by more
 than this and by more than the replay error of the traced buckets."""
+KAPPA_RANGE = (1.0, 4.0)
+"""Contention factors searched on a CPU job (1: none; 2: the two halve one core)."""
+KAPPA_SENSITIVITY = 0.05
+"""``kappa`` is measured only when it moves the traced buckets' replay by this much."""
 
 
 def ddp_buckets(sizes: Sequence[int], cap: int, first_cap: int = FIRST_BUCKET_BYTES) -> list[int]:
@@ -48,52 +68,182 @@ def ddp_buckets(sizes: Sequence[int], cap: int, first_cap: int = FIRST_BUCKET_BY
     return out
 
 
-def comm_end(ready: np.ndarray, nbytes: np.ndarray, network: NetworkModel) -> float:
-    """When the last all-reduce ends: buckets launched in order, one at a time."""
-    free = 0.0
-    for r, n in zip(ready.tolist(), nbytes.tolist(), strict=True):
-        free = max(free, r) + network.time(n)
-    return free
+def first_bucket_rule(sizes: Sequence[float], assignment: Sequence[int]) -> str | None:
+    """Which first-bucket limit explains the traced buckets, as it applies to an explicit
+    ``bucket_cap_mb``: ``"cap"`` (the first bucket takes the cap: PyTorch 2.13),
+    ``"1 MiB"`` (an explicit cap with a 1 MiB first bucket: older releases), ``"unset"``
+    (the job ran with DDP's default, 25 MiB after a 1 MiB first bucket, which says
+    nothing of explicit caps), ``"either"`` when the cap rule and another fit, None when
+    none does.
+
+    A bucket closed by its last gradient held at least its limit, and less before it:
+    each bucket bounds its limit to ``(held - last, held]`` (the last bucket only from
+    below); the buckets after the first share one limit, the cap.
+    """
+    held: dict[int, float] = {}
+    last: dict[int, float] = {}
+    for size, bucket in zip(sizes, assignment, strict=True):
+        held[bucket] = held.get(bucket, 0.0) + size
+        last[bucket] = size
+    final = max(held)
+
+    def bounds(ids: Sequence[int]) -> tuple[float, float]:
+        low = max((held[b] - last[b] for b in ids), default=0.0)
+        high = min((held[b] for b in ids if b != final), default=float("inf"))
+        return low, high
+
+    low, high = bounds(list(held))
+    rest_low, rest_high = bounds([b for b in held if b != 0])
+    first_low, first_high = bounds([0])
+    as_cap = low < high
+    fixed = first_low < FIRST_BUCKET_BYTES <= first_high and rest_low < rest_high
+    unset = fixed and rest_low < DEFAULT_CAP_MB * MIB <= rest_high
+    if as_cap:
+        return "either" if fixed else "cap"
+    return "unset" if unset else "1 MiB" if fixed else None
+
+
+def _bucket_ready(work: np.ndarray, ids: np.ndarray, count: int) -> np.ndarray:
+    ready = np.zeros(count)
+    np.maximum.at(ready, ids, work)
+    return ready
+
+
+def replay(
+    work: np.ndarray,
+    ids: np.ndarray,
+    sizes: np.ndarray,
+    network: NetworkModel,
+    kappa: float,
+    lanes: int = 1,
+) -> float:
+    """When both the backward pass and the last all-reduce are done, from the step start.
+
+    `work` is each gradient's ready time with no collective in flight. The buckets'
+    all-reduces start in order, up to `lanes` at once (gloo runs two worker threads,
+    NCCL one stream); each first pays the latency ``a`` (in parallel), then its bytes
+    share the link (``b`` per byte, processor-shared). While a collective overlaps the
+    backward pass both progress at ``1/kappa`` of their speed (see the module doc).
+    """
+    count = int(ids.max()) + 1
+    marks = _bucket_ready(work, ids, count)
+    nbytes = np.bincount(ids, weights=sizes, minlength=count)
+    end = float(work.max())
+    t, done, nxt = 0.0, 0.0, 0  # time, backward work done, next bucket to start
+    active: list[list[float]] = []  # [latency left, bandwidth time left] per running one
+    eps = 1e-12
+    while True:
+        while len(active) < lanes and nxt < count and marks[nxt] <= done + eps:
+            active.append([network.a, network.b * float(nbytes[nxt])])
+            nxt += 1
+        computing = done < end - eps
+        if not active and not computing:
+            return t
+        slow = 1.0 / kappa if active and computing else 1.0
+        sharing = sum(1 for lat, _ in active if lat <= eps) or 1
+        rates = [slow if lat > eps else slow / sharing for lat, _ in active]
+        # the next event: a latency or a transfer ends, the backward pass ends, or (a
+        # lane free) the next bucket's last gradient is ready
+        target = end if len(active) == lanes or nxt >= count else min(marks[nxt], end)
+        dt = (target - done) / slow if computing else np.inf
+        for (lat, rest), rate in zip(active, rates, strict=True):
+            dt = min(dt, (lat if lat > eps else rest) / rate)
+        t += dt
+        if computing:
+            done = min(end, done + dt * slow)
+        for item, rate in zip(active, rates, strict=True):
+            if item[0] > eps:
+                item[0] -= dt * rate
+            else:
+                item[1] -= dt * rate
+        active = [x for x in active if x[0] > eps or x[1] > eps]
+
+
+def decontend(ready: np.ndarray, busy: Sequence[tuple[float, float]], kappa: float) -> np.ndarray:
+    """The backward work behind traced ready times: time with a collective in flight
+    (the union `busy`) counted at ``1/kappa``."""
+    if kappa == 1.0 or not busy:
+        return ready.copy()
+    out = ready.copy()
+    for start, end in busy:
+        out -= (1.0 - 1.0 / kappa) * np.clip(np.minimum(ready, end) - start, 0.0, None)
+    return out
+
+
+def _union(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(spans):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def _most_at_once(starts: np.ndarray, ends: np.ndarray) -> int:
+    """The most intervals open at one moment."""
+    if not len(starts):
+        return 1
+    marks = np.concatenate([np.stack([starts, np.ones_like(starts)], 1),
+                            np.stack([ends, -np.ones_like(ends)], 1)])  # fmt: skip
+    marks = marks[np.lexsort((marks[:, 1], marks[:, 0]))]  # an end before a start at a tie
+    return max(1, int(np.cumsum(marks[:, 1]).max()))
+
+
+@dataclass(frozen=True)
+class Step:
+    """One traced step of one rank: gradient ready times and the union of its collective
+    spans (seconds from the step start), the tail and the step time."""
+
+    ready: np.ndarray
+    busy: list[tuple[float, float]]
+    tail: float
+    measured: float
 
 
 @dataclass(frozen=True)
 class Profile:
-    """What the sweep needs from a trace: gradients in ready order (seconds from the
-    step start, latest over ranks; bytes), the tail, and the measured step time."""
+    """What the sweep needs from a trace: per step the ranks' `Step`s, gradient sizes in
+    ready order, the traced buckets (bytes, launch order) and whether ranks are CPU-only."""
 
-    ready: np.ndarray
+    steps: dict[int, list[Step]]
     sizes: np.ndarray
-    tail: float
-    measured: float
-    observed_buckets: np.ndarray  # bytes of the traced buckets, in launch order
-    steps: int
+    observed_buckets: np.ndarray
+    cpu: bool
+    lanes: int  # the most collectives a rank ever had in flight at once
+
+    @property
+    def measured(self) -> float:
+        """The median over steps of the latest rank's step time."""
+        return float(np.median([max(s.measured for s in v) for v in self.steps.values()]))
 
 
-def step_time(p: Profile, buckets: Sequence[int], network: NetworkModel) -> float:
-    """The predicted step time with gradients grouped as `buckets` (one id each)."""
+def step_times(
+    p: Profile, buckets: Sequence[int], network: NetworkModel, kappa: float
+) -> list[float]:
+    """The predicted time of every traced step with gradients grouped as `buckets`: per
+    gradient the latest rank's backward work, the latest rank's tail."""
     ids = np.asarray(buckets)
-    count = int(ids.max()) + 1
-    ready = np.zeros(count)
-    np.maximum.at(ready, ids, p.ready)
-    nbytes = np.bincount(ids, weights=p.sizes, minlength=count)
-    return max(float(p.ready.max()), comm_end(ready, nbytes, network)) + p.tail
+    out = []
+    for ranks in p.steps.values():
+        work = np.max([decontend(s.ready, s.busy, kappa) for s in ranks], axis=0)
+        end = replay(work, ids, p.sizes, network, kappa, p.lanes)
+        out.append(end + max(s.tail for s in ranks))
+    return out
 
 
 def profile(job: Job) -> Profile | None:
-    """The sweep's inputs from a Kineto DDP job (None without gradient-ready events).
-
-    Per step, a gradient's ready time is the latest over the ranks (from each rank's
-    step start); over steps, the median. The tail and the step time likewise: the
-    latest rank per step, the median over steps.
-    """
+    """The sweep's inputs from a Kineto DDP job (None without gradient-ready events)."""
     ranks = job.meta.get("ranks") or {}
     per_rank = {r: m.get("gradient_ready") for r, m in ranks.items() if m.get("gradient_ready")}
     if not per_rank:
         return None
     spans = job.trace.spans.set_index(["rank", "iteration"])
     t = job.trace.timings
-    by_step: dict[int, list[tuple[np.ndarray, float, float]]] = {}
+    t = t[t["op"].str.contains("all_reduce", regex=False)]
+    by_step: dict[int, list[Step]] = {}
     sizes: list[int] | None = None
+    lanes = 1
     for rank, steps in per_rank.items():
         for step, grads in steps.items():
             if (rank, int(step)) not in spans.index:
@@ -105,16 +255,18 @@ def profile(job: Job) -> Profile | None:
             start, end = spans.loc[(rank, int(step))][["start", "end"]].tolist()
             times = np.array([g[0] for g in grads], dtype=np.float64)
             c = t[(t["rank"] == rank) & (t["iteration"] == int(step))]
-            c = c[c["op"].str.contains("all_reduce", regex=False)]
-            last = max(times.max(), float((c["start"] + c["duration"]).max()) if len(c) else 0.0)
+            ends = (c["start"] + c["duration"]).to_numpy(dtype=np.float64)
+            last = max(times.max(), float(ends.max()) if len(c) else 0.0)
+            busy = _union(
+                [((a - start) / 1e9, (b - start) / 1e9)
+                 for a, b in zip(c["start"].to_numpy(dtype=np.float64), ends, strict=True)]
+            )  # fmt: skip
+            lanes = max(lanes, _most_at_once(c["start"].to_numpy(dtype=np.float64), ends))
             by_step.setdefault(int(step), []).append(
-                ((times - start) / 1e9, (end - last) / 1e9, (end - start) / 1e9)
+                Step((times - start) / 1e9, busy, (end - last) / 1e9, (end - start) / 1e9)
             )
     if not by_step or sizes is None:
         return None
-    ready = np.median([np.max([r for r, _, _ in v], axis=0) for v in by_step.values()], axis=0)
-    tail = float(np.median([max(x for _, x, _ in v) for v in by_step.values()]))
-    measured = float(np.median([max(x for _, _, x in v) for v in by_step.values()]))
     graph = job.graphs[next(iter(per_rank))]
     observed = sorted(
         (_bucket_index(op.param), op.nbytes)
@@ -127,8 +279,11 @@ def profile(job: Job) -> Profile | None:
             for op in graph.ops.values()
             if op.kind == "collective" and op.name.startswith("net/all_reduce#")
         )
-    return Profile(ready, np.array(sizes, dtype=np.float64), tail, measured,
-                   np.array([n for _, n in observed], dtype=np.float64), len(by_step))  # fmt: skip
+    cpu = not any(
+        op.resource.startswith("gpu") for g in job.graphs.values() for op in g.ops.values()
+    )
+    return Profile(by_step, np.array(sizes, dtype=np.float64),
+                   np.array([n for _, n in observed], dtype=np.float64), cpu, lanes)  # fmt: skip
 
 
 def _bucket_index(param: str | None) -> int:
@@ -150,59 +305,144 @@ def _observed_assignment(p: Profile) -> list[int] | None:
     return out if bucket == len(targets) else None
 
 
+def calibrate(p: Profile, ids: Sequence[int], network: NetworkModel) -> tuple[float | None, str]:
+    """``kappa`` whose replay of the traced buckets matches the traced steps (median error
+    nearest 0, on a 0.05 grid), and how it was found; 1 on GPU ranks. None when the
+    traced steps cannot tell it: their collectives overlap the backward pass too little
+    (``kappa`` over its whole range moves the replay by under `KAPPA_SENSITIVITY`), or
+    they are slower than any ``kappa`` in range explains."""
+    if not p.cpu:
+        return 1.0, "GPU ranks: the backward pass and the collectives use different resources"
+    measured = np.array([max(s.measured for s in v) for v in p.steps.values()])
+    grid = np.arange(KAPPA_RANGE[0], KAPPA_RANGE[1] + 1e-9, 0.05)
+    errors = np.array(
+        [float(np.median(np.array(step_times(p, ids, network, k)) / measured - 1)) for k in grid]
+    )
+    if errors.max() - errors.min() < KAPPA_SENSITIVITY:
+        return None, (
+            "the traced all-reduces overlap the backward pass too little to measure how much "
+            "gloo and the backward pass slow each other on these cores: trace with a smaller "
+            "bucket_cap_mb to get a recommendation"
+        )
+    best = int(np.argmin(np.abs(errors)))
+    if best == len(grid) - 1 and errors[best] < -MIN_GAIN:
+        return None, (
+            f"the traced steps are {-errors[best]:.0%} slower than the model replays them even "
+            f"with kappa {grid[-1]:g}: something the model does not see slows them"
+        )
+    return float(round(grid[best], 2)), "calibrated on the traced steps"
+
+
+def _row(
+    p: Profile, cap: float, first: float, network: NetworkModel, kappa: float
+) -> dict[str, Any]:
+    ids = ddp_buckets(p.sizes.tolist(), int(cap * MIB), int(first * MIB))
+    return {
+        "bucket_cap_mb": cap,
+        "first_bucket_cap_mb": first,
+        "buckets": int(max(ids)) + 1,
+        "predicted_step_time": float(np.median(step_times(p, ids, network, kappa))),
+    }
+
+
+def _decide(
+    rows_by_kappa: list[list[dict[str, Any]]], replays: list[float], margin: float
+) -> tuple[dict[str, Any], float, bool]:
+    """The best cap, its predicted gain over the traced buckets (the least over the
+    kappas tried), and whether it wins by more than `margin` under every kappa."""
+    bests = [min(rows, key=lambda r: (r["predicted_step_time"], -r["bucket_cap_mb"]))
+             for rows in rows_by_kappa]  # fmt: skip
+    gains = [r / b["predicted_step_time"] - 1 for b, r in zip(bests, replays, strict=True)]
+    same = all(b["bucket_cap_mb"] == bests[0]["bucket_cap_mb"] for b in bests)
+    return bests[0], min(gains), same and min(gains) > margin
+
+
 def sweep(
     job: Job,
     network: NetworkModel,
     caps_mb: Sequence[float] = DEFAULT_CAPS_MB,
-    first_cap: int = FIRST_BUCKET_BYTES,
 ) -> dict[str, Any] | None:
     """``planner.bucket_sweep/1``: the predicted step time per cap, the recommended cap,
-    and the observed configuration's replay error; None without gradient-ready times."""
+    and the observed configuration's replay error; None without gradient-ready times.
+
+    With ``kappa`` unknown (a CPU trace whose collectives barely overlap the backward
+    pass) every cap is predicted at both ends of `KAPPA_RANGE`, and a cap is recommended
+    only when it wins at both."""
     p = profile(job)
     if p is None:
         return None
     observed = _observed_assignment(p)
-    replay = step_time(p, observed, network) if observed is not None else None
-    rows = []
-    for cap in caps_mb:
-        buckets = ddp_buckets(p.sizes.tolist(), int(cap * MIB), first_cap)
-        rows.append(
-            {
-                "bucket_cap_mb": cap,
-                "buckets": int(max(buckets)) + 1,
-                "predicted_step_time": step_time(p, buckets, network),
-            }
-        )
-    best = min(rows, key=lambda r: (r["predicted_step_time"], -r["bucket_cap_mb"]))
-    error = replay / p.measured - 1 if replay is not None else None
-    gain = replay / best["predicted_step_time"] - 1 if replay is not None else None
-    margin = max(abs(error), MIN_GAIN) if error is not None else None
-    if gain is None:
+    if observed is None:
         reason = "the traced buckets do not split the gradients in ready order: no replay"
-        recommended = None
-    elif gain <= margin:
+        return _document(p, None, network, [], {"reason": reason})
+    rule = first_bucket_rule(p.sizes.tolist(), observed)
+    kappa, kappa_source = calibrate(p, observed, network)
+    kappas = [kappa] if kappa is not None else list(KAPPA_RANGE)
+    measured = np.array([max(s.measured for s in v) for v in p.steps.values()])
+    errors = np.array(step_times(p, observed, network, kappas[0])) / measured - 1
+    first = (lambda cap: cap) if rule != "1 MiB" else (lambda cap: FIRST_BUCKET_BYTES / MIB)
+    rows_by_kappa = [[_row(p, cap, first(cap), network, k) for cap in caps_mb] for k in kappas]
+    replays = [float(np.median(step_times(p, observed, network, k))) for k in kappas]
+    error = float(np.median(errors))
+    margin = max(abs(error), float(np.median(np.abs(errors))), MIN_GAIN)
+    best, gain, wins = _decide(rows_by_kappa, replays, margin)
+    rows = rows_by_kappa[0]
+    if kappa is None:
+        for row, high in zip(rows, rows_by_kappa[-1], strict=True):
+            row["predicted_step_time_contended"] = high["predicted_step_time"]
+    if not wins:
         reason = (
             f"no cap is predicted to beat the traced buckets by more than the model's error "
             f"({gain:.1%} <= {margin:.1%}): keep the observed configuration"
+            if kappa is not None or gain <= margin
+            else f"{kappa_source}; the best cap depends on it"
         )
-        recommended = None
+    elif kappa is None:
+        reason = (
+            f"predicted {gain:.1%} faster than the traced buckets whatever the contention "
+            f"(kappa {KAPPA_RANGE[0]:g} to {KAPPA_RANGE[1]:g}; replay error {error:+.1%})"
+        )
     else:
         reason = f"predicted {gain:.1%} faster than the traced buckets (replay error {error:+.1%})"
-        recommended = best["bucket_cap_mb"]
-    return {
-        "schema": "planner.bucket_sweep/1",
-        "first_bucket_cap_mb": first_cap / MIB,
-        "gradients": len(p.sizes),
-        "gradient_bytes": int(p.sizes.sum()),
-        "steps": p.steps,
-        "measured_step_time": p.measured,
-        "observed_buckets": p.observed_buckets.astype(int).tolist(),
-        "observed_predicted_step_time": replay,
+    return _document(p, observed, network, rows, {
+        "first_bucket_rule": rule,
+        "observed_predicted_step_time": replays[0],
         "replay_error": error,
-        "network": {"a": network.a, "b": network.b, "r2": network.r2},
-        "caps": rows,
+        "replay_error_worst": float(np.max(np.abs(errors))),
+        "kappa": kappa,
+        "kappa_source": kappa_source,
+        "uncalibrated_replay_error": float(
+            np.median(np.array(step_times(p, observed, network, 1.0)) / measured - 1)),
+        "default_configuration": _row(p, DEFAULT_CAP_MB, FIRST_BUCKET_BYTES / MIB, network,
+                                      kappas[0]),
         "best_cap_mb": best["bucket_cap_mb"],
         "best_gain": gain,
-        "recommended_cap_mb": recommended,
+        "recommended_cap_mb": best["bucket_cap_mb"] if wins else None,
         "reason": reason,
+    })  # fmt: skip
+
+
+def _document(
+    p: Profile,
+    observed: list[int] | None,
+    network: NetworkModel,
+    rows: list[dict[str, Any]],
+    fields: dict[str, Any],
+) -> dict[str, Any]:
+    empty = {"first_bucket_rule": None, "observed_predicted_step_time": None,
+             "replay_error": None, "replay_error_worst": None, "kappa": None,
+             "kappa_source": "", "uncalibrated_replay_error": None,
+             "default_configuration": None, "best_cap_mb": None, "best_gain": None,
+             "recommended_cap_mb": None}  # fmt: skip
+    return {
+        "schema": "planner.bucket_sweep/1",
+        "gradients": len(p.sizes),
+        "gradient_bytes": int(p.sizes.sum()),
+        "steps": len(p.steps),
+        "measured_step_time": p.measured,
+        "observed_buckets": p.observed_buckets.astype(int).tolist(),
+        "network": {"a": network.a, "b": network.b, "r2": network.r2},
+        "caps": rows,
+        **empty,
+        **fields,
     }

@@ -229,7 +229,11 @@ def _collective_order(r: _Rows, coll: Collectives, lane: list[int]) -> dict[str,
     a_row = np.array(coll.anchor, dtype=np.int64)
     c_step = r.step[np.where(r.step[a_row] >= 0, a_row, c_row)] if len(c_row) else c_row
     keep = np.flatnonzero(c_step >= 0)
-    order = keep[np.lexsort((c_row[keep], ev.ts[a_row[keep]], c_step[keep]))]
+    # launch order: gloo runs queued collectives on two threads, so records can start
+    # out of the order their c10d ops queued them (DDP's buckets)
+    l_row = np.array(coll.launcher, dtype=np.int64)
+    launched = ev.ts[np.where(l_row >= 0, l_row, a_row)] if len(c_row) else c_row
+    order = keep[np.lexsort((c_row[keep], ev.ts[a_row[keep]], launched[keep], c_step[keep]))]
     kinds = [coll.kind[i] for i in order.tolist()]
     out: dict[str, Any] = {
         "row": c_row[order],

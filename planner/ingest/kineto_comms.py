@@ -293,7 +293,7 @@ def _from_records(
         sizes = [nbytes_of(a, kind) for a in (a_args, rpc, k_args)]
         # gathering kinds: the record_param_comms' output count beats the input's dims
         out.nbytes.append(max(sizes) if kind in _GATHERING else next((n for n in sizes if n), 0))
-        out.launcher.append(_launcher(ev, a, kind, enclosing, queues))
+        out.launcher.append(_launcher(ev, a, kind, enclosing, queues, out.nbytes[-1]))
         out.anchor.append(a)
 
 
@@ -326,35 +326,58 @@ def _enclosing_rpc(ev: RankEvents, rpc_by_lane: dict, row: int) -> dict[str, Any
 
 
 class _Queues:
-    """c10d ops per collective kind in time order, consumed first in, first out."""
+    """c10d ops per collective kind in time order (row, bytes), each taken once."""
 
-    def __init__(self, by_kind: dict[str, list[int]]) -> None:
+    WINDOW = 64
+    """How far past the oldest untaken op a record's launcher is looked for."""
+
+    def __init__(self, by_kind: dict[str, list[tuple[int, int]]]) -> None:
         self.by_kind = by_kind
+        self.taken = {kind: [False] * len(rows) for kind, rows in by_kind.items()}
         self.next: dict[str, int] = {}
 
 
 def _c10d_queues(ev: RankEvents) -> _Queues:
     c10d = ev.name_flags(lambda n: n.startswith("c10d::"))
     rows = np.flatnonzero(c10d & ev.cat_flags(CPU_OP_CATS))
-    by_kind: dict[str, list[int]] = {}
+    by_kind: dict[str, list[tuple[int, int]]] = {}
     for r in rows[np.argsort(ev.ts[rows], kind="stable")].tolist():
         kind = collective_kind(ev.names[ev.name_code[r]].split("::", 1)[1].rstrip("_"))
-        by_kind.setdefault(kind, []).append(int(r))
+        by_kind.setdefault(kind, []).append((int(r), nbytes_of(ev.args.get(r, {}), kind)))
     return _Queues(by_kind)
 
 
-def _launcher(ev: RankEvents, a: int, kind: str, enclosing: np.ndarray, q: _Queues) -> int:
+def _launcher(
+    ev: RankEvents, a: int, kind: str, enclosing: np.ndarray, q: _Queues, nbytes: int
+) -> int:
     """The CPU op that launched record `a`: the op around it on its thread, else (a
-    gloo worker-thread record) the c10d op that queued it, first in first out per kind."""
+    gloo worker-thread record) the c10d op that queued it: the oldest untaken one of
+    its kind and size issued before it. gloo runs queued collectives on two threads, so
+    a later one can start first; first in, first out by kind alone would swap them."""
     if enclosing[a] != a:
         return int(enclosing[a])
-    queue = q.by_kind.get(kind, [])
-    nxt = q.next.get(kind, 0)
-    if nxt < len(queue) and ev.ts[queue[nxt]] <= ev.ts[a]:
-        r = queue[nxt]
-        q.next[kind] = nxt + 1
-        return int(enclosing[r]) if enclosing[r] >= 0 else r
-    return -1
+    queue, taken = q.by_kind.get(kind, []), q.taken.get(kind, [])
+    first = q.next.get(kind, 0)
+    while first < len(queue) and taken[first]:
+        first += 1
+    q.next[kind] = first
+    pick = -1
+    for j in range(first, min(len(queue), first + q.WINDOW)):
+        row, size = queue[j]
+        if ev.ts[row] > ev.ts[a]:
+            break
+        if taken[j]:
+            continue
+        if pick < 0:
+            pick = j  # no op of its size: the oldest, as before
+        if nbytes and size == nbytes:
+            pick = j
+            break
+    if pick < 0:
+        return -1
+    taken[pick] = True
+    r = queue[pick][0]
+    return int(enclosing[r]) if enclosing[r] >= 0 else r
 
 
 def _from_kernels(

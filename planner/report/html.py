@@ -721,6 +721,8 @@ def buckets_section(report: Mapping[str, Any]) -> str:
     sweep = report.get("bucket_sweep")
     if not sweep:
         raise NotApplicable("needs a PyTorch DDP job traced with record_shapes=True")
+    if not sweep["caps"]:
+        return f"<p>{esc(sweep['reason'])}.</p>"
     error = sweep.get("replay_error")
     recommended = sweep.get("recommended_cap_mb")
     head = (
@@ -730,6 +732,11 @@ def buckets_section(report: Mapping[str, Any]) -> str:
         + (f"<b>Recommended bucket_cap_mb={recommended:g}</b>: " if recommended else "")
         + f"{esc(sweep['reason'])}.</p>"
     )
+    if sweep.get("kappa") is not None:
+        head += (
+            f"<p>Contention: kappa {sweep['kappa']:g} ({esc(sweep.get('kappa_source', ''))}); "
+            f"worst step error {percent(sweep.get('replay_error_worst'))}.</p>"
+        )
     if sweep.get("network_note"):
         head += f"<p><b>Note:</b> {esc(sweep['network_note'])}</p>"
     chart = figure(
