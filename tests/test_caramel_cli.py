@@ -101,8 +101,10 @@ def test_trace_network_model_fits_the_fastest_transfer_per_size() -> None:
     graph = build_graph(ops, [])
     timings = pd.DataFrame(
         {
+            "rank": ["r0"] * 5,
+            "iteration": [1, 2, 1, 2, 3],
             "op": ["t1000", "t1000", "t2000", "t2000", "t4000"],
-            "start": [0, 0, 0, 0, 0],
+            "start": [0, 0, 5000, 0, 0],
             "duration": [2000, 2200, 3000, 9200, 5000],
             "wait": [0, 0, 0, 6000, 0],
         }
@@ -111,6 +113,11 @@ def test_trace_network_model_fits_the_fastest_transfer_per_size() -> None:
     assert model is not None and model.points == 3
     assert model.b == pytest.approx(1e-9) and model.a == pytest.approx(1e-6)
     assert model.r2 == pytest.approx(1.0)
+    # two transfers in flight at once on a rank share the link: each counts for half
+    # of the time they overlap (t1000 and t2000 of step 1 now overlap from 1000 to 2000)
+    timings.loc[2, "start"] = 1000
+    shared = trace_network_model(graph, timings)
+    assert shared.time(1000) < model.time(1000)
 
 
 def test_bench_network_real_gloo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -44,7 +44,7 @@ from planner.plan import Plan
 from planner.schedule import batching, packing
 from planner.schedule.depth import depth, depth_table
 from planner.schedule.ticks import TICKS_PER_SECOND, set_bit_pairs, to_ticks
-from planner.trace import transfer_part
+from planner.trace import dedicated_durations, transfer_part
 
 
 @dataclass(frozen=True)
@@ -567,13 +567,18 @@ def trace_network_model(graph: OpGraph, timings: pd.DataFrame) -> NetworkModel |
 
     `timings`: rows of `Trace.timings` (``op``, ``duration`` and ``wait`` in ns). Each
     point is the fastest transfer part (duration less the wait for peers) seen for that
-    size over the ranks and steps: the uncontended transfer, as the time oracle takes
-    the minimum of the runs. None with fewer than two distinct sizes. Lets Caramel run
-    without a benchmark; check it with `network_problem`.
+    size over the ranks and steps, shared out among the transfers in flight with it on
+    the rank (processor sharing, as the time oracle's `dedicated` times: gloo runs two
+    all-reduces at once, each at about half the bandwidth): the uncontended transfer, as
+    the time oracle takes the minimum of the runs. None with fewer than two distinct
+    sizes. Lets Caramel run without a benchmark; check it with `network_problem`.
     """
     sizes = {n: graph.ops[n].nbytes for n in graph.transfers if graph.ops[n].nbytes > 0}
     rows = timings[timings["op"].isin(sizes)]
-    _, transfer = transfer_part(rows)  # a collective's wait for its peers is no network time
+    start, span = transfer_part(rows)  # a collective's wait for its peers is no network time
+    transfer = np.zeros(len(rows), dtype=np.float64)
+    for idx in rows.groupby(["rank", "iteration"], sort=False).indices.values():
+        transfer[idx] = dedicated_durations(start[idx], span[idx])
     fastest = pd.Series(transfer, index=rows["op"].map(sizes).to_numpy()).groupby(level=0).min()
     return fit_network_model(
         fastest.index.to_numpy(dtype=np.float64), fastest.to_numpy(dtype=np.float64) / 1e9

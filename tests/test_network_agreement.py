@@ -1,0 +1,74 @@
+"""#14.3: the network model fitted on a trace's transfer parts agrees with a fresh
+`planner bench-network` run on the same machine.
+
+Both sides are measured here, now: a CPU DDP job with four bucket sizes is traced
+(tests/ddp_layers_job.py) and `planner bench-network` times gloo all-reduce at exactly
+those sizes. The trace fit takes each size's fastest transfer part (shared out among the
+all-reduces in flight with it); the benchmark gives, per size, its fastest and its
+median repeat, each fitted the same way (`f(d) = a + b*d`). At every traced size the
+trace fit must lie within 20% of the benchmark's range: at least 0.8x its fastest fit,
+at most 1.2x its median fit. (In the job the transfers also share memory bandwidth with
+DDP's bucket copies, which the benchmark does not have.)
+
+Both are timings of a shared machine: a burst of load from elsewhere during one of them
+moves it by 2-3x (seen on this 2-core VM with other work running). So a failed
+comparison is measured once more, and the test fails only when both attempts disagree.
+"""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch.distributed")
+
+from conftest import run_cli  # noqa: E402
+
+from planner.ingest.kineto import load_kineto  # noqa: E402
+from planner.oracle import fit_network_model  # noqa: E402
+from planner.schedule.caramel import network_problem, trace_network_model  # noqa: E402
+
+JOB = Path(__file__).with_name("ddp_layers_job.py")
+TOLERANCE = 0.20
+
+
+def _disagreements(out: Path, capsys: pytest.CaptureFixture[str]) -> list[str]:
+    subprocess.run([sys.executable, str(JOB), str(out)], check=True, timeout=300,
+                   capture_output=True)  # fmt: skip
+    job = load_kineto([out / "rank0.json", out / "rank1.json"])
+    graph = job.graphs["rank0"]
+    fit = trace_network_model(graph, job.trace.timings)
+    assert network_problem(fit) is None, network_problem(fit)  # 4 sizes, R² >= 0.9
+    sizes = sorted({graph.ops[n].nbytes for n in graph.transfers if graph.ops[n].nbytes > 0})
+    assert len(sizes) == 4
+    code, _, err = run_cli(["bench-network", "--sizes", ",".join(map(str, sizes)),
+                            "--repeats", "15", "-o", out / "net.csv"], capsys)  # fmt: skip
+    assert code == 0, err
+    with (out / "net.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    bench = {
+        column: fit_network_model(
+            np.array([float(r["nbytes"]) for r in rows]),
+            np.array([float(r[column]) for r in rows]),
+        )
+        for column in ("seconds_min", "seconds")
+    }
+    out_of_range = []
+    for n in sizes:
+        low, high = bench["seconds_min"].time(n), bench["seconds"].time(n)
+        if not (1 - TOLERANCE) * low <= fit.time(n) <= (1 + TOLERANCE) * high:
+            out_of_range.append(f"{n} B: trace fit {fit.time(n) * 1e3:.2f} ms, bench "
+                                f"{low * 1e3:.2f}..{high * 1e3:.2f} ms")  # fmt: skip
+    return out_of_range
+
+
+def test_trace_fit_agrees_with_a_fresh_bench_network_run(tmp_path, capsys):
+    first = _disagreements(tmp_path / "first", capsys)
+    if first:
+        second = _disagreements(tmp_path / "second", capsys)
+        assert not second, {"first attempt": first, "second attempt": second}
