@@ -11,12 +11,17 @@ unmodelled gap the replay names as their cause. Steps flagged partial (records
 missing) are listed apart and left out of the figures, as CI gates leave them out; so
 are ranks with a single step (no other step to take the overheads from: the replay
 would reproduce the step by construction). `cover` is the share of the wall-clock time
-in which some traced op runs; the overall figures are also given for the steps whose
-records cover at least half of their time.
+in which some traced op runs. A step is excluded from the judgement only for a defect of
+the trace itself, records covering less than half of its wall-clock time; the excluded
+traces are printed with the reason, and the overall figures with and without them. For
+the generated jobs the replay is also compared with the step times their scripts
+recorded (TF: the whole ``session.run``, as it is and with the client time of the other
+steps that no RunMetadata record covers).
 Files that cannot be replayed (no graph, no timed op) are listed with the reason.
 
 Run: ``nice python bench/bench_replay.py`` from the repo root (``--only SUBSTRING`` to
-restrict to some traces). Exit status 1 when median > 2% or worst > 5% over all steps.
+restrict to some traces). Exit status 1 when median > 2% or worst > 5% over the judged
+steps.
 """
 
 from __future__ import annotations
