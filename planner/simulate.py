@@ -850,9 +850,63 @@ def replay(job: Job, *, seed: int = 0, frame: pd.DataFrame | None = None) -> dic
         compiled = compile_graph(graph)
         oracle = mean_of_runs(graph, rows)
         spans = spans_of(job, rank)
+        release = _latest(release, carried_over(compiled, rows, spans))
         steps = _replay_rank(compiled, rows, oracle, seed, spans, release, own)
         ranks.append({"rank": rank, **_error_summary(steps), "steps": steps})
     return {"schema": SCHEMA, "kind": "replay", "ranks": ranks, **_all_errors(ranks)}
+
+
+def carried_over(
+    compiled: Compiled, rows: pd.DataFrame, spans: Mapping[int, tuple[int, int]] | None = None
+) -> dict[int, np.ndarray]:
+    """Step -> per op the end (epoch ns, -1 none) of the previous traced step's last op
+    on the op's resource: a GPU stream still running the kernels the CPU queued a step
+    ahead cannot start this step's before (the queue a step begins with). On resources
+    whose previous step ended before this one began it releases nothing. The first
+    traced step, whose previous step is not in the trace, begins with the typical queue:
+    per resource the median over the other steps of that end less the step's start (its
+    recorded span's, else its first record's)."""
+    rows = rows[rows["op"].isin(compiled.index)]
+    res = compiled.res[rows["op"].map(compiled.index).to_numpy(dtype=np.int64)]
+    frame = pd.DataFrame(
+        {"iteration": rows["iteration"].to_numpy(), "res": res,
+         "start": rows["start"].to_numpy(), "end": (rows["start"] + rows["duration"]).to_numpy()}
+    )  # fmt: skip
+    ends = frame.groupby(["iteration", "res"])["end"].max()
+    first = frame.groupby("iteration")["start"].min()
+    for it, (begin, _end) in (spans or {}).items():
+        if it in first.index:
+            first[it] = begin
+    steps = sorted(first.index.tolist())
+    n_res = len(compiled.resources)
+    queue: dict[int, np.ndarray] = {}  # step -> per resource previous end - step start
+    for before, it in zip(steps, steps[1:], strict=False):
+        q = np.full(n_res, np.nan)
+        previous = ends.xs(before, level="iteration")
+        q[previous.index.to_numpy()] = previous.to_numpy() - first[it]
+        queue[int(it)] = q
+    if len(queue) > 1:
+        table = np.stack(list(queue.values()))
+        typical = np.full(n_res, np.nan)
+        seen = (~np.isnan(table)).any(axis=0)
+        typical[seen] = np.nanmedian(table[:, seen], axis=0)
+        queue[int(steps[0])] = typical
+    out = {}
+    for it, q in queue.items():
+        offset = np.nan_to_num(q).round().astype(np.int64)  # ns; epochs stay integers
+        last = np.where(np.isnan(q), -1, offset + int(first[it]))
+        out[it] = last[compiled.res]
+    return out
+
+
+def _latest(
+    a: Mapping[int, np.ndarray] | None, b: Mapping[int, np.ndarray]
+) -> dict[int, np.ndarray]:
+    """Per step the later of two release arrays (-1: none)."""
+    out = {it: r.copy() for it, r in (a or {}).items()}
+    for it, r in b.items():
+        out[it] = np.maximum(out[it], r) if it in out else r.copy()
+    return out
 
 
 def job_releases(job: Job, frame: pd.DataFrame) -> dict[str, dict[int, np.ndarray]]:
