@@ -222,23 +222,27 @@ def main() -> int:
             skipped.append((name, "no complete step"))
             continue
         own = any(s["overhead_from"] == "own step" for r in doc["ranks"] for s in r["steps"])
+        excluded = sum(bool(exclusion(s)) for x, _, s in steps_all if x == name) * (not own)
         rows.append(
-            (name, n, np.median(wall), max(wall), np.median(busy), max(busy), np.median(cover),
-             own, took)
+            (name, n, excluded, np.median(wall), max(wall), np.median(busy), max(busy),
+             np.median(cover), own, took)
         )  # fmt: skip
 
     width = max((len(r[0]) for r in rows), default=10)
-    print(f"{'trace':<{width}}  steps  wall med  wall worst  busy med  busy worst  cover   time")
-    for name, n, wm, ww, bm, bw, cv, own, took in rows:
+    print(
+        f"{'trace':<{width}}  steps  excl  wall med  wall worst  busy med  busy worst  cover   time"
+    )
+    for name, n, excluded, wm, ww, bm, bw, cv, own, took in rows:
         print(
-            f"{name:<{width}}  {n:>5}  {pct(wm):>8}  {pct(ww):>10}  {pct(bm):>8}  "
+            f"{name:<{width}}  {n:>5}  {excluded:>4}  {pct(wm):>8}  {pct(ww):>10}  {pct(bm):>8}  "
             f"{pct(bw):>10}  {cv * 100:4.0f}%  {took:>5.1f}s{'  (1 step: own overheads)' * own}"
         )
     if not steps_all:
         print("no step replayed")
         return 1
     print(
-        "\ncover: median share of the step's wall-clock time in which some traced op runs. "
+        "\nexcl: steps excluded from the judgement (below). "
+        "cover: median share of the step's wall-clock time in which some traced op runs. "
         "A rank with one step has no other step to take overheads from: its replay uses its "
         "own (it reproduces the step by construction) and is left out of the figures below."
     )
