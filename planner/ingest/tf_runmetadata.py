@@ -38,6 +38,9 @@ _LABEL = re.compile(
 _STEP = re.compile(r"step[_-]?(\d+)", re.IGNORECASE)
 _VARIABLE_OPS = {"VarHandleOp", "VariableV2", "Variable", "_VarHandlesOp"}
 _READ_OPS = {"ReadVariableOp", "Identity", "_ReadVariablesOp"}
+# `_ps_work`: the PS ops, their edges, and (PS op, tensor, sending worker device) per tensor
+# a PS op reads from another worker
+_PsWork = tuple[list[Op], list[tuple[str, str, str]], list[tuple[str, str, str]]]
 
 
 def parse_run_metadata(data: bytes, path: Path) -> tfpb.RunMetadata:
@@ -374,7 +377,7 @@ def load_run_metadata(files: list[tuple[Path, bytes]]) -> Job:
     nbytes: dict[tuple[str, str], int] = {}
     missing: Counter[tuple[str, int]] = Counter()
     seen: set[tuple[str, int]] = set()
-    ps_work: dict[str, tuple[list[Op], list[tuple[str, str, str]], list]] = {}
+    ps_work: dict[str, _PsWork] = {}
     replay_rows: list[tuple[str, int, str, int, int]] = []
     replay_release: dict[str, dict[int, dict[str, int]]] = {}
     for path, step in steps:
@@ -435,9 +438,7 @@ def load_run_metadata(files: list[tuple[Path, bytes]]) -> Job:
     )
 
 
-def _ps_work(
-    step: _Step, device: str, links: dict[str, tuple]
-) -> tuple[list[Op], list[tuple[str, str, str]], list[tuple[str, str, int]]]:
+def _ps_work(step: _Step, device: str, links: dict[str, tuple]) -> _PsWork:
     """The parameter servers' work for the worker partition on `device`, for the replay
     (`planner.simulate.replay`): the PS nodes with node stats as ops (``ps0:<node>`` on
     resource ``ps0/CPU:0``), the edges among them and to and from the worker's transfers
@@ -449,7 +450,7 @@ def _ps_work(
     by_tensor = {key[0]: name for name, (key, _producer) in links.items()}
     ops: list[Op] = []
     edges: list[tuple[str, str, str]] = []
-    foreign: list[tuple[str, str, int]] = []
+    foreign: list[tuple[str, str, str]] = []
     for ps_device, graph in step.partitions.items():
         task = task_of(ps_device)
         if not task.startswith("ps"):
@@ -489,7 +490,7 @@ def _ps_work(
 
 
 def _ps_rows(
-    step: _Step, ops: list[Op], foreign: list[tuple[str, str, int]]
+    step: _Step, ops: list[Op], foreign: list[tuple[str, str, str]]
 ) -> tuple[list[tuple[str, int, int]], dict[str, int]]:
     """The PS ops' records in `step` as (op, start, duration) ns, and per PS op the time
     (epoch ns) it is released: its own start where it waits for no worker
@@ -518,7 +519,7 @@ def _ps_rows(
 
 def _replay_meta(
     graphs: dict[str, OpGraph],
-    ps_work: dict[str, tuple[list[Op], list[tuple[str, str, str]], list]],
+    ps_work: dict[str, _PsWork],
     rows: list[tuple[str, int, str, int, int]],
     release: dict[str, dict[int, dict[str, int]]],
 ) -> dict[str, object]:
