@@ -438,6 +438,7 @@ def step_model(
     fallback: np.ndarray,
     missing: Sequence[str] = (),
     release: np.ndarray | None = None,
+    own: int | None = None,
 ) -> StepModel:
     """The replay model of one step: what plain list scheduling misses, taken from it.
 
@@ -546,7 +547,7 @@ def step_model(
     )
     priority = np.concatenate([priority, np.full(k + m, -1, dtype=np.int64)])
     cap = np.concatenate([width, [max(1, n), max(1, n + k + m)]]).astype(np.int64)
-    tail = max(0, t1 - t0 - int(end_of[idx].max(initial=0))) / 1e9
+    tail = max(0, t1 - t0 - int(end_of[:own][observed[:own]].max(initial=0))) / 1e9
     return StepModel(
         expanded, cap, priority, seconds, gap / 1e9, observed, tail, tuple(missing), violated,
         own_ready, t0,
@@ -650,18 +651,23 @@ def _step_models(
     oracle: TimeOracle,
     spans: Mapping[int, tuple[int, int]] | None,
     releases: Mapping[int, np.ndarray] | None = None,
+    own: int | None = None,
 ) -> dict[int, tuple[pd.DataFrame, tuple[int, int], StepModel]]:
-    """Step -> (its rows, its span, its `step_model`) for each step of one rank."""
+    """Step -> (its rows, its span, its `step_model`) for each step of one rank; `own`:
+    the rank's ops are the first `own` of `compiled` (the rest, PS work joined for the
+    replay, count neither in the step's span nor in its missing records)."""
     fallback = op_seconds(compiled, oracle)
-    gone = partial_steps(rows_of_rank, compiled.index)
+    mine = compiled.names[:own]
+    gone = partial_steps(rows_of_rank, mine)
     models = {}
     for iteration, rows in rows_of_rank.groupby("iteration", sort=True):
         it = int(iteration)
         known = rows[rows["op"].isin(compiled.index)]
-        if not len(known):
+        of_rank = known[known["op"].isin(mine)] if own is not None else known
+        if not len(of_rank):
             continue
-        first = int(known["start"].min())
-        last = int((known["start"] + known["duration"]).max())
+        first = int(of_rank["start"].min())
+        last = int((of_rank["start"] + of_rank["duration"]).max())
         span = (spans or {}).get(it, (first, last))
         span = (min(span[0], first), max(span[1], last))
         release = None
@@ -671,7 +677,7 @@ def _step_models(
         models[it] = (
             known,
             span,
-            step_model(compiled, known, span, fallback, gone.get(it, ()), release),
+            step_model(compiled, known, span, fallback, gone.get(it, ()), release, own),
         )
     return models
 
@@ -719,20 +725,25 @@ def _replay_rank(
     seed: int,
     spans: Mapping[int, tuple[int, int]] | None = None,
     releases: Mapping[int, np.ndarray] | None = None,
+    own: int | None = None,
 ) -> list[dict[str, Any]]:
-    models = _step_models(compiled, rows_of_rank, oracle, spans, releases)
+    """The replayed steps of one rank (see `replay`); `own`: as in `_step_models`."""
+    models = _step_models(compiled, rows_of_rank, oracle, spans, releases, own)
     overheads = typical_overheads({it: m for it, (_, _, m) in models.items()})
     steps = []
-    for it, (known, span, own) in models.items():
-        model = with_overhead(own, overheads[it])
+    for it, (known, span, traced) in models.items():
+        model = with_overhead(traced, overheads[it])
         arrays = _arrays(model.compiled, model.priority, (), model.cap)
         ticks = to_ticks(model.seconds)
         _, start, _ = _kernel(arrays, ticks, _draws(seed, [0], len(ticks)), True)
-        n = len(compiled.names)
+        n = len(compiled.names[:own])
         begin, took = start[0][:n], ticks[:n]
-        predicted_wall = float((begin + took).max(initial=0)) / TICKS_PER_SECOND + model.tail
-        keep = model.observed
+        keep = model.observed[:n]
+        predicted_wall = (
+            float((begin[keep] + took[keep]).max(initial=0)) / TICKS_PER_SECOND + model.tail
+        )
         predicted = busy_time(begin[keep], took[keep]) / TICKS_PER_SECOND
+        known = known[known["op"].isin(compiled.names[:n])]
         busy, op_span = measured(known)
         wall = (span[1] - span[0]) / 1e9
         error = predicted / busy - 1.0 if busy > 0 else None
@@ -747,10 +758,10 @@ def _replay_rank(
             "wall": wall,
             "predicted_wall": predicted_wall,
             "wall_error": wall_error,
-            "overhead": float(model.overhead[keep].sum()),
+            "overhead": float(model.overhead[:n][keep].sum()),
             "overhead_from": "other steps" if len(models) > 1 else "own step",
             "ops_observed": int(len(known)),
-            "cause": _cause(own, model),
+            "cause": _cause(traced, model),
         }
         if model.missing:
             step["partial"] = records.note(str(known["rank"].iloc[0]), it, model.missing)
@@ -832,14 +843,70 @@ def replay(job: Job, *, seed: int = 0, frame: pd.DataFrame | None = None) -> dic
     releases = job_releases(job, frame)
     ranks = []
     for rank in job.ranks:
-        graph = job.graphs[rank]
+        own = len(job.graphs[rank].ops)
+        graph, rows, release = joint_work(
+            job, rank, frame[frame["rank"] == rank], releases.get(rank)
+        )
         compiled = compile_graph(graph)
-        rows = frame[frame["rank"] == rank]
         oracle = mean_of_runs(graph, rows)
         spans = spans_of(job, rank)
-        steps = _replay_rank(compiled, rows, oracle, seed, spans, releases.get(rank))
+        release = _latest(release, carried_over(compiled, rows, spans))
+        steps = _replay_rank(compiled, rows, oracle, seed, spans, release, own)
         ranks.append({"rank": rank, **_error_summary(steps), "steps": steps})
     return {"schema": SCHEMA, "kind": "replay", "ranks": ranks, **_all_errors(ranks)}
+
+
+def carried_over(
+    compiled: Compiled, rows: pd.DataFrame, spans: Mapping[int, tuple[int, int]] | None = None
+) -> dict[int, np.ndarray]:
+    """Step -> per op the end (epoch ns, -1 none) of the previous traced step's last op
+    on the op's resource: a GPU stream still running the kernels the CPU queued a step
+    ahead cannot start this step's before (the queue a step begins with). On resources
+    whose previous step ended before this one began it releases nothing. The first
+    traced step, whose previous step is not in the trace, begins with the typical queue:
+    per resource the median over the other steps of that end less the step's start (its
+    recorded span's, else its first record's)."""
+    rows = rows[rows["op"].isin(compiled.index)]
+    res = compiled.res[rows["op"].map(compiled.index).to_numpy(dtype=np.int64)]
+    frame = pd.DataFrame(
+        {"iteration": rows["iteration"].to_numpy(), "res": res,
+         "start": rows["start"].to_numpy(), "end": (rows["start"] + rows["duration"]).to_numpy()}
+    )  # fmt: skip
+    ends = frame.groupby(["iteration", "res"])["end"].max()
+    first = frame.groupby("iteration")["start"].min()
+    for it, (begin, _end) in (spans or {}).items():
+        if it in first.index:
+            first[it] = begin
+    steps = sorted(first.index.tolist())
+    n_res = len(compiled.resources)
+    queue: dict[int, np.ndarray] = {}  # step -> per resource previous end - step start
+    for before, it in zip(steps, steps[1:], strict=False):
+        q = np.full(n_res, np.nan)
+        previous = ends.xs(before, level="iteration")
+        q[previous.index.to_numpy()] = previous.to_numpy() - first[it]
+        queue[int(it)] = q
+    if len(queue) > 1:
+        table = np.stack(list(queue.values()))
+        typical = np.full(n_res, np.nan)
+        seen = (~np.isnan(table)).any(axis=0)
+        typical[seen] = np.nanmedian(table[:, seen], axis=0)
+        queue[int(steps[0])] = typical
+    out = {}
+    for it, q in queue.items():
+        offset = np.nan_to_num(q).round().astype(np.int64)  # ns; epochs stay integers
+        last = np.where(np.isnan(q), -1, offset + int(first[it]))
+        out[it] = last[compiled.res]
+    return out
+
+
+def _latest(
+    a: Mapping[int, np.ndarray] | None, b: Mapping[int, np.ndarray]
+) -> dict[int, np.ndarray]:
+    """Per step the later of two release arrays (-1: none)."""
+    out = {it: r.copy() for it, r in (a or {}).items()}
+    for it, r in b.items():
+        out[it] = np.maximum(out[it], r) if it in out else r.copy()
+    return out
 
 
 def job_releases(job: Job, frame: pd.DataFrame) -> dict[str, dict[int, np.ndarray]]:
@@ -855,6 +922,48 @@ def job_releases(job: Job, frame: pd.DataFrame) -> dict[str, dict[int, np.ndarra
             compiled[rank], rows, mean_of_runs(graph, rows), spans_of(job, rank)
         )
     return peer_releases(compiled, models)
+
+
+def joint_work(
+    job: Job,
+    rank: str,
+    rows: pd.DataFrame,
+    releases: Mapping[int, np.ndarray] | None,
+) -> tuple[OpGraph, pd.DataFrame, dict[int, np.ndarray] | None]:
+    """The graph, records and releases the replay runs for `rank`: its own, or, for a
+    TF worker, its partition joined with the parameter servers' work it exchanges
+    tensors with (``Job.meta["replay"]``, `planner.ingest.tf_runmetadata._ps_work`).
+
+    The recvs at a TF step's start wait for the PS to read the variables, and a
+    SyncReplicas token waits for the PS to apply the gradients, differently in every
+    step; replayed with the worker, the PS ops run at their observed durations with
+    their typical overheads, and the worker's recvs wait for them. PS work that waits
+    for no worker is released at its traced start (a peer's trace, as for collectives);
+    a PS op that reads another worker's tensor, at that tensor's arrival.
+    """
+    joint = (job.meta.get("replay") or {}) if isinstance(job.meta, Mapping) else {}
+    graph = (joint.get("graphs") or {}).get(rank)
+    if graph is None:
+        return job.graphs[rank], rows, releases
+    extra = pd.DataFrame(
+        [r for r in joint.get("rows", ()) if r[0] == rank],
+        columns=["rank", "iteration", "op", "start", "duration"],
+    )
+    extra["dedicated"] = extra["duration"]
+    joined = pd.concat([rows, extra.astype({"start": "int64", "duration": "int64"})])
+    index = compile_graph(graph).index
+    n_own = len(job.graphs[rank].ops)
+    out: dict[int, np.ndarray] = {}
+    steps = set(rows["iteration"].unique().tolist())
+    for it in steps:
+        latest = np.full(len(index), -1, dtype=np.int64)
+        if releases is not None and it in releases:
+            latest[:n_own] = releases[it]
+        for name, t in ((joint.get("release") or {}).get(rank, {}).get(it) or {}).items():
+            if name in index:
+                latest[index[name]] = max(latest[index[name]], t)
+        out[int(it)] = latest
+    return graph, joined, out
 
 
 def spans_of(job: Job, rank: str) -> dict[int, tuple[int, int]]:
@@ -1034,16 +1143,15 @@ def compare(
             raise InputError(None, f"plan name {name!r} is reserved")
     settings = _knobs(**knobs)
     frame = _frame(job) if frame is None else frame
+    if replayed is None or any(rank not in replayed for rank in job.ranks):
+        replayed = {**replayed_steps(replay(job, seed=seed, frame=frame)), **(replayed or {})}
     ranks = []
     for rank in job.ranks:
         graph = job.graphs[rank]
         compiled = compile_graph(graph)
         rows = frame[frame["rank"] == rank]
         oracle = oracles[rank] if oracles is not None else mean_of_runs(graph, rows)
-        if replayed is not None and rank in replayed:
-            steps = replayed[rank]
-        else:
-            steps = _replay_rank(compiled, rows, oracle, seed, spans_of(job, rank))
+        steps = replayed[rank]
         of_rank = {name: p[rank] for name, p in plans.items() if rank in p}
         seconds = op_seconds(
             compiled,

@@ -38,6 +38,9 @@ _LABEL = re.compile(
 _STEP = re.compile(r"step[_-]?(\d+)", re.IGNORECASE)
 _VARIABLE_OPS = {"VarHandleOp", "VariableV2", "Variable", "_VarHandlesOp"}
 _READ_OPS = {"ReadVariableOp", "Identity", "_ReadVariablesOp"}
+# `_ps_work`: the PS ops, their edges, and (PS op, tensor, sending worker device) per tensor
+# a PS op reads from another worker
+_PsWork = tuple[list[Op], list[tuple[str, str, str]], list[tuple[str, str, str]]]
 
 
 def parse_run_metadata(data: bytes, path: Path) -> tfpb.RunMetadata:
@@ -132,6 +135,20 @@ class _Step:
             for n in g.node
             if n.op == "_Send" and n.input
         }
+
+    @cached_property
+    def unprompted(self) -> set[tuple[str, str]]:
+        """(device, node) of the parameter-server nodes that wait for no tensor from
+        another device in the step (variable reads, the PS's own constants): their
+        record times are the PS's own, not a replay of the workers' by another name."""
+        out: set[tuple[str, str]] = set()
+        for device, graph in self.partitions.items():
+            if not task_of(device).startswith("ps"):
+                continue
+            bit = {n.name: 1 for n in graph.node if n.op == "_Recv"}
+            waits = _waits(graph, bit) if bit else {n.name: 0 for n in graph.node}
+            out.update((device, name) for name, mask in waits.items() if not mask)
+        return out
 
     @cached_property
     def peer_waits(self) -> dict[str, list[tuple[str, str]]]:
@@ -360,6 +377,9 @@ def load_run_metadata(files: list[tuple[Path, bytes]]) -> Job:
     nbytes: dict[tuple[str, str], int] = {}
     missing: Counter[tuple[str, int]] = Counter()
     seen: set[tuple[str, int]] = set()
+    ps_work: dict[str, _PsWork] = {}
+    replay_rows: list[tuple[str, int, str, int, int]] = []
+    replay_release: dict[str, dict[int, dict[str, int]]] = {}
     for path, step in steps:
         for device in step.partitions:
             rank = task_of(device)
@@ -392,6 +412,11 @@ def load_run_metadata(files: list[tuple[Path, bytes]]) -> Job:
                 )
             rows.extend((rank, step.number, op, s, d) for _, _, op, s, d in step_rows)
             spans.append((rank, step.number, start, end))
+            if rank not in ps_work:
+                ps_work[rank] = _ps_work(step, device, links[rank])
+            ps_rows, ps_release = _ps_rows(step, ps_work[rank][0], ps_work[rank][2])
+            replay_rows.extend((rank, step.number, op, s, d) for op, s, d in ps_rows)
+            replay_release.setdefault(rank, {})[step.number] = ps_release
     if not graphs:
         raise InputError(files[0][0], "RunMetadata has no worker partition graph")
     graphs = {rank: _with_sizes(graph, rank, nbytes) for rank, graph in graphs.items()}
@@ -406,8 +431,115 @@ def load_run_metadata(files: list[tuple[Path, bytes]]) -> Job:
         trace=make_trace(rows, spans),
         sources=tuple(str(p) for p, _ in files),
         notes=tuple(notes),
-        meta={"devices": devices},
+        meta={
+            "devices": devices,
+            "replay": _replay_meta(graphs, ps_work, replay_rows, replay_release),
+        },
     )
+
+
+def _ps_work(step: _Step, device: str, links: dict[str, tuple]) -> _PsWork:
+    """The parameter servers' work for the worker partition on `device`, for the replay
+    (`planner.simulate.replay`): the PS nodes with node stats as ops (``ps0:<node>`` on
+    resource ``ps0/CPU:0``), the edges among them and to and from the worker's transfers
+    (a PS node that reads a tensor the worker sends waits for that send; the worker's
+    recv waits for the PS node it receives from; `_Send`/`_Recv` nodes, which TensorFlow
+    records no stats for, are collapsed), and (PS op, tensor, sending device) for each
+    tensor a PS op receives from another worker, whose record the replay releases it at.
+    """
+    by_tensor = {key[0]: name for name, (key, _producer) in links.items()}
+    ops: list[Op] = []
+    edges: list[tuple[str, str, str]] = []
+    foreign: list[tuple[str, str, str]] = []
+    for ps_device, graph in step.partitions.items():
+        task = task_of(ps_device)
+        if not task.startswith("ps"):
+            continue
+        nodes = step.nodes[ps_device]
+        timed = {name for (d, name) in step.op_time if d == ps_device}
+        resource = device_name(ps_device)
+        for node in graph.node:
+            if node.name in timed and node.op not in ("_Send", "_Recv"):
+                ops.append(Op(f"{task}:{node.name}", "compute", resource, type=node.op))
+        for node in graph.node:
+            if node.op == "_Send":
+                peer = node.attr["recv_device"].s.decode(errors="replace")
+                tensor = node.attr["tensor_name"].s.decode(errors="replace")
+                if peer != device or tensor not in by_tensor or not node.input:
+                    continue
+                targets = [by_tensor[tensor]]
+            elif node.name in timed:
+                targets = [f"{task}:{node.name}"]
+            else:
+                continue
+            for raw in node.input:
+                src, kind = split_input(raw)
+                source = nodes.get(src)
+                if source is None:
+                    continue
+                if source.op == "_Recv":
+                    sender = source.attr["send_device"].s.decode(errors="replace")
+                    tensor = source.attr["tensor_name"].s.decode(errors="replace")
+                    if sender == device and tensor in by_tensor:
+                        edges.extend((by_tensor[tensor], t, kind) for t in targets)
+                    elif sender != ps_device and node.op != "_Send":
+                        foreign.append((targets[0], tensor, sender))
+                elif src in timed and source.op != "_Send":
+                    edges.extend((f"{task}:{src}", t, kind) for t in targets)
+    return ops, edges, foreign
+
+
+def _ps_rows(
+    step: _Step, ops: list[Op], foreign: list[tuple[str, str, str]]
+) -> tuple[list[tuple[str, int, int]], dict[str, int]]:
+    """The PS ops' records in `step` as (op, start, duration) ns, and per PS op the time
+    (epoch ns) it is released: its own start where it waits for no worker
+    (`_Step.unprompted`: the PS's own work, taken as traced, as a peer's is), else the
+    end of the latest tensor it received from another worker (that worker's record)."""
+    rows = []
+    release: dict[str, int] = {}
+    devices = {task_of(d): d for d in step.partitions}
+    for op in ops:
+        task, _, node = op.name.partition(":")
+        key = (devices.get(task, ""), node)
+        if key not in step.op_time:
+            continue
+        start, duration = step.op_time[key]
+        rows.append((op.name, start, duration))
+        if key in step.unprompted:
+            release[op.name] = start
+    received: dict[str, int] = {}
+    for name, tensor, sender in foreign:
+        task = name.partition(":")[0]
+        record = step.records.get((tensor, sender, devices.get(task, "")))
+        if record is not None:
+            received[name] = max(received.get(name, -1), record.end)
+    return rows, {**received, **release}
+
+
+def _replay_meta(
+    graphs: dict[str, OpGraph],
+    ps_work: dict[str, _PsWork],
+    rows: list[tuple[str, int, str, int, int]],
+    release: dict[str, dict[int, dict[str, int]]],
+) -> dict[str, object]:
+    """What `planner.simulate.replay` runs in place of the worker graphs: per rank the
+    worker partition followed by the PS work it exchanges tensors with (`_ps_work`),
+    the PS ops' records and their releases. A PS graph that cannot join (a cycle) is
+    left out: the worker is replayed alone."""
+    out: dict[str, object] = {"graphs": {}, "rows": [], "release": {}}
+    for rank, graph in graphs.items():
+        ops, edges, _foreign = ps_work.get(rank, ([], [], []))
+        if not ops:
+            continue
+        try:
+            joint = build_graph([*graph.ops.values(), *ops], [*graph.edges(), *edges])
+        except GraphError:
+            continue
+        out["graphs"][rank] = joint
+        out["rows"].extend(r for r in rows if r[0] == rank)
+        out["release"][rank] = release.get(rank, {})
+    return out
 
 
 def _step_rows(
