@@ -98,7 +98,7 @@ def train(
     where = out / label
     where.mkdir(parents=True, exist_ok=True)
     model = make_model()
-    sync = None
+    sync = hook = None
     if mode == "gradsync":
         sync = GradSync(model, load_plan(plan_path), timeout=gate_timeout)
         sync.broadcast_parameters()
