@@ -1,8 +1,9 @@
 """Overhead of applying a plan with DDP on the 2-rank CPU job of examples/train_ddp.py (gloo).
 
-Four DDP replicas of the same model train side by side in the same two processes:
+Five DDP replicas of the same model train side by side in the same two processes:
 
-- ``none``: plain DDP;
+- ``none``: plain DDP, and ``again``: a second plain DDP (the A/A pair: the noise floor
+  of the comparison on this machine);
 - ``plan``: ``register_plan_hook`` with a plan equal to DDP's own order (one group per
   bucket, in bucket order, depth 1), as a user registers it: DDP applies such a plan
   itself, so no hook is installed (``applied_by == "ddp"``, checked here);
@@ -16,10 +17,11 @@ the configurations' order rotating from round to round), so that all see the sam
 on a shared machine. Printed per rank: the median step of each configuration, and its
 overhead against plain DDP as the median of the per-round paired ratios (each round's
 median step over plain DDP's in the same round) with their interquartile range and a
-bootstrap 95% interval of that median. The issue's figure is the ``plan`` line.
+bootstrap 95% interval of that median. The issue's figure is the ``plan`` line; the
+verdict says whether its interval lies below 2% or the machine was too noisy to tell.
 
-    nice python bench/bench_enforce.py                 # 20 rounds x 3 steps (~1 min)
-    nice python bench/bench_enforce.py --rounds 40     # more rounds, tighter intervals
+    nice python bench/bench_enforce.py                 # 120 rounds of 1 step (~1 min)
+    nice python bench/bench_enforce.py --rounds 300    # tighter intervals (~2.5 min)
     python bench/bench_enforce.py --profile            # where the hook's time goes (rank 0)
 """
 
@@ -38,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-LABELS = ("none", "plan", "hook", "pyhook")
+LABELS = ("none", "again", "plan", "hook", "pyhook")
 EXAMPLE = ROOT / "examples" / "train_ddp.py"
 TARGET = 0.02  # issue #15: within 2% of plain DDP
 
@@ -140,8 +142,8 @@ def paired(doc: dict, label: str, seed: int = 0) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=20, help="rounds (default 20)")
-    parser.add_argument("--per-round", type=int, default=3, help="steps of each per round")
+    parser.add_argument("--rounds", type=int, default=120, help="rounds (default 120)")
+    parser.add_argument("--per-round", type=int, default=1, help="steps of each per round")
     parser.add_argument("--warmup", type=int, default=3, help="unmeasured steps of each")
     parser.add_argument("--profile", action="store_true", help="cProfile the hook on rank 0")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -177,17 +179,25 @@ def main() -> None:
         none = statistics.median(t for r in doc["times"]["none"] for t in r) * 1e3
         print(f"rank{rank}: plain DDP median step {none:.2f} ms "
               f"(plan applied by: {doc['applied_by']})")  # fmt: skip
-        for label, what in (("plan", "plan = DDP's order, as registered"),
+        for label, what in (("again", "plain DDP again (A/A: noise floor)"),
+                            ("plan", "plan = DDP's order, as registered"),
                             ("hook", "same plan through the gated hook"),
                             ("pyhook", "PyTorch's Python allreduce_hook")):  # fmt: skip
             f = paired(doc, label)
             spread = f"[{f['q1']:+.1%}, {f['q3']:+.1%}] ({f['low']:+.1%} to {f['high']:+.1%})"
             print(f"  {what:36} {f['median_ms']:7.2f} ms  {f['overhead']:+6.1%} {spread}")
-        verdict.append((rank, paired(doc, "plan")["overhead"], doc["applied_by"].get("plan")))
-    ok = all(o <= TARGET for _, o, _ in verdict)
-    print("issue #15 point 3, plan equal to DDP's own order vs no hook: "
-          + ", ".join(f"rank{r} {o:+.1%}" for r, o, _ in verdict)
-          + f" -> {'within' if ok else 'NOT within'} {TARGET:.0%}")  # fmt: skip
+        verdict.append((rank, paired(doc, "plan")))
+    figures = ", ".join(f"rank{r} {f['overhead']:+.1%} ({f['low']:+.1%} to {f['high']:+.1%})"
+                        for r, f in verdict)  # fmt: skip
+    if all(f["high"] <= TARGET for _, f in verdict):
+        says = f"within {TARGET:.0%} (the 95% intervals too)"
+    elif all(f["overhead"] <= TARGET for _, f in verdict):
+        says = f"within {TARGET:.0%} at the median; an interval reaches above: a noisy machine"
+    elif all(f["low"] <= TARGET for _, f in verdict):
+        says = f"NOT within {TARGET:.0%} at the median, but an interval reaches below: noisy"
+    else:
+        says = f"NOT within {TARGET:.0%}"
+    print(f"issue #15 point 3, plan equal to DDP's own order vs no hook: {figures} -> {says}")
 
 
 if __name__ == "__main__":
