@@ -138,3 +138,43 @@ def test_ddp_order_difference_names_the_first_one() -> None:
     assert ddp_order_difference(own, owner, split, nbytes) == (
         "transfer 'group0' spans more than DDP bucket 0"
     )
+
+
+@pytest.fixture
+def single_rank() -> object:
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield dist
+    dist.destroy_process_group()
+
+
+def test_ddp_that_never_rebuilds_is_decided_at_registration(single_rank: object) -> None:
+    """find_unused_parameters: DDP keeps its first buckets, so the check needs no step."""
+    from planner.enforce.torch_ddp import register_plan_hook
+
+    def ddp_of(model: torch.nn.Module) -> torch.nn.Module:
+        return torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
+    names = {id(p): n for n, p in model.named_parameters()}
+    ddp = ddp_of(model)
+    buckets = [[names[id(p)] for p in b.parameters()]
+               for b in ddp.reducer._get_zeros_like_grad_buckets()]  # fmt: skip
+    hook = register_plan_hook(ddp, plan_from_groups(buckets))  # DDP's own buckets
+    assert hook.applied_by == "ddp"
+    each = [[n] for n, _ in reversed(list(model.named_parameters()))]  # finer than DDP's
+    other = ddp_of(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)))
+    assert len(each) > len(buckets)
+    gated = register_plan_hook(other, plan_from_groups(each), timeout=10)
+    assert gated.applied_by == "hook"
+    other(torch.randn(3, 8)).sum().backward()
+    assert gated.launched_last == plan_from_groups(each).order
+    gated.close()
+    hook.close()
