@@ -11,7 +11,8 @@ A PLAN path may hold ``{rank}`` (each rank reads its own file). Each variant wri
 under ``--out/<label>/``: ``rank<r>.json`` (torch.profiler trace, steps ``ProfilerStep#N``,
 with input shapes so that `planner analyze` can tell the parameters apart),
 ``params_rank<r>.pt`` (final parameters) and ``steps_rank<r>.json`` (wall time and
-launch order of each step).
+launch order of each step, and what applied the plan: ``hook``; ``ddp`` for a plan that
+is DDP's own order, which DDP applies itself; ``pending`` before DDP's buckets are final).
 
 ``--fault KIND:RANK:STEP`` injects a fault on one rank (for the fault tests): ``kill``
 (the process dies after the forward pass), ``stall`` (it sleeps before the backward
@@ -97,7 +98,7 @@ def train(
     where = out / label
     where.mkdir(parents=True, exist_ok=True)
     model = make_model()
-    sync = None
+    sync = hook = None
     if mode == "gradsync":
         sync = GradSync(model, load_plan(plan_path), timeout=gate_timeout)
         sync.broadcast_parameters()
@@ -147,7 +148,8 @@ def train(
                 opt.step()
                 opt.zero_grad(set_to_none=False)
             order = sync.last_order if sync else (hook.launched_last if hook else ())
-            records.append({"time": time.perf_counter() - start, "order": list(order)})
+            records.append({"time": time.perf_counter() - start, "order": list(order),
+                            "applied_by": hook.applied_by if hook else None})  # fmt: skip
             prof.step()
     if sync is not None:
         sync.close()

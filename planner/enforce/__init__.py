@@ -3,6 +3,8 @@
 - `PriorityGate` (here, torch-free): TicTac's per-iteration sender counter.
 - `planner.enforce.binding` (torch-free): which model parameters each planned transfer
   carries; plans made for another model are refused.
+- `planner.enforce.ddp_order` (torch-free): whether a plan is DDP's own order, which
+  DDP applies by itself (then `register_plan_hook` installs no hook).
 - `planner.enforce.torch_ddp`: a DDP communication hook and a gradient-sync module
   (imports torch; import it explicitly).
 - `planner.enforce.tf_graph`: a plan's control edges as ``^name`` inputs of a GraphDef.

@@ -127,8 +127,8 @@ class PriorityGate:
             return tuple(self._it.order)
 
     def _advance(self) -> None:
-        done = self._it.handed | self._it.skipped
-        while self._next in done:
+        handed, skipped = self._it.handed, self._it.skipped
+        while self._next in handed or self._next in skipped:
             self._next += 1
 
     def _end_iteration(self) -> None:
@@ -240,9 +240,15 @@ class PriorityGate:
                 self._it.order.append(name)
                 launch()
                 return True
+            if idx == self._next:  # its turn (always, in a plan that is the arrival order)
+                try:
+                    launch()
+                finally:
+                    self._hand_over(name, idx)
+                self._drain()
+                return True
             self._pending[idx] = launch
-            ran = self._drain(idx)
-            return ran
+            return self._drain(idx)
 
     def _drain(self, mine: int = -1) -> bool:
         ran = False

@@ -1,6 +1,11 @@
 """PyTorch enforcement: a DDP communication hook and a gradient-sync module, both gated.
 
-- `PlanCommHook` (``register_plan_hook(ddp, plan)``): DDP calls it once per bucket. A
+- `register_plan_hook(ddp, plan)`: a plan that is DDP's own order (its transfers are
+  DDP's buckets in index order, depth 1: `planner.enforce.ddp_order`) is applied by DDP
+  itself, with no hook and so no per-step cost; the check is made on DDP's final
+  buckets, at the first forward after DDP rebuilds them, and installs the hook then if
+  the plan turns out to differ. Any other plan gets the hook at registration.
+- `PlanCommHook`: DDP calls it once per bucket. A
   bucket is identified by its parameters, not its index (DDP rebuilds buckets after the
   first iteration), and cut into the plan's groups. A group is all-reduced when all of
   its parameters are ready, through the `PriorityGate`, so groups reach the network in
@@ -41,6 +46,7 @@ import torch.distributed as dist
 from torch import nn
 
 from planner.enforce.binding import Binding, BoundariesUnknown, PlanMismatch, bind
+from planner.enforce.ddp_order import ddp_order_difference, may_be_ddp_order
 from planner.enforce.gate import GateError, PriorityGate
 from planner.enforce.plan_file import TransferPlan, canonical, first_difference, plan_digest
 
@@ -262,6 +268,10 @@ class PlanCommHook:
         self.launched: list[str] = []  # this iteration, in launch order
         self.launched_last: tuple[str, ...] = ()
         self._failure: TransferFailed | None = None
+        self.applied_by = "hook"  # or "ddp" (DDP's own order), "pending" (not decided yet)
+        self._ddp: nn.parallel.DistributedDataParallel | None = None
+        self._probe: Any = None
+        self._synced_forwards = 0
 
     @property
     def failure(self) -> TransferFailed | None:
@@ -273,6 +283,61 @@ class PlanCommHook:
         self._failure = error
 
     # ---------------------------------------------------------------- registration-time work
+
+    def install(self, ddp: nn.parallel.DistributedDataParallel) -> None:
+        """Register this hook on `ddp` (DDP takes one communication hook, for good)."""
+        ddp.register_comm_hook(self, _hook)
+        self.applied_by = "hook"
+
+    def may_be_ddp_order(self, ddp: nn.parallel.DistributedDataParallel) -> bool:
+        """Whether the plan can be DDP's own order (`planner.enforce.ddp_order`)."""
+        owner = None if self._by_bucket is not None else self.owner
+        return may_be_ddp_order(self.plan, owner, [n for n, _ in _trainable(ddp)])
+
+    def defer(self, ddp: nn.parallel.DistributedDataParallel) -> None:
+        """Decide between DDP itself and the hook on DDP's final buckets: now when DDP
+        will not rebuild them, else at the first forward after it did (a forward pre-hook
+        on the wrapped module, removed once it has decided; DDP runs the steps before
+        as it would)."""
+        self._ddp = ddp
+        self.applied_by = "pending"
+        if ddp.find_unused_parameters and not ddp.static_graph:  # DDP never rebuilds
+            self._decide()
+        else:
+            self._probe = ddp.module.register_forward_pre_hook(self._before_forward)
+
+    def _before_forward(self, *_: Any) -> None:
+        ddp = self._ddp
+        if ddp is None or not (torch.is_grad_enabled() and ddp.require_backward_grad_sync):
+            return
+        self._synced_forwards += 1
+        # DDP rebuilds its buckets in the forward after the first synced backward
+        if getattr(ddp, "_has_rebuilt_buckets", False) or self._synced_forwards >= 2:
+            self._decide()
+
+    def _decide(self) -> None:
+        ddp = self._ddp
+        assert ddp is not None
+        if self._probe is not None:
+            self._probe.remove()
+            self._probe = None
+        buckets = ddp.reducer._get_zeros_like_grad_buckets()  # noqa: SLF001 (once)
+        names = [[self.names.get(id(p), "?") for p in b.parameters()] for b in buckets]
+        nbytes = [b.buffer().numel() * b.buffer().element_size() for b in buckets]
+        owner = None if self._by_bucket is not None else self.owner
+        difference = ddp_order_difference(self.plan, owner, names, nbytes)
+        source = self.plan.source or "<plan>"
+        self._ddp = None
+        if difference is None:
+            self.applied_by = "ddp"
+            self._watchdog.close()
+            log.info("plan %s is DDP's own bucket order (%d buckets, depth 1): DDP applies it "
+                     "itself, no hook installed", source, len(buckets))  # fmt: skip
+            return
+        log.info("plan %s is not DDP's own order (%s): the hook applies it from this step on",
+                 source, difference)  # fmt: skip
+        self._steps_done = max(self._steps_done, 1)  # DDP's buckets are final
+        self.install(ddp)
 
     def _bucket_route(self, bucket: dist.GradBucket, buffer: torch.Tensor) -> _Route:
         """A plan bound to DDP's buckets: planned bucket k is DDP's bucket k, same bytes."""
@@ -461,7 +526,10 @@ class PlanCommHook:
         self.launched = []
 
     def close(self) -> None:
-        """Stop the watchdog thread."""
+        """Stop the watchdog thread (and the pending check of DDP's order)."""
+        if self._probe is not None:
+            self._probe.remove()
+            self._probe = None
         self._watchdog.close()
 
 
@@ -496,17 +564,25 @@ def register_plan_hook(
     timeout: float = 30.0,
     gate: PriorityGate | None = None,
     agree: bool = True,
+    ddp_order: bool = True,
 ) -> PlanCommHook:
-    """Register the gated, depth-splitting all-reduce hook on `ddp`; returns its state.
+    """Apply `plan` on `ddp`: the gated, depth-splitting all-reduce hook; returns its state.
 
     Binds the plan to the model (refusing one made for another model) and, with `agree`,
     checks over the process group that every rank holds the same plan. A step whose
     transfers do not all finish within `timeout` seconds (a peer stalled or died, a
     bucket never arrived) or whose all-reduce fails raises `GateError` from backward.
+
+    With `ddp_order` (and no `gate` of the caller's), a plan that is DDP's own order gets
+    no hook: DDP applies it by itself at no cost (``state.applied_by`` is ``"ddp"``; it
+    is ``"pending"`` until DDP's buckets are final, ``"hook"`` otherwise).
     """
     state = PlanCommHook(ddp, plan, gate=gate, group=ddp.process_group, strict=strict,
                          timeout=timeout, agree=agree)  # fmt: skip
-    ddp.register_comm_hook(state, _hook)
+    if ddp_order and gate is None and state.may_be_ddp_order(ddp):
+        state.defer(ddp)
+    else:
+        state.install(ddp)
     return state
 
 
