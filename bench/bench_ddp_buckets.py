@@ -207,6 +207,13 @@ def main() -> int:
         f"({sweep['kappa_source']}); first bucket rule {sweep['first_bucket_rule']}\n"
         f"advice: {sweep['reason']}"
     )
+    drift = sweep["measured_step_time"] / profiled - 1
+    if abs(drift) > TIE * 2:
+        print(
+            f"warning: the traced steps ran {drift:+.0%} against the same cap profiled in the "
+            "measured rounds: the trace caught the machine in another state (other work on "
+            "the host), and its predictions carry that"
+        )
     print(
         f"\n{'cap MB':>8} {'buckets':>7} {'role':>16} {'predicted':>10} {'measured':>10} "
         f"{'error':>7}  (n={count} steps each, interleaved)"
