@@ -12,12 +12,14 @@ DDP's bucket copies, which the benchmark does not have.)
 
 Both are timings of a shared machine: a burst of load from elsewhere during one of them
 moves it by 2-3x (seen on this 2-core VM with other work running). So a failed
-comparison is measured once more, and the test fails only when both attempts disagree.
+comparison is measured once more, and the test fails only when both attempts disagree;
+on a machine already loaded beyond its cores it is skipped, saying so.
 """
 
 from __future__ import annotations
 
 import csv
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -68,6 +70,10 @@ def _disagreements(out: Path, capsys: pytest.CaptureFixture[str]) -> list[str]:
 
 
 def test_trace_fit_agrees_with_a_fresh_bench_network_run(tmp_path, capsys):
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if load > cores:
+        pytest.skip(f"load average {load:.1f} on {cores} cores: two timings taken seconds "
+                    "apart are not comparable")  # fmt: skip
     first = _disagreements(tmp_path / "first", capsys)
     if first:
         second = _disagreements(tmp_path / "second", capsys)
