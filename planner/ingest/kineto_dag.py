@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import networkx as nx
 import numpy as np
 
+from planner.graph import is_acyclic
 from planner.ingest.kineto_steps import OPTIMIZER as _OPTIMIZER
 
 if TYPE_CHECKING:
@@ -128,10 +128,7 @@ def merge_edges(model: RankModel, reference: int) -> list[tuple[str, str, str]]:
         if not extra.any():  # the common case: every step repeats the reference's ops
             continue
         s, d = s[extra], d[extra]
-        trial = nx.DiGraph()
-        trial.add_edges_from(zip(np.concatenate([*src, s]).tolist(),
-                                 np.concatenate([*dst, d]).tolist(), strict=True))  # fmt: skip
-        if nx.is_directed_acyclic_graph(trial):
+        if is_acyclic(np.concatenate([*src, s]), np.concatenate([*dst, d]), len(names)):
             src.append(s)
             dst.append(d)
             covered[s] = True
