@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from planner.arrays import unique
 from planner.graph import OpGraph
 from planner.records import partial_steps
 
@@ -59,7 +60,7 @@ def fit_network_model(nbytes: np.ndarray, seconds: np.ndarray) -> NetworkModel |
     """
     x = np.asarray(nbytes, dtype=np.float64)
     y = np.asarray(seconds, dtype=np.float64)
-    if len(x) < 2 or len(np.unique(x)) < 2:
+    if len(x) < 2 or len(unique(x)) < 2:
         return None
     b_free, a_free = np.polyfit(x, y, 1)
     candidates = [
@@ -117,7 +118,7 @@ def min_of_columns(
     """`min_of_runs` of one rank's rows given as numpy columns (`Trace.table` and
     `trace.dedicated_columns`): the same oracle, without pandas."""
     partial = partial_steps({"op": op, "iteration": iteration}, graph.ops) if len(op) else {}
-    if partial and len(np.unique(iteration)) > len(partial):
+    if partial and len(unique(iteration)) > len(partial):
         keep = ~np.isin(iteration, list(partial))
         op, dedicated = op[keep], dedicated[keep]
     names, inverse = np.unique(op, return_inverse=True)

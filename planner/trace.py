@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from planner.arrays import unique
 from planner.graph import OpGraph
 
 if TYPE_CHECKING:
@@ -159,7 +160,7 @@ def dedicated_durations(starts: np.ndarray, durations: np.ndarray) -> np.ndarray
         return np.zeros(0, dtype=np.float64)
     starts = np.asarray(starts, dtype=np.int64)
     ends = starts + np.asarray(durations, dtype=np.int64)
-    points = np.unique(np.concatenate([starts, ends]))
+    points = unique(np.concatenate([starts, ends]))
     delta = np.zeros(len(points), dtype=np.int64)
     np.add.at(delta, np.searchsorted(points, starts), 1)
     np.add.at(delta, np.searchsorted(points, ends), -1)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from planner.arrays import median
 from planner.graph import OpGraph
 from planner.trace import Columns, busy_time
 
@@ -98,14 +99,14 @@ def split_waits(rows: pd.DataFrame | Columns) -> tuple[np.ndarray, ClockAlignmen
     if not have.all():  # a pivot with holes holds float64 (NaN), as pandas' pivot_table
         shared = shared.astype(np.float64)
     delta = shared - shared[:, :1]
-    medians = np.array([np.median(delta[:, j].astype(np.float64)) for j in range(len(ranks))])
+    medians = np.array([median(delta[:, j]) for j in range(len(ranks))])
     offsets = np.round(medians).astype(np.int64)
     residual = np.abs(delta - offsets)
     alignment = ClockAlignment(
         reference=ranks[0],
         offsets={str(r): int(o) for r, o in zip(ranks, offsets.tolist(), strict=True)},
         occurrences=len(shared),
-        residual_median=float(np.median(residual)) / 1e9,
+        residual_median=median(residual) / 1e9,
         residual_max=float(residual.max()) / 1e9,
     )
     start = start - offsets[rank_code]

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from planner.arrays import median, unique
 from planner.graph import is_acyclic
 from planner.ingest import detect
 from planner.oracle import min_of_columns, min_of_runs
@@ -117,3 +118,15 @@ def test_is_acyclic_agrees_with_networkx(graph):
     src = np.array([u for u, _ in edges], dtype=np.int64)
     dst = np.array([v for _, v in edges], dtype=np.int64)
     assert is_acyclic(src, dst, n) == nx.is_directed_acyclic_graph(dag)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(-(2**62), 2**62), min_size=1, max_size=9),
+    st.lists(st.floats(-1e300, 1e300), min_size=1, max_size=9),
+)
+def test_median_and_unique_are_numpys(ints, floats):
+    """`planner.arrays` (which spare the numpy.ma import) give numpy's results, bit for bit."""
+    for array in (np.array(ints, dtype=np.int64), np.array(floats, dtype=np.float64)):
+        assert median(array) == float(np.median(array))
+        assert np.array_equal(unique(array), np.unique(array))

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from planner import waits
+from planner.arrays import unique
 from planner.errors import InputError
 from planner.graph import PHASES, GraphError, Op, OpGraph, build_graph
 from planner.ingest import kineto_dag, kineto_params, limits
@@ -317,7 +318,7 @@ def build_rank(
     spans, gpu_steps = _spans_of(steps, o, device)
     per_step = np.unique(o.step[o.n_comp :], return_counts=True)
     meta: dict[str, Any] = {
-        "lanes": sorted({o.labels[i] for i in np.unique(o.lane).tolist()}),
+        "lanes": sorted({o.labels[i] for i in unique(o.lane).tolist()}),
         "collectives_per_step": dict(zip(per_step[0].tolist(), per_step[1].tolist(), strict=True)),
         "distributed": ev.distributed,
         "step_source": steps.source,

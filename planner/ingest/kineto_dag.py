@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from planner.arrays import unique
 from planner.graph import is_acyclic
 from planner.ingest.kineto_steps import OPTIMIZER as _OPTIMIZER
 
@@ -190,7 +191,7 @@ def step_edges(
     all_src, all_dst, all_tag = np.concatenate(src), np.concatenate(dst), np.concatenate(tag)
     order = np.argsort(all_tag, kind="stable")
     all_src, all_dst, all_tag = all_src[order], all_dst[order], all_tag[order]
-    steps = np.union1d(np.unique(o_step), np.unique(c_step))
+    steps = unique(np.concatenate([o_step, c_step]))
     cut = np.searchsorted(all_tag, steps)
     cut_end = np.searchsorted(all_tag, steps, side="right")
     return {
