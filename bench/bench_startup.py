@@ -16,7 +16,10 @@ Peak memory is each child's own peak RSS (``wait4``), not this process's.
    same work without the interpreter start and the imports.
 
 HTA is `pip install holistictraceanalysis`; without it, or without ../shared, those rows
-are skipped with the reason.
+are skipped with the reason. The children run without PYTHONDONTWRITEBYTECODE, so that the
+warm-up leaves the planner's compiled modules (.pyc) as any install has them (pip compiles
+HTA's at install; an editable planner under that variable would recompile every module
+in every process, which no user's run does).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ DDP = ROOT / "traces" / "torch" / "resnet_ddp"
 TINY = ROOT / "traces" / "torch" / "hta_trace_compare_base.json.gz"
 DEMO = ROOT / "traces" / "demo"
 PLANNER = [str(Path(sys.executable).parent / "planner")]  # the console script users run
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 HTA_PROCESS = """
 import resource, sys, time
@@ -52,10 +56,10 @@ print(f"INPROC {done - imported:.6f} IMPORTS {imported - start:.6f} WORKERS {wor
 PLANNER_PROCESS = """
 import sys, time
 start = time.perf_counter()
-from planner import analysis
+from planner import inspection
 from planner.ingest import detect
 imported = time.perf_counter()
-analysis.inspect(detect.load([sys.argv[1]]))
+inspection.inspect(detect.load([sys.argv[1]]))
 done = time.perf_counter()
 print(f"INPROC {done - imported:.6f} IMPORTS {imported - start:.6f}")
 """
@@ -65,7 +69,7 @@ def run(argv: list[str]) -> tuple[float, float, str]:
     """(wall seconds, peak RSS MiB, stdout) of one child process."""
     start = time.perf_counter()
     child = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT, text=True
+        argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT, text=True, env=ENV
     )
     out = child.stdout.read() if child.stdout else ""
     _, status, usage = os.wait4(child.pid, 0)

@@ -74,10 +74,10 @@ def cli(no_color: bool, step_marker: str | None, comm_patterns: Path | None) -> 
 @each_option()
 def inspect_command(paths: tuple[Path, ...], rank: str | None, as_json: bool) -> None:
     """What is in the input: devices, op counts, transfers with sizes, steps."""
-    from planner import analysis
+    from planner import inspection
 
     job = select_ranks(load(paths, as_json), rank)
-    document = analysis.inspect(job)
+    document = inspection.inspect(job)
     render.emit(document, as_json, render.inspect_view)
 
 

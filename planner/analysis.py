@@ -6,19 +6,17 @@ sizes bytes. The CLI only renders these.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-import pandas as pd
-
 from planner import __version__, buckets, records
-from planner.allreduce import allreduce_metrics, rank_parameters
+from planner.allreduce import allreduce_metrics
 from planner.errors import InputError
 from planner.export import ddp_buckets
 from planner.export.caramel_files import bucket_plan_document, control_deps_document
 from planner.graph import OpGraph
+from planner.inspection import inspect, oracles  # noqa: F401 (the API of this module)
 from planner.metrics import (
     StepMetrics,
     bounds,
@@ -27,7 +25,7 @@ from planner.metrics import (
     step_metrics,
     summarize,
 )
-from planner.oracle import NetworkModel, TimeOracle, min_of_runs
+from planner.oracle import NetworkModel, TimeOracle
 from planner.plan import Plan
 from planner.records import partial_steps
 from planner.schedule import caramel, tictac
@@ -36,89 +34,8 @@ from planner.trace import Job, with_dedicated
 ALGORITHMS = ("tic", "tac", "caramel")
 
 
-def oracles(job: Job) -> dict[str, TimeOracle]:
-    """The min-of-runs oracle of every rank (empty times where nothing was traced)."""
-    frame = with_dedicated(job.trace, job.graphs)
-    return {
-        rank: min_of_runs(graph, frame[frame["rank"] == rank]) for rank, graph in job.graphs.items()
-    }
-
-
 def _first_source(job: Job) -> str | None:
     return job.sources[0] if job.sources else None
-
-
-def inspect(job: Job, oracle: Mapping[str, TimeOracle] | None = None) -> dict[str, Any]:
-    """What is in the input: devices, op counts by kind, transfers, steps, notes.
-
-    `oracle`: the job's `oracles`, when a caller has them already (computed once, handed on).
-    """
-    if oracle is None:
-        oracle = oracles(job) if len(job.trace.timings) else {}
-    timings = job.trace.timings
-    waited = (
-        timings[timings["wait"] > 0].groupby(["rank", "op"])["wait"].mean() / 1e9
-        if "wait" in timings
-        else pd.Series(dtype=float)
-    )
-    ranks = []
-    for rank in job.ranks:
-        graph = job.graphs[rank]
-        times = oracle.get(rank)
-        carried = Counter(p.get("collective") for p in rank_parameters(job, rank))
-        transfers = [
-            {
-                "name": name,
-                "kind": graph.ops[name].kind,
-                "resource": graph.ops[name].resource,
-                "param": graph.ops[name].param,
-                "nbytes": graph.ops[name].nbytes,
-                "parameters": carried.get(name),
-                "time": times.time(name) if times else None,
-                "wait_mean": float(waited.get((rank, name), 0.0)),
-                "observed_in": times.observed_in.get(name, 0) if times else 0,
-            }
-            for name in graph.transfers
-        ]
-        ranks.append(
-            {
-                "rank": rank,
-                "resources": graph.resources,
-                "ops": len(graph),
-                "edges": graph.edge_count,
-                "ops_by_kind": dict(sorted(Counter(o.kind for o in graph.ops.values()).items())),
-                "ops_by_type": dict(
-                    Counter(o.type or o.kind for o in graph.ops.values()).most_common(10)
-                ),
-                "transfer_bytes": sum(t["nbytes"] for t in transfers),
-                "iterations": job.trace.iterations(rank),
-                "transfers": transfers,
-                "gpu_steps": _gpu_steps(job, rank),
-            }
-        )
-    return {
-        "schema": "planner.inspect/1",
-        "framework": job.framework,
-        "sources": list(job.sources),
-        "notes": list(job.notes),
-        "ranks": ranks,
-        "clock_alignment": job.meta.get("clock_alignment"),
-    }
-
-
-def _gpu_steps(job: Job, rank: str) -> list[dict[str, Any]]:
-    """Per step of a GPU rank: its CPU span, the GPU span of the work it launched, and
-    the lag from the CPU start to the GPU start (seconds; empty on a CPU rank)."""
-    meta = (job.meta.get("ranks") or {}).get(rank) or {}
-    return [
-        {
-            "iteration": s["step"],
-            "cpu_span": (s["cpu_end"] - s["cpu_start"]) / 1e9,
-            "gpu_span": (s["gpu_end"] - s["gpu_start"]) / 1e9,
-            "lag": (s["gpu_start"] - s["cpu_start"]) / 1e9,
-        }
-        for s in meta.get("steps", [])
-    ]
 
 
 def has_collectives(graph: OpGraph) -> bool:

@@ -298,9 +298,9 @@ def select_rank(job: Job, rank: str) -> Job:
 
 def inspect(job: Job) -> Inspection:
     """What is in the input: devices, op counts, transfers with sizes, steps."""
-    from planner import analysis
+    from planner import inspection
 
-    return Inspection(analysis.inspect(job))
+    return Inspection(inspection.inspect(job))
 
 
 def metrics(job: Job) -> MetricsResult:

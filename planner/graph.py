@@ -12,10 +12,12 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import networkx as nx
 import numpy as np
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 OpKind = Literal["compute", "recv", "send", "collective"]
 Phase = Literal["forward", "backward", "optimizer", "unknown"]
@@ -71,6 +73,8 @@ class OpGraph:
     @cached_property
     def dag(self) -> nx.DiGraph:
         """The networkx view (edge attribute ``kind``), built once on first use."""
+        import networkx as nx
+
         dag = nx.DiGraph()
         dag.add_nodes_from(self.ops)
         names = self.names
@@ -111,6 +115,8 @@ class OpGraph:
 
     def topological_order(self) -> list[str]:
         """A deterministic topological order (lexicographic among ready ops)."""
+        import networkx as nx
+
         return list(nx.lexicographical_topological_sort(self.dag))
 
     def with_edges(self, extra: Iterable[tuple[str, str]], kind: EdgeKind = "control") -> OpGraph:
@@ -156,13 +162,14 @@ def build_graph(ops: Iterable[Op], edges: Iterable[Edge]) -> OpGraph:
     return graph
 
 
-def _check_acyclic(graph: OpGraph) -> None:
-    """Kahn's algorithm over the edge arrays; GraphError naming a cycle if one exists."""
-    n = len(graph.ops)
-    order = np.argsort(graph.src, kind="stable")
-    targets = graph.dst[order].tolist()
-    start = np.searchsorted(graph.src[order], np.arange(n + 1)).tolist()
-    indegree = np.bincount(graph.dst, minlength=n).tolist()
+def is_acyclic(src: np.ndarray, dst: np.ndarray, n: int) -> bool:
+    """Kahn's algorithm over edge arrays between nodes 0..n-1: no cycle among them."""
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
+    order = np.argsort(src, kind="stable")
+    targets = dst[order].tolist()
+    start = np.searchsorted(src[order], np.arange(n + 1)).tolist()
+    indegree = np.bincount(dst, minlength=n).tolist()
     ready = deque(i for i in range(n) if indegree[i] == 0)
     seen = 0
     while ready:
@@ -172,8 +179,15 @@ def _check_acyclic(graph: OpGraph) -> None:
             indegree[v] -= 1
             if indegree[v] == 0:
                 ready.append(v)
-    if seen == n:
+    return seen == n
+
+
+def _check_acyclic(graph: OpGraph) -> None:
+    """GraphError naming a cycle if the graph has one (networkx only to name it)."""
+    if is_acyclic(graph.src, graph.dst, len(graph.ops)):
         return
+    import networkx as nx
+
     cycle = nx.find_cycle(graph.dag)
     path = " -> ".join([str(cycle[0][0]), *(str(e[1]) for e in cycle)])
     raise GraphError(f"graph has a cycle: {path}")

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
+from planner.arrays import unique
 from planner.graph import OpGraph
 from planner.records import partial_steps
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,7 @@ def fit_network_model(nbytes: np.ndarray, seconds: np.ndarray) -> NetworkModel |
     """
     x = np.asarray(nbytes, dtype=np.float64)
     y = np.asarray(seconds, dtype=np.float64)
-    if len(x) < 2 or len(np.unique(x)) < 2:
+    if len(x) < 2 or len(unique(x)) < 2:
         return None
     b_free, a_free = np.polyfit(x, y, 1)
     candidates = [
@@ -105,6 +109,34 @@ def of_runs(graph: OpGraph, timings: pd.DataFrame, statistic: str) -> TimeOracle
     grouped = timings.groupby("op")["dedicated"]
     minimum = (grouped.agg(statistic) / 1e9).to_dict()
     count = grouped.size().to_dict()
+    return _oracle(graph, minimum, count)
+
+
+def min_of_columns(
+    graph: OpGraph, op: np.ndarray, iteration: np.ndarray, dedicated: np.ndarray
+) -> TimeOracle:
+    """`min_of_runs` of one rank's rows given as numpy columns (`Trace.table` and
+    `trace.dedicated_columns`): the same oracle, without pandas."""
+    partial = partial_steps({"op": op, "iteration": iteration}, graph.ops) if len(op) else {}
+    if partial and len(unique(iteration)) > len(partial):
+        keep = ~np.isin(iteration, list(partial))
+        op, dedicated = op[keep], dedicated[keep]
+    names, inverse = np.unique(op, return_inverse=True)
+    minimum = np.full(len(names), np.inf)
+    np.minimum.at(minimum, inverse, dedicated)
+    count = np.bincount(inverse, minlength=len(names))
+    named = names.tolist()
+    return _oracle(
+        graph,
+        dict(zip(named, (minimum / 1e9).tolist(), strict=True)),
+        dict(zip(named, count.tolist(), strict=True)),
+    )
+
+
+def _oracle(graph: OpGraph, per_op: Mapping[str, float], count: Mapping[str, int]) -> TimeOracle:
+    """The TimeOracle of per-op seconds `per_op` (observed in `count` iterations), with
+    the network model fitted on the observed transfers."""
+    minimum = per_op
     transfers = [n for n in graph.transfers if n in minimum and graph.ops[n].nbytes > 0]
     network = fit_network_model(
         np.array([graph.ops[n].nbytes for n in transfers]),

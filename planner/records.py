@@ -10,28 +10,42 @@ the step partial (an op seen in only some steps is not taken as missing).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+import numpy as np
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
-def partial_steps(rows: pd.DataFrame, ops: Iterable[str]) -> dict[int, tuple[str, ...]]:
+def partial_steps(
+    rows: pd.DataFrame | Mapping[str, Any], ops: Iterable[str]
+) -> dict[int, tuple[str, ...]]:
     """Step -> the ops of `ops` recorded in every other step of one rank but not in it.
 
-    `rows`: one rank's timings (`iteration`, `op`). Empty with fewer than 2 steps (there
-    is nothing to compare with).
+    `rows`: one rank's timings (`iteration`, `op`), a DataFrame or numpy columns
+    (`Trace.table`: no pandas needed). Empty with fewer than 2 steps (there is nothing
+    to compare with).
     """
-    known = rows.loc[rows["op"].isin(list(ops)), ["iteration", "op"]]
-    steps = known["iteration"].unique()
+    wanted = set(ops)
+    op = np.asarray(rows["op"], dtype=object).tolist()
+    iteration = np.asarray(rows["iteration"], dtype=np.int64).tolist()
+    pairs = {(o, i) for o, i in zip(op, iteration, strict=True) if o in wanted}
+    steps = {i for _, i in pairs}
     if len(steps) < 2:
         return {}
-    seen = known.drop_duplicates().groupby("op")["iteration"].nunique()
-    candidates = set(seen.index[seen == len(steps) - 1])
+    seen = Counter(o for o, _ in pairs)
+    candidates = {o for o, n in seen.items() if n == len(steps) - 1}
     if not candidates:
         return {}
+    of_step: dict[int, set[str]] = {}
+    for o, i in pairs:
+        of_step.setdefault(i, set()).add(o)
     out = {}
-    for step, of_step in known.groupby("iteration", sort=True):
-        gone = tuple(sorted(candidates - set(of_step["op"])))
+    for step in sorted(of_step):
+        gone = tuple(sorted(candidates - of_step[step]))
         if gone:
             out[int(step)] = gone
     return out

@@ -2,23 +2,33 @@
 
 Times are integer nanoseconds here (profilers record ns or µs since the epoch, which
 a float second cannot hold exactly); JSON outputs convert to seconds.
+
+The timings are held as numpy columns (`Trace.table`): ingest and `planner inspect`
+read only those, so they load no pandas (issue #18: a command's fixed cost). The
+pandas view (`Trace.timings`, `Trace.spans`) is built from them on first use.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
+from planner.arrays import unique
 from planner.graph import OpGraph
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 TIMING_COLUMNS = ("rank", "iteration", "op", "start", "duration")
 SPAN_COLUMNS = ("rank", "iteration", "start", "end")
 
+Columns = Mapping[str, np.ndarray]
 
-@dataclass(frozen=True)
+
 class Trace:
     """Observed timings.
 
@@ -26,17 +36,58 @@ class Trace:
     for multi-rank Kineto jobs `wait` (ns of a collective spent waiting for the last
     rank to join; `planner.waits`).
     `spans`: one row per (rank, iteration) with the iteration's `start` and `end` in ns.
+
+    Built from DataFrames (``Trace(timings, spans)``) or from numpy columns
+    (``Trace(table=..., span_table=...)``: `rank` and `op` as object arrays of str);
+    either view is derived from the other on first use. Never mutated.
     """
 
-    timings: pd.DataFrame
-    spans: pd.DataFrame
+    def __init__(
+        self,
+        timings: pd.DataFrame | None = None,
+        spans: pd.DataFrame | None = None,
+        *,
+        table: Columns | None = None,
+        span_table: Columns | None = None,
+    ) -> None:
+        if (timings is None) == (table is None) or (spans is None) == (span_table is None):
+            raise TypeError("Trace takes timings and spans as DataFrames or as column tables")
+        for name, value in (("timings", timings), ("spans", spans)):
+            if value is not None:
+                self.__dict__[name] = value
+        for name, value in (("table", table), ("span_table", span_table)):
+            if value is not None:
+                self.__dict__[name] = dict(value)
+
+    @cached_property
+    def timings(self) -> pd.DataFrame:
+        return _frame(self.table, "rank", "op")
+
+    @cached_property
+    def spans(self) -> pd.DataFrame:
+        return _frame(self.span_table, "rank")
+
+    @cached_property
+    def table(self) -> dict[str, np.ndarray]:
+        """The timings as numpy columns (`rank`, `op`: object arrays of str)."""
+        return _columns(self.timings)
+
+    @cached_property
+    def span_table(self) -> dict[str, np.ndarray]:
+        return _columns(self.spans)
+
+    @property
+    def rows(self) -> int:
+        """The number of timing rows."""
+        return len(self.table["op"])
 
     @property
     def ranks(self) -> list[str]:
-        return sorted(self.spans["rank"].unique().tolist())
+        return sorted(set(self.span_table["rank"].tolist()))
 
     def iterations(self, rank: str) -> list[int]:
-        return sorted(self.spans.loc[self.spans["rank"] == rank, "iteration"].tolist())
+        spans = self.span_table
+        return sorted(spans["iteration"][spans["rank"] == rank].tolist())
 
     def of(self, rank: str, iteration: int | None = None) -> pd.DataFrame:
         """The timings of one rank (and one iteration)."""
@@ -44,6 +95,20 @@ class Trace:
         if iteration is not None:
             mask &= self.timings["iteration"] == iteration
         return self.timings.loc[mask]
+
+
+def _frame(table: Columns, *text: str) -> pd.DataFrame:
+    """A DataFrame of `table`, the `text` columns as pandas strings (as ingest made them)."""
+    import pandas as pd
+
+    return pd.DataFrame({k: pd.array(v, dtype="str") if k in text else v for k, v in table.items()})
+
+
+def _columns(frame: pd.DataFrame) -> dict[str, np.ndarray]:
+    return {
+        str(k): frame[k].to_numpy(object if frame[k].dtype.kind not in "biuf" else None)
+        for k in frame.columns
+    }
 
 
 @dataclass(frozen=True)
@@ -69,6 +134,8 @@ class Job:
 
 def make_trace(rows: list[tuple[str, int, str, int, int]], spans: list[tuple]) -> Trace:
     """Build a Trace from (rank, iteration, op, start_ns, duration_ns) rows and spans."""
+    import pandas as pd
+
     timings = pd.DataFrame(rows, columns=list(TIMING_COLUMNS))
     timings = timings.astype({"iteration": "int64", "start": "int64", "duration": "int64"})
     span_frame = pd.DataFrame(spans, columns=list(SPAN_COLUMNS))
@@ -93,7 +160,7 @@ def dedicated_durations(starts: np.ndarray, durations: np.ndarray) -> np.ndarray
         return np.zeros(0, dtype=np.float64)
     starts = np.asarray(starts, dtype=np.int64)
     ends = starts + np.asarray(durations, dtype=np.int64)
-    points = np.unique(np.concatenate([starts, ends]))
+    points = unique(np.concatenate([starts, ends]))
     delta = np.zeros(len(points), dtype=np.int64)
     np.add.at(delta, np.searchsorted(points, starts), 1)
     np.add.at(delta, np.searchsorted(points, ends), -1)
@@ -119,6 +186,38 @@ def busy_time(starts: np.ndarray, durations: np.ndarray) -> int:
     return int((block_end - block_start).sum())
 
 
+def dedicated_columns(
+    trace: Trace, graphs: Mapping[str, OpGraph], transfer_only: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per timing row: the op's `resource` and its `dedicated` ns (`dedicated_durations`
+    within each rank, iteration and resource); rows of ranks not in `graphs` get None
+    and 0. See `with_dedicated` for `transfer_only`."""
+    table = trace.table
+    rank, op, iteration = table["rank"], table["op"], table["iteration"]
+    resource = np.empty(len(op), dtype=object)
+    dedicated = np.zeros(len(op), dtype=np.float64)
+    if transfer_only:
+        starts, durations = transfer_part(table)
+    else:
+        starts = np.asarray(table["start"], dtype=np.int64)
+        durations = np.asarray(table["duration"], dtype=np.int64)
+    for name, graph in graphs.items():
+        rows = np.flatnonzero(rank == name)
+        if not len(rows):
+            continue
+        names, inverse = np.unique(op[rows], return_inverse=True)
+        found = [graph.ops.get(n) for n in names.tolist()]
+        labels = sorted({"?" if o is None else o.resource for o in found})
+        code = np.array([labels.index("?" if o is None else o.resource) for o in found])
+        resource[rows] = np.array(labels, dtype=object)[code[inverse]]
+        key = np.asarray(iteration[rows], dtype=np.int64) * len(labels) + code[inverse]
+        order = np.argsort(key, kind="stable")
+        bounds = np.flatnonzero(np.diff(key[order])) + 1
+        for group in np.split(rows[order], bounds):
+            dedicated[group] = dedicated_durations(starts[group], durations[group])
+    return resource, dedicated
+
+
 def with_dedicated(
     trace: Trace, graphs: Mapping[str, OpGraph], transfer_only: bool = True
 ) -> pd.DataFrame:
@@ -129,30 +228,23 @@ def with_dedicated(
     which the per-rank metrics use, so that a rank reads the same alone or in its job).
     """
     frame = trace.timings.copy()
-    resource = np.empty(len(frame), dtype=object)
-    for rank, graph in graphs.items():
-        mask = (frame["rank"] == rank).to_numpy()
-        if mask.any():
-            lookup = {name: op.resource for name, op in graph.ops.items()}
-            resource[mask] = frame.loc[mask, "op"].map(lookup).fillna("?").to_numpy()
-    frame["resource"] = resource
-    if transfer_only:
-        starts, durations = transfer_part(frame)
-    else:
-        starts, durations = frame["start"].to_numpy(np.int64), frame["duration"].to_numpy(np.int64)
-    dedicated = np.zeros(len(frame), dtype=np.float64)
-    for _, idx in frame.groupby(["rank", "iteration", "resource"], sort=False).indices.items():
-        dedicated[idx] = dedicated_durations(starts[idx], durations[idx])
-    frame["dedicated"] = dedicated
+    frame["resource"], frame["dedicated"] = dedicated_columns(trace, graphs, transfer_only)
     return frame
 
 
-def transfer_part(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+def transfer_part(frame: pd.DataFrame | Columns) -> tuple[np.ndarray, np.ndarray]:
     """(start, duration) ns of each row without its ``wait`` for peers (collectives of a
     multi-rank job, `planner.waits`): the time the op itself ran."""
-    start = frame["start"].to_numpy(np.int64)
-    duration = frame["duration"].to_numpy(np.int64)
+    start = np.asarray(frame["start"], dtype=np.int64)
+    duration = np.asarray(frame["duration"], dtype=np.int64)
     if "wait" not in frame:
         return start, duration
-    wait = frame["wait"].to_numpy(np.int64)
+    wait = np.asarray(frame["wait"], dtype=np.int64)
     return start + wait, duration - wait
+
+
+def job_parameters(job: Job, rank: str) -> list[dict[str, Any]]:
+    """The rank's parameters (``Job.meta["parameters"]``): name, nbytes, collective, ..."""
+    table = job.meta.get("parameters")
+    rows = table.get(rank) if isinstance(table, dict) else None
+    return list(rows) if isinstance(rows, list) else []

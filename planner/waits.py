@@ -23,12 +23,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
+from planner.arrays import median
 from planner.graph import OpGraph
-from planner.trace import busy_time
+from planner.trace import Columns, busy_time
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -52,51 +56,64 @@ class ClockAlignment:
         }
 
 
-def collective_rows(timings: pd.DataFrame, graphs: Mapping[str, OpGraph]) -> np.ndarray:
-    """Per row of `timings`: the op is a collective of its rank."""
-    mask = np.zeros(len(timings), dtype=bool)
-    for rank, graph in graphs.items():
-        names = [n for n, op in graph.ops.items() if op.kind == "collective"]
+def collective_rows(timings: pd.DataFrame | Columns, graphs: Mapping[str, OpGraph]) -> np.ndarray:
+    """Per row of `timings` (a DataFrame or `Trace.table`): the op is a collective of its
+    rank."""
+    rank, op = np.asarray(timings["rank"], dtype=object), np.asarray(timings["op"], dtype=object)
+    mask = np.zeros(len(op), dtype=bool)
+    for name, graph in graphs.items():
+        names = {n for n, o in graph.ops.items() if o.kind == "collective"}
         if names:
-            mask |= ((timings["rank"] == rank) & timings["op"].isin(names)).to_numpy()
+            rows = np.flatnonzero(rank == name)
+            mask[rows] = [o in names for o in op[rows].tolist()]
     return mask
 
 
-def split_waits(rows: pd.DataFrame) -> tuple[np.ndarray, ClockAlignment | None]:
-    """The wait (ns) of each collective row (rank, iteration, op, start, duration).
+def split_waits(rows: pd.DataFrame | Columns) -> tuple[np.ndarray, ClockAlignment | None]:
+    """The wait (ns) of each collective row (rank, iteration, op, start, duration), from a
+    DataFrame or numpy columns (`Trace.table`; no pandas needed).
 
     Returns zeros and None with fewer than two ranks or no occurrence they share.
     """
-    wait = np.zeros(len(rows), dtype=np.int64)
-    ranks = sorted(rows["rank"].unique().tolist())
+    rank = np.asarray(rows["rank"], dtype=object)
+    wait = np.zeros(len(rank), dtype=np.int64)
+    ranks = sorted(set(rank.tolist()))
     if len(ranks) < 2:
         return wait, None
-    frame = rows[["rank", "iteration", "op"]].assign(
-        end=(rows["start"] + rows["duration"]).to_numpy(np.int64)
-    )
-    ends = frame.pivot_table(
-        index=["iteration", "op"], columns="rank", values="end", aggfunc="first"
-    )
-    shared = ends.dropna()
-    if shared.empty:
+    iteration = np.asarray(rows["iteration"], dtype=np.int64)
+    op = np.asarray(rows["op"], dtype=object)
+    start = np.asarray(rows["start"], dtype=np.int64)
+    duration = np.asarray(rows["duration"], dtype=np.int64)
+    # one key per (iteration, op) occurrence, in sorted order as a pivot table's index
+    op_names, op_code = np.unique(op, return_inverse=True)
+    _, occurrence = np.unique(iteration * len(op_names) + op_code, return_inverse=True)
+    rank_code = np.searchsorted(np.array(ranks, dtype=object), rank)
+    ends = np.zeros((occurrence.max() + 1, len(ranks)), dtype=np.int64)
+    have = np.zeros(ends.shape, dtype=bool)
+    first = np.unique(occurrence * len(ranks) + rank_code, return_index=True)[1]  # 'first'
+    ends[occurrence[first], rank_code[first]] = (start + duration)[first]
+    have[occurrence[first], rank_code[first]] = True
+    shared = ends[have.all(axis=1)]
+    if not len(shared):
         return wait, None
-    ref = ranks[0]
-    delta = shared.sub(shared[ref], axis=0)
-    offsets = delta.median().round().astype(np.int64).to_dict()
-    residual = (delta - pd.Series(offsets)).abs().to_numpy()
+    if not have.all():  # a pivot with holes holds float64 (NaN), as pandas' pivot_table
+        shared = shared.astype(np.float64)
+    delta = shared - shared[:, :1]
+    medians = np.array([median(delta[:, j]) for j in range(len(ranks))])
+    offsets = np.round(medians).astype(np.int64)
+    residual = np.abs(delta - offsets)
     alignment = ClockAlignment(
-        reference=ref,
-        offsets={str(r): int(o) for r, o in offsets.items()},
+        reference=ranks[0],
+        offsets={str(r): int(o) for r, o in zip(ranks, offsets.tolist(), strict=True)},
         occurrences=len(shared),
-        residual_median=float(np.median(residual)) / 1e9,
+        residual_median=median(residual) / 1e9,
         residual_max=float(residual.max()) / 1e9,
     )
-    offset = rows["rank"].map(offsets).fillna(0).to_numpy(np.int64)
-    start = rows["start"].to_numpy(np.int64) - offset
-    group = pd.Series(start).groupby([rows["iteration"].to_numpy(), rows["op"].to_numpy()])
-    last = group.transform("max").to_numpy()
-    seen = group.transform("size").to_numpy()
-    wait = np.where(seen > 1, np.clip(last - start, 0, rows["duration"].to_numpy()), 0)
+    start = start - offsets[rank_code]
+    last = np.full(occurrence.max() + 1, np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(last, occurrence, start)
+    seen = np.bincount(occurrence)
+    wait = np.where(seen[occurrence] > 1, np.clip(last[occurrence] - start, 0, duration), 0)
     return wait.astype(np.int64), alignment
 
 
@@ -108,6 +125,8 @@ def straggler_times(rows: pd.DataFrame) -> pd.DataFrame:
     row per iteration with ``straggler_time`` (s), ``fastest_rank`` (who waits most),
     ``slowest_rank`` (who waits least), ``collectives`` and ``waits`` {rank: s}.
     """
+    import pandas as pd
+
     out = []
     if rows.empty or rows["rank"].nunique() < 2:
         return pd.DataFrame(out)

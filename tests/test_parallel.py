@@ -9,7 +9,7 @@ import pytest
 from conftest import DEMO, REPO, SHARED, need, run_cli
 from test_schemas import validate
 
-from planner import analysis, parallel, pipeline
+from planner import analysis, inspection, parallel, pipeline
 from planner.errors import InputError
 from planner.ingest import detect
 from planner.parallel import analyze_ranks
@@ -214,8 +214,13 @@ def test_analyze_computes_the_oracle_once_and_hands_it_on(
     """Inspect, the plans and the metrics of `analyze` share one time oracle (and so one
     dedicated-time table for it), with the figures each would compute on its own."""
     job = detect.load([RESNET])
-    calls = {"oracles": 0, "with_dedicated": 0}
+    calls = {"oracles": 0, "with_dedicated": 0, "dedicated_columns": 0}
     real_oracles, real_dedicated = analysis.oracles, analysis.with_dedicated
+    real_columns = inspection.dedicated_columns
+
+    def counted_columns(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls["dedicated_columns"] += 1
+        return real_columns(*args, **kwargs)
 
     def counted_oracles(*args, **kwargs):  # type: ignore[no-untyped-def]
         calls["oracles"] += 1
@@ -227,9 +232,10 @@ def test_analyze_computes_the_oracle_once_and_hands_it_on(
 
     monkeypatch.setattr(analysis, "oracles", counted_oracles)
     monkeypatch.setattr(analysis, "with_dedicated", counted_dedicated)
+    monkeypatch.setattr(inspection, "dedicated_columns", counted_columns)
     report = analysis.analyze(job, samples=5)
-    # one oracle (its transfer-only table) and the metrics' own view (whole spans)
-    assert calls == {"oracles": 1, "with_dedicated": 2}
+    # one oracle (its transfer-only columns) and the metrics' own view (whole spans)
+    assert calls == {"oracles": 1, "with_dedicated": 1, "dedicated_columns": 1}
     monkeypatch.undo()
     assert report["inspect"] == analysis.inspect(job)
     assert report["metrics"] == analysis.metrics(job)

@@ -47,7 +47,10 @@ def test_import_planner_is_cheap() -> None:
     ("argv", "absent"),
     [
         (["metrics", str(DEMO), "--json"], {"numba", "matplotlib"}),
-        (["inspect", str(RESNET_IN_REPO), "--json"], {"numba", "matplotlib", "google.protobuf"}),
+        (
+            ["inspect", str(RESNET_IN_REPO), "--json"],
+            {"pandas", "networkx", "numba", "matplotlib", "google.protobuf"},
+        ),
         (["schedule", str(DEMO), "--json"], {"numba", "matplotlib"}),
         (["simulate", str(DEMO), "--samples", "20", "--json"], {"numba", "matplotlib"}),
     ],
@@ -55,5 +58,7 @@ def test_import_planner_is_cheap() -> None:
 )
 def test_commands_load_only_what_they_need(argv: list[str], absent: set[str]) -> None:
     loaded = _loaded(argv)
-    assert {"numpy", "pandas"} <= loaded  # the command did read its input
+    assert "numpy" in loaded  # the command did read its input
+    if argv[0] != "inspect":  # inspect reads the numpy columns alone (Trace.table)
+        assert "pandas" in loaded
     assert not loaded & absent, sorted(loaded & absent)

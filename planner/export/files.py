@@ -19,17 +19,11 @@ and rename calls leaves a ``.NAME.planner-*`` directory that the next writer rem
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import re
-import secrets
-import shutil
-import tempfile
 import unicodedata
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -114,6 +108,8 @@ def write_atomic(path: str | Path, content: str | bytes) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     data = _as_bytes(content)
     unnamed = _unnamed_files(target.parent, {target.name: data})
+    import secrets  # the writers' modules load when a file is written (start-up, #18)
+
     tmp = target.parent / f".{target.name}.planner-{secrets.token_hex(6)}"
     try:
         if unnamed is None:
@@ -147,6 +143,8 @@ def safe_name(name: str) -> str:
     cleaned = _UNSAFE.sub("_", text).lstrip(".") or "_"
     if cleaned == text and len(cleaned) <= MAX_NAME_PART:
         return cleaned
+    import hashlib
+
     digest = hashlib.sha256(str(name).encode("utf-8", "surrogatepass")).hexdigest()[:8]
     return f"{cleaned[: MAX_NAME_PART - 9]}-{digest}"
 
@@ -176,6 +174,8 @@ def _staging_prefix(target: Path) -> str:
 
 
 def _libc_renameat2() -> Any:
+    import ctypes.util
+
     path = ctypes.util.find_library("c")
     if not path:
         return None
@@ -199,6 +199,8 @@ def _exchange(a: Path, b: Path) -> bool:
     done = func(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
     if done == 0:
         return True
+    import ctypes
+
     code = ctypes.get_errno()
     if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
         return False
@@ -249,6 +251,8 @@ def _recover(target: Path) -> None:
         if entry.name.startswith(f"{prefix}old-") and not target.exists():
             os.rename(entry, target)
             continue
+        import shutil
+
         shutil.rmtree(entry, ignore_errors=True)
 
 
@@ -302,6 +306,9 @@ def write_set(target: str | Path, files: Mapping[str, str | bytes], force: bool 
         _recover(out)
         check_set_target(out, force)
         unnamed = _unnamed_files(out.parent, files)
+        import shutil
+        import tempfile
+
         staging = Path(tempfile.mkdtemp(prefix=f"{_staging_prefix(out)}new-", dir=out.parent))
         try:
             for name, content in files.items():
@@ -362,6 +369,8 @@ def _swap_in(staging: Path, out: Path) -> None:
     if not out.exists():
         os.rename(staging, out)
     elif not _exchange(staging, out):  # two renames; `_recover` mends a cut between them
+        import tempfile
+
         old = Path(tempfile.mkdtemp(prefix=f"{_staging_prefix(out)}old-", dir=out.parent))
         os.rmdir(old)
         os.rename(out, old)

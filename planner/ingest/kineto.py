@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from planner import waits
+from planner.arrays import unique
 from planner.errors import InputError
 from planner.graph import PHASES, GraphError, Op, OpGraph, build_graph
 from planner.ingest import kineto_dag, kineto_params, limits
@@ -322,7 +322,7 @@ def build_rank(
     spans, gpu_steps = _spans_of(steps, o, device)
     per_step = np.unique(o.step[o.n_comp :], return_counts=True)
     meta: dict[str, Any] = {
-        "lanes": sorted({o.labels[i] for i in np.unique(o.lane).tolist()}),
+        "lanes": sorted({o.labels[i] for i in unique(o.lane).tolist()}),
         "collectives_per_step": dict(zip(per_step[0].tolist(), per_step[1].tolist(), strict=True)),
         "distributed": ev.distributed,
         "step_source": steps.source,
@@ -519,7 +519,7 @@ def _load_kineto(paths: Sequence[Path], et_paths: Sequence[Path] | None, options
     return Job(
         framework="pytorch",
         graphs=parts.graphs,
-        trace=Trace(timings=timings, spans=_spans(parts.spans)),
+        trace=Trace(table=timings, span_table=_spans(parts.spans)),
         sources=tuple(str(p) for p in files) + tuple(str(p) for p in (et_paths or ())),
         notes=tuple(parts.notes),
         meta=parts.meta,
@@ -599,51 +599,51 @@ def _add_rank(
     }
 
 
-def _add_waits(timings: pd.DataFrame, parts: _JobParts) -> None:
+def _add_waits(timings: dict[str, np.ndarray], parts: _JobParts) -> None:
     """The ``wait`` column (ns): each collective's time waiting for the last rank."""
     mask = waits.collective_rows(timings, parts.graphs)
-    wait = np.zeros(len(timings), dtype=np.int64)
-    rows = timings[mask]
+    wait = np.zeros(len(mask), dtype=np.int64)
+    rows = {k: v[mask] for k, v in timings.items()}
     wait[mask], alignment = waits.split_waits(rows)
     timings["wait"] = wait
     if alignment is not None:
         parts.meta["clock_alignment"] = alignment.to_dict()
-    elif len(rows):
+    elif mask.any():
         parts.notes.append(
             "one rank: a collective's wait for its peers cannot be told from its transfer; "
             "its whole span counts as transfer (the time oracle takes the minimum over steps)"
         )
 
 
-# The two tables are built from whole columns: a DataFrame from rows, a `columns=`
-# reindex or an `astype` would each page in more of pandas than the load itself needs.
+# The two tables are numpy columns (`Trace.table`): pandas is loaded only by the commands
+# that need a DataFrame, which `Trace.timings` builds from them.
 
 
-def _timings(rows: Sequence[tuple[str, Occurrences, list[str]]]) -> pd.DataFrame:
+def _timings(rows: Sequence[tuple[str, Occurrences, list[str]]]) -> dict[str, np.ndarray]:
     """The timings table (`TIMING_COLUMNS`) of every rank's op occurrences, in rank order."""
     rank = np.repeat(np.array([name for name, _, _ in rows], dtype=object),
                      [len(occ) for _, occ, _ in rows])  # fmt: skip
     op = np.concatenate([np.array(names, dtype=object)[occ.op] for _, occ, names in rows])
     columns = (
-        pd.array(rank, dtype="str"),
+        rank,
         np.concatenate([occ.iteration for _, occ, _ in rows]),
-        pd.array(op, dtype="str"),
+        op,
         np.concatenate([occ.start for _, occ, _ in rows]),
         np.concatenate([occ.duration for _, occ, _ in rows]),
     )
-    return pd.DataFrame(dict(zip(TIMING_COLUMNS, columns, strict=True)))
+    return dict(zip(TIMING_COLUMNS, columns, strict=True))
 
 
-def _spans(spans: Sequence[tuple[str, int, int, int]]) -> pd.DataFrame:
+def _spans(spans: Sequence[tuple[str, int, int, int]]) -> dict[str, np.ndarray]:
     """The spans table (`SPAN_COLUMNS`): one row per (rank, iteration)."""
     rank, iteration, start, end = zip(*spans, strict=True) if spans else ((), (), (), ())
     columns = (
-        pd.array(np.array(rank, dtype=object), dtype="str"),
+        np.array(rank, dtype=object),
         np.array(iteration, dtype=np.int64),
         np.array(start, dtype=np.int64),
         np.array(end, dtype=np.int64),
     )
-    return pd.DataFrame(dict(zip(SPAN_COLUMNS, columns, strict=True)))
+    return dict(zip(SPAN_COLUMNS, columns, strict=True))
 
 
 def _guess_et_step(ev: RankEvents, et: Any) -> int | None:

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from planner.arrays import unique
 from planner.errors import InputError
 from planner.ingest.kineto_events import CPU_OP_CATS, RankEvents
 from planner.ingest.kineto_steps import by_lane
@@ -144,7 +145,7 @@ def kernel_kinds(
     hit = np.full(len(ev.names), -1, dtype=np.int64)
     kinds = [""] * len(ev.names)
     gpu_names = np.zeros(len(ev.names), dtype=bool)
-    gpu_names[np.unique(ev.name_code[is_gpu])] = True
+    gpu_names[unique(ev.name_code[is_gpu])] = True
     for code in np.flatnonzero(gpu_names).tolist():
         name = ev.names[code]
         for i, p in enumerate(patterns):

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import networkx as nx
 import numpy as np
 
+from planner.arrays import unique
+from planner.graph import is_acyclic
 from planner.ingest.kineto_steps import OPTIMIZER as _OPTIMIZER
 
 if TYPE_CHECKING:
@@ -128,10 +129,7 @@ def merge_edges(model: RankModel, reference: int) -> list[tuple[str, str, str]]:
         if not extra.any():  # the common case: every step repeats the reference's ops
             continue
         s, d = s[extra], d[extra]
-        trial = nx.DiGraph()
-        trial.add_edges_from(zip(np.concatenate([*src, s]).tolist(),
-                                 np.concatenate([*dst, d]).tolist(), strict=True))  # fmt: skip
-        if nx.is_directed_acyclic_graph(trial):
+        if is_acyclic(np.concatenate([*src, s]), np.concatenate([*dst, d]), len(names)):
             src.append(s)
             dst.append(d)
             covered[s] = True
@@ -193,7 +191,7 @@ def step_edges(
     all_src, all_dst, all_tag = np.concatenate(src), np.concatenate(dst), np.concatenate(tag)
     order = np.argsort(all_tag, kind="stable")
     all_src, all_dst, all_tag = all_src[order], all_dst[order], all_tag[order]
-    steps = np.union1d(np.unique(o_step), np.unique(c_step))
+    steps = unique(np.concatenate([o_step, c_step]))
     cut = np.searchsorted(all_tag, steps)
     cut_end = np.searchsorted(all_tag, steps, side="right")
     return {

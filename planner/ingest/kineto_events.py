@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from planner.errors import InputError
 from planner.ingest import files as _files
@@ -515,6 +514,8 @@ _UNHASHABLE = {list, dict}
 
 def _int_arg(values: np.ndarray, default: int) -> np.ndarray:
     """An integer arg column (ids) as int64: `default` where it is no number or out of range."""
+    import pandas as pd  # the whole-document reader only (odd files): not on the fast path
+
     number = pd.to_numeric(pd.Series(values), errors="coerce")
     if number.dtype.kind == "i":
         return number.to_numpy(np.int64)
@@ -570,6 +571,8 @@ def read_rank_generic(
     path: Path, document: Any | None = None, keep: re.Pattern[str] | None = None
 ) -> RankEvents:
     """Columnar events from the whole parsed document (any layout, any odd values)."""
+    import pandas as pd  # odd files only: the streaming reader needs no pandas
+
     doc = read_document(path) if document is None else document
     if isinstance(doc, list):  # old format: the event array alone
         doc = {"traceEvents": doc}

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from planner.arrays import unique
 from planner.errors import InputError
 from planner.graph import PHASES
 from planner.ingest.kineto_events import CPU_OP_CATS, GPU_CATS, STEP_NAME, RankEvents
@@ -92,7 +93,7 @@ def _fallback_steps(ev: RankEvents, rank: str) -> Steps:
     best: tuple[int, str, np.ndarray] | None = None
     if len(rows):
         top = _top_level(ev, rows)
-        for code in np.unique(ev.name_code[top]).tolist():
+        for code in unique(ev.name_code[top]).tolist():
             mine = top[ev.name_code[top] == code]
             if len(mine) < 2:
                 continue
@@ -179,7 +180,7 @@ def lane_labels(ev: RankEvents, main_lane: int) -> dict[int, str]:
     seen: dict[str, int] = {}
     first = np.full(n_lanes, np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(first, ev.lane, ev.ts)
-    used = np.unique(ev.lane)
+    used = unique(ev.lane)
     out: dict[int, str] = {}
     for lane in used[np.argsort(first[used], kind="quicksort")].tolist():
         label = names.get(int(lane), f"lane{lane}")
@@ -225,7 +226,7 @@ def by_lane(
         return out
     keys = key if key is not None else ts[rows]
     lane_of = lanes if key is not None else lanes[rows]
-    for lane in np.unique(lane_of):
+    for lane in unique(lane_of):
         sel = lane_of == lane
         order = np.argsort(keys[sel], kind="stable")
         out[int(lane)] = (keys[sel][order], rows[sel][order])

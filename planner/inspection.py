@@ -1,0 +1,116 @@
+"""`planner inspect`: what is in the input, read from the trace's numpy columns.
+
+Kept apart from `planner.analysis` so that inspecting a trace loads neither pandas nor
+networkx (issue #18: a command's fixed cost). Its oracle is the min-of-runs oracle of
+`planner.oracle`, computed on `Trace.table`; `analysis` uses the same one.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from planner.oracle import TimeOracle, min_of_columns
+from planner.trace import Job, dedicated_columns, job_parameters
+
+
+def oracles(job: Job) -> dict[str, TimeOracle]:
+    """The min-of-runs oracle of every rank (empty times where nothing was traced)."""
+    _, dedicated = dedicated_columns(job.trace, job.graphs)
+    table = job.trace.table
+    out = {}
+    for rank, graph in job.graphs.items():
+        rows = np.flatnonzero(table["rank"] == rank)
+        out[rank] = min_of_columns(graph, table["op"][rows], table["iteration"][rows],
+                                   dedicated[rows])  # fmt: skip
+    return out
+
+
+def mean_waits(job: Job) -> dict[tuple[str, str], float]:
+    """(rank, op) -> the mean seconds its collective waited for peers, over the rows that
+    waited (`planner.waits`); empty when the trace has no ``wait`` column."""
+    table = job.trace.table
+    if "wait" not in table:
+        return {}
+    waited = np.flatnonzero(table["wait"] > 0)
+    total: dict[tuple[str, str], int] = {}
+    count: Counter[tuple[str, str]] = Counter()
+    for key, wait in zip(
+        zip(table["rank"][waited].tolist(), table["op"][waited].tolist(), strict=True),
+        table["wait"][waited].tolist(),
+        strict=True,
+    ):
+        total[key] = total.get(key, 0) + wait
+        count[key] += 1
+    return {key: total[key] / count[key] / 1e9 for key in total}
+
+
+def inspect(job: Job, oracle: Mapping[str, TimeOracle] | None = None) -> dict[str, Any]:
+    """What is in the input: devices, op counts by kind, transfers, steps, notes.
+
+    `oracle`: the job's `oracles`, when a caller has them already (computed once, handed on).
+    """
+    if oracle is None:
+        oracle = oracles(job) if job.trace.rows else {}
+    waited = mean_waits(job)
+    ranks = []
+    for rank in job.ranks:
+        graph = job.graphs[rank]
+        times = oracle.get(rank)
+        carried = Counter(p.get("collective") for p in job_parameters(job, rank))
+        transfers = [
+            {
+                "name": name,
+                "kind": graph.ops[name].kind,
+                "resource": graph.ops[name].resource,
+                "param": graph.ops[name].param,
+                "nbytes": graph.ops[name].nbytes,
+                "parameters": carried.get(name),
+                "time": times.time(name) if times else None,
+                "wait_mean": float(waited.get((rank, name), 0.0)),
+                "observed_in": times.observed_in.get(name, 0) if times else 0,
+            }
+            for name in graph.transfers
+        ]
+        ranks.append(
+            {
+                "rank": rank,
+                "resources": graph.resources,
+                "ops": len(graph),
+                "edges": graph.edge_count,
+                "ops_by_kind": dict(sorted(Counter(o.kind for o in graph.ops.values()).items())),
+                "ops_by_type": dict(
+                    Counter(o.type or o.kind for o in graph.ops.values()).most_common(10)
+                ),
+                "transfer_bytes": sum(t["nbytes"] for t in transfers),
+                "iterations": job.trace.iterations(rank),
+                "transfers": transfers,
+                "gpu_steps": gpu_steps(job, rank),
+            }
+        )
+    return {
+        "schema": "planner.inspect/1",
+        "framework": job.framework,
+        "sources": list(job.sources),
+        "notes": list(job.notes),
+        "ranks": ranks,
+        "clock_alignment": job.meta.get("clock_alignment"),
+    }
+
+
+def gpu_steps(job: Job, rank: str) -> list[dict[str, Any]]:
+    """Per step of a GPU rank: its CPU span, the GPU span of the work it launched, and
+    the lag from the CPU start to the GPU start (seconds; empty on a CPU rank)."""
+    meta = (job.meta.get("ranks") or {}).get(rank) or {}
+    return [
+        {
+            "iteration": s["step"],
+            "cpu_span": (s["cpu_end"] - s["cpu_start"]) / 1e9,
+            "gpu_span": (s["gpu_end"] - s["gpu_start"]) / 1e9,
+            "lag": (s["gpu_start"] - s["cpu_start"]) / 1e9,
+        }
+        for s in meta.get("steps", [])
+    ]
