@@ -147,8 +147,9 @@ def transfer_orders(job: Job, rank: str) -> int:
     return len(orders)
 
 
-def _mean(values: list[float]) -> float | None:
-    finite = [v for v in values if np.isfinite(v)]
+def _mean(values: list[float | None]) -> float | None:
+    """The mean of the values given (None: a figure that does not apply to that step)."""
+    finite = [v for v in values if v is not None and np.isfinite(v)]
     return float(np.mean(finite)) if finite else None
 
 

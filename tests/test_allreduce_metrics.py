@@ -148,3 +148,23 @@ def test_split_waits_on_shifted_clocks():
     assert alignment.offsets == {"r0": 0, "r1": shift}
     assert alignment.residual_max == 0
     assert wait.tolist() == [4_000, 0, 1_000, 0]
+
+
+CPU_ONLY = (
+    SHARED
+    / "public/HolisticTraceAnalysis/tests/data/cpu_only"
+    / "rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz"
+)
+
+
+@needs(CPU_ONLY)
+def test_a_step_of_collectives_only_has_no_ratios_and_no_traceback():
+    """HTA's cpu_only rank 34 (gloo, 300 ranks): its step holds two overlapping
+    gloo:all_reduce records (union 178.78 ms, counted from the JSON) and no compute, so
+    rho is n/a; the means skip it instead of failing on it."""
+    doc = allreduce_metrics(load_kineto([CPU_ONLY]))
+    (step,) = doc["steps"]
+    assert step["compute"] == 0 and step["network"] == pytest.approx(0.17877742700195313)
+    assert step["rho"] is None
+    (rank,) = doc["ranks"]
+    assert rank["rho_mean"] is None and rank["compute_mean"] == 0
