@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import os
 import resource
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
 from statistics import fmean
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner.errors import InputError
+
+if TYPE_CHECKING:
+    from planner.oracle import NetworkModel
 
 SCHEMA = "planner.ranks/1"
 
@@ -201,6 +204,35 @@ def metrics_ranks(
     return pipeline.job_metrics(results), usage_of(results)
 
 
+def schedule_ranks(
+    rank_inputs: Sequence[RankInput],
+    workers: int | None = None,
+    dask_address: str | None = None,
+    channels: int = 1,
+    network: NetworkModel | None = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The job's Caramel `planner.priorities/1`, one rank per task (`planner.pipeline`):
+    the same document, byte for byte, as `analysis.schedule` on the whole job.
+
+    Each rank is read once; the parent folds the summaries into the job's op times and
+    network rows, and one more task plans on the reference rank's DAG. Arguments as
+    `analyze_ranks` (`network`: a benchmark model, as ``--network``); returns
+    (document, per-worker resource records).
+    """
+    from planner import pipeline
+
+    fixed: dict[str, float] = {}
+    results = map_ranks(
+        pipeline.rank_summary, rank_inputs, workers, dask_address, each=pipeline.fold_times(fixed)
+    )
+    planned, inputs = pipeline.caramel_inputs(results, fixed)
+    task = partial(pipeline.reference_plan, **inputs, channels=channels, benchmark=network)
+    (reference,) = map_ranks(task, [planned[0]["inputs"]], 1, dask_address)
+    if "error" in reference:
+        raise InputError(*reference["error"])
+    return pipeline.job_priorities(planned, reference["plan"]), usage_of(results)
+
+
 def usage_of(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per rank: the worker process that computed it and its peak RSS (MiB) by then."""
     return [
@@ -223,25 +255,30 @@ def map_ranks(
     rank_inputs: Sequence[RankInput],
     workers: int | None = None,
     dask_address: str | None = None,
+    each: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """`task` on every rank's input, in input order: here (`workers` 1), on a local process
     pool (`workers` processes, default the CPUs) or on Dask (`dask_address`, or
     ``"local"`` for a LocalCluster of `workers` processes on 127.0.0.1).
 
-    `task` is a module-level function, so that it pickles by name; a worker holds one
-    rank at a time and returns only its small record.
+    `task` is a module-level function (or a `partial` of one), so that it pickles by
+    name; a worker holds one rank at a time and returns only its small record. `each`
+    is applied in this process to every record as it comes back, in input order, and
+    its result kept instead: it folds what is needed only in total (a running maximum)
+    so that the parent never holds it for every rank at once.
     """
     tasks = [[str(p) for p in paths] for paths in rank_inputs]
     if not tasks:
         raise InputError(None, "no rank inputs given")
     run = partial(_with_usage, task)
+    keep = each or (lambda result: result)
     if dask_address is not None:
-        return _on_dask(run, tasks, dask_address, workers)
+        return [keep(r) for r in _on_dask(run, tasks, dask_address, workers)]
     if workers == 1 or len(tasks) == 1:
-        return [run(t) for t in tasks]
+        return [keep(run(t)) for t in tasks]
     count = min(workers or os.cpu_count() or 1, len(tasks))
     with ProcessPoolExecutor(max_workers=count) as pool:
-        return list(pool.map(run, tasks))
+        return [keep(r) for r in pool.map(run, tasks)]
 
 
 def _on_dask(
@@ -249,7 +286,9 @@ def _on_dask(
     tasks: list[list[str]],
     address: str,
     workers: int | None,
-) -> list[dict[str, Any]]:
+) -> Iterator[dict[str, Any]]:
+    """The records of `run` over `tasks` on a Dask scheduler, in task order, each one
+    released on the cluster once it is here."""
     try:
         from distributed import Client, LocalCluster
     except ImportError:
@@ -262,11 +301,14 @@ def _on_dask(
             processes=True,
             dashboard_address=None,
         ) as cluster:
-            return _on_dask(run, tasks, cluster.scheduler_address, workers)
+            yield from _on_dask(run, tasks, cluster.scheduler_address, workers)
+            return
     try:
         client = Client(address, timeout="10s")
     except (OSError, TimeoutError, ValueError) as exc:
         raise InputError(None, f"cannot reach the Dask scheduler at {address} ({exc})") from None
     with client:
         futures = client.map(run, tasks, pure=False)
-        return list(client.gather(futures))
+        for i, future in enumerate(futures):
+            yield future.result()
+            futures[i] = None  # let the cluster drop the record

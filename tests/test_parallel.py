@@ -123,6 +123,57 @@ def test_metrics_per_rank_is_byte_identical(name: str, capsys: pytest.CaptureFix
     assert document["allreduce"]["stragglers"]  # the cross-rank part is there to get right
 
 
+def _one_process_plan(folder: Path) -> str:
+    """`planner schedule -a caramel FOLDER --json` as one process computes it."""
+    from planner.export.files import dumps
+
+    job = detect.load([folder])
+    return dumps(analysis.plan_document(analysis.schedule(job, "caramel"), job.graphs, job.meta))
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_caramel_per_rank_is_byte_identical(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = need(JOBS[name])
+    expected = _one_process_plan(folder)
+    for workers in ("1", "2"):
+        code, out, err = run_cli(
+            ["schedule", "-a", "caramel", folder, "--json", "-j", workers], capsys
+        )
+        assert code == 0, err
+        assert out == expected
+    document = json.loads(expected)
+    validate(document)
+    orders = {tuple(t["name"] for t in r["transfers"]) for r in document["ranks"]}
+    assert len(document["ranks"]) == len(parallel.rank_inputs([folder])) and len(orders) == 1
+
+
+def test_the_job_plan_takes_each_op_at_its_slowest_rank_less_the_waits() -> None:
+    """The parent's op times for Caramel are the joint job's: per op the largest over the
+    ranks of the oracle with the collectives' waits cut out, which no rank alone has."""
+    folder = need(JOBS["transformer_ddp"])
+    fixed: dict[str, float] = {}
+    fold = pipeline.fold_times(fixed)
+    summaries = [
+        fold(pipeline.rank_summary([str(p) for p in r])) for r in parallel.rank_inputs([folder])
+    ]
+    assert all("fixed" not in s["caramel"] for s in summaries)  # folded, not kept per rank
+    planned, inputs = pipeline.caramel_inputs(summaries, fixed)
+    job = detect.load([folder])
+    oracle = analysis.oracles(job)
+    expected = {
+        name: max(oracle[r].times.get(name, 0.0) for r in job.ranks if name in job.graphs[r].ops)
+        for graph in job.graphs.values()
+        for name in graph.ops
+    }
+    assert inputs["times"] == expected
+    alone = analysis.oracles(pipeline.load_one_rank(planned[0]["inputs"]))
+    (own,) = alone.values()
+    collectives = [
+        n for n, t in own.times.items() if n in summaries[0]["caramel"]["material"]["ops"]
+    ]
+    assert any(own.times[n] != expected[n] for n in collectives)  # the waits moved them
+
+
 def test_the_parent_redoes_what_the_waits_change() -> None:
     """A rank alone reads its collectives' waits as transfer; in its job the oracle drops
     them, so the job's bounds differ from the rank's own and the parent must redo them."""
@@ -150,7 +201,11 @@ def test_metrics_on_a_dask_local_cluster(capsys: pytest.CaptureFixture[str]) -> 
         document, usage = parallel.metrics_ranks(
             parallel.rank_inputs([folder]), dask_address=cluster.scheduler_address
         )
+        plan, _ = parallel.schedule_ranks(
+            parallel.rank_inputs([folder]), dask_address=cluster.scheduler_address
+        )
     assert dumps(document) == expected
+    assert dumps(plan) == _one_process_plan(folder)
     assert len(usage) == 8 and all(u["peak_rss_mib"] > 10 for u in usage)
     code, out, err = run_cli(["metrics", JOBS["transformer_ddp"], "--json", "--dask", "local",
                               "-j", "2"], capsys)  # fmt: skip
@@ -186,11 +241,16 @@ def test_a_truncated_rank_fails_as_in_one_process(
     assert parallel.rank_inputs([tmp_path]) is not None  # its head still sniffs as Kineto
     out_file = tmp_path / "out" / "metrics.md"
     results = []
+    plan_file = tmp_path / "out" / "plan.json"
     for workers in ("1", "2"):
         code, out, err = run_cli(
             ["metrics", tmp_path, "-j", workers, "--markdown", out_file], capsys
         )
         results.append((code, out, err))
+        command = ["schedule", "-a", "caramel", tmp_path, "-j", workers, "-o", plan_file]
+        code, out, err = run_cli(command, capsys)
+        assert code == 2 and out == "" and len(err.splitlines()) == 1, err
+        assert "rank1.json.gz" in err and not plan_file.exists()
         assert code == 2 and out == "" and len(err.splitlines()) == 1, err
         assert "rank1.json.gz" in err and not out_file.exists()
     with pytest.raises(InputError) as joint:
