@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import os
 import resource
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from statistics import fmean
@@ -222,12 +223,11 @@ def schedule_ranks(
     from planner import pipeline
 
     fixed: dict[str, float] = {}
-    results = map_ranks(
-        pipeline.rank_summary, rank_inputs, workers, dask_address, each=pipeline.fold_times(fixed)
-    )
-    planned, inputs = pipeline.caramel_inputs(results, fixed)
-    task = partial(pipeline.reference_plan, **inputs, channels=channels, benchmark=network)
-    (reference,) = map_ranks(task, [planned[0]["inputs"]], 1, dask_address)
+    with rank_mapper(workers, dask_address, len(rank_inputs)) as mapper:
+        results = mapper(pipeline.rank_summary, rank_inputs, pipeline.fold_times(fixed))
+        planned, inputs = pipeline.caramel_inputs(results, fixed)
+        task = partial(pipeline.reference_plan, **inputs, channels=channels, benchmark=network)
+        (reference,) = mapper(task, [planned[0]["inputs"]], None)
     if "error" in reference:
         raise InputError(*reference["error"])
     return pipeline.job_priorities(planned, reference["plan"]), usage_of(results)
@@ -250,12 +250,18 @@ def _with_usage(task: Callable[[list[str]], dict[str, Any]], paths: list[str]) -
     return result
 
 
+Task = Callable[[list[str]], dict[str, Any]]
+Each = Callable[[dict[str, Any]], dict[str, Any]]
+Mapper = Callable[[Task, Sequence[RankInput], Each | None], list[dict[str, Any]]]
+"""Runs a task over rank inputs (see `map_ranks`) on the workers of a `rank_mapper`."""
+
+
 def map_ranks(
-    task: Callable[[list[str]], dict[str, Any]],
+    task: Task,
     rank_inputs: Sequence[RankInput],
     workers: int | None = None,
     dask_address: str | None = None,
-    each: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    each: Each | None = None,
 ) -> list[dict[str, Any]]:
     """`task` on every rank's input, in input order: here (`workers` 1), on a local process
     pool (`workers` processes, default the CPUs) or on Dask (`dask_address`, or
@@ -267,48 +273,73 @@ def map_ranks(
     its result kept instead: it folds what is needed only in total (a running maximum)
     so that the parent never holds it for every rank at once.
     """
+    with rank_mapper(workers, dask_address, len(rank_inputs)) as mapper:
+        return mapper(task, rank_inputs, each)
+
+
+@contextmanager
+def rank_mapper(
+    workers: int | None = None, dask_address: str | None = None, ranks: int = 2
+) -> Iterator[Mapper]:
+    """The workers of `map_ranks` (here, a process pool or a Dask client), kept for
+    several maps in a row: a command that maps twice (`schedule_ranks`) starts them once.
+    `ranks`: how many tasks the first map has (a pool never has more processes)."""
+    if dask_address is not None:
+        with _dask_client(dask_address, workers) as client:
+            yield partial(_map, partial(_on_dask, client))
+    elif workers == 1 or ranks == 1:
+        yield partial(_map, map)
+    else:
+        count = max(1, min(workers or os.cpu_count() or 1, ranks))
+        with ProcessPoolExecutor(max_workers=count) as pool:
+            yield partial(_map, pool.map)
+
+
+def _map(
+    mapping: Callable[[Task, list[list[str]]], Iterable[dict[str, Any]]],
+    task: Task,
+    rank_inputs: Sequence[RankInput],
+    each: Each | None = None,
+) -> list[dict[str, Any]]:
     tasks = [[str(p) for p in paths] for paths in rank_inputs]
     if not tasks:
         raise InputError(None, "no rank inputs given")
-    run = partial(_with_usage, task)
     keep = each or (lambda result: result)
-    if dask_address is not None:
-        return [keep(r) for r in _on_dask(run, tasks, dask_address, workers)]
-    if workers == 1 or len(tasks) == 1:
-        return [keep(run(t)) for t in tasks]
-    count = min(workers or os.cpu_count() or 1, len(tasks))
-    with ProcessPoolExecutor(max_workers=count) as pool:
-        return [keep(r) for r in pool.map(run, tasks)]
+    return [keep(r) for r in mapping(partial(_with_usage, task), tasks)]
 
 
-def _on_dask(
-    run: Callable[[list[str]], dict[str, Any]],
-    tasks: list[list[str]],
-    address: str,
-    workers: int | None,
-) -> Iterator[dict[str, Any]]:
-    """The records of `run` over `tasks` on a Dask scheduler, in task order, each one
-    released on the cluster once it is here."""
+@contextmanager
+def _dask_client(address: str, workers: int | None) -> Iterator[Any]:
+    """A Dask client of the scheduler at `address`, or of a LocalCluster (``local``)."""
     try:
         from distributed import Client, LocalCluster
     except ImportError:
         raise InputError(None, "--dask needs the dask extra: pip install 'planner[dask]'") from None
     if address == "local":
-        with LocalCluster(
-            host="127.0.0.1",
-            n_workers=workers or os.cpu_count() or 1,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=None,
-        ) as cluster:
-            yield from _on_dask(run, tasks, cluster.scheduler_address, workers)
-            return
+        with (
+            LocalCluster(
+                host="127.0.0.1",
+                n_workers=workers or os.cpu_count() or 1,
+                threads_per_worker=1,
+                processes=True,
+                dashboard_address=None,
+            ) as cluster,
+            _dask_client(cluster.scheduler_address, workers) as client,
+        ):
+            yield client
+        return
     try:
         client = Client(address, timeout="10s")
     except (OSError, TimeoutError, ValueError) as exc:
         raise InputError(None, f"cannot reach the Dask scheduler at {address} ({exc})") from None
     with client:
-        futures = client.map(run, tasks, pure=False)
-        for i, future in enumerate(futures):
-            yield future.result()
-            futures[i] = None  # let the cluster drop the record
+        yield client
+
+
+def _on_dask(client: Any, run: Task, tasks: list[list[str]]) -> Iterator[dict[str, Any]]:
+    """The records of `run` over `tasks` on a Dask client, in task order, each one
+    released on the cluster once it is here."""
+    futures = client.map(run, tasks, pure=False)
+    for i, future in enumerate(futures):
+        yield future.result()
+        futures[i] = None  # let the cluster drop the record
