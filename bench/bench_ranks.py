@@ -33,12 +33,15 @@ import argparse
 import gzip
 import hashlib
 import json
+import os
 import random
 import statistics
 import subprocess
 import sys
 import time
 from bisect import bisect_right
+from concurrent.futures import ProcessPoolExecutor
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -92,37 +95,66 @@ print(json.dumps({
 
 
 def build(size: int) -> Path:
-    """bench/_data/ranks/N: N jittered rank copies (made once, reused)."""
+    """bench/_data/ranks/N: N jittered rank copies (made once, reused).
+
+    Rank r's file depends only on r (and `WORLD`), so a rank already built for another
+    size is hard-linked, not made again; the others are made on 2 processes, each file
+    written under a temporary name and renamed, so an interrupted build leaves none half
+    written."""
     folder = DATA / str(size)
-    if len(list(folder.glob("rank*.json.gz"))) == size:
-        return folder
     folder.mkdir(parents=True, exist_ok=True)
-    sources = [
-        json.loads(gzip.decompress((SOURCE / f"rank{r}.json.gz").read_bytes())) for r in (0, 1)
-    ]
+    missing = []
     for rank in range(size):
-        rng = random.Random(rank)
-        trace = json.loads(json.dumps(sources[rank % 2]))  # a deep copy
-        info = trace["distributedInfo"]
-        info.update(rank=rank, world_size=WORLD)
-        for group in info.get("pg_config", []):
-            group.update(pg_size=WORLD, ranks=list(range(WORLD)))
-        steps = sorted(
-            e["ts"]
-            for e in trace["traceEvents"]
-            if str(e.get("name", "")).startswith("ProfilerStep#")
-        )
-        offset = rng.uniform(0, 2e6)  # µs
-        delays, total = [0.0], 0.0
-        for _ in steps:
-            total += rng.uniform(0, 2e4)
-            delays.append(total)
-        for event in trace["traceEvents"]:
-            if "ts" in event and event.get("ph") != "M":
-                event["ts"] = event["ts"] + offset + delays[bisect_right(steps, event["ts"])]
-        with gzip.open(folder / f"rank{rank}.json.gz", "wt", compresslevel=1) as out:
-            json.dump(trace, out)
+        target = folder / f"rank{rank}.json.gz"
+        if target.exists():
+            continue
+        built = [p for p in DATA.glob(f"*/rank{rank}.json.gz") if p.parent != folder]
+        if built:
+            os.link(built[0], target)
+        else:
+            missing.append(rank)
+    if missing:
+        with ProcessPoolExecutor(max_workers=2) as pool:
+            list(pool.map(partial(_make_rank, folder), missing))
     return folder
+
+
+def _make_rank(folder: Path, rank: int) -> None:
+    """One jittered copy: rank `rank` of a job of `WORLD` ranks (the events copied
+    shallowly, only their ``ts`` changed; one-shot `json.dumps`, the C encoder)."""
+    source = _source(rank % 2)
+    rng = random.Random(rank)
+    info = {**source["distributedInfo"], "rank": rank, "world_size": WORLD}
+    info["pg_config"] = [
+        {**group, "pg_size": WORLD, "ranks": list(range(WORLD))}
+        for group in info.get("pg_config", [])
+    ]
+    events = source["traceEvents"]
+    steps = sorted(e["ts"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#"))
+    offset = rng.uniform(0, 2e6)  # µs
+    delays, total = [0.0], 0.0
+    for _ in steps:
+        total += rng.uniform(0, 2e4)
+        delays.append(total)
+    trace = {
+        **source,
+        "distributedInfo": info,
+        "traceEvents": [
+            {**e, "ts": e["ts"] + offset + delays[bisect_right(steps, e["ts"])]}
+            if "ts" in e and e.get("ph") != "M"
+            else e
+            for e in events
+        ],
+    }
+    part = folder / f".rank{rank}.json.gz.part"
+    part.write_bytes(gzip.compress(json.dumps(trace).encode(), compresslevel=1))
+    part.replace(folder / f"rank{rank}.json.gz")
+
+
+@cache
+def _source(rank: int) -> dict[str, Any]:
+    """A real rank's trace, parsed once per process."""
+    return json.loads(gzip.decompress((SOURCE / f"rank{rank}.json.gz").read_bytes()))
 
 
 def largest_rank_mib(folder: Path) -> float:
