@@ -233,6 +233,66 @@ def schedule_ranks(
     return pipeline.job_priorities(planned, reference["plan"]), usage_of(results)
 
 
+def simulate_ranks(
+    rank_inputs: Sequence[RankInput],
+    workers: int | None = None,
+    dask_address: str | None = None,
+    plan: str = "all",
+    *,
+    samples: int = 100,
+    seed: int = 0,
+    sweep_knob: str | None = None,
+    sweep_values: Sequence[float] = (),
+    **knobs: float,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The job's `planner.simulation/1`, one rank per task (`planner.rank_replay`): the same
+    document, byte for byte, as `simulate.simulation` on the whole job with the plans of
+    `planner simulate --plan` (`all`, `caramel`, or only the reference `baseline` and
+    `observed`). Two passes over the ranks (summaries, then replays); between them the
+    parent computes the waits, the peers' ready times and the Caramel plan.
+    Returns (document, per-worker resource records of both passes).
+    """
+    from planner import pipeline, rank_replay
+
+    if plan not in ("all", "caramel", "baseline", "observed"):
+        raise InputError(None, f"plan {plan!r}: one process plans it (TIC/TAC)")
+    fixed: dict[str, float] = {}
+    with rank_mapper(workers, dask_address, len(rank_inputs)) as mapper:
+        results = mapper(rank_replay.replay_summary, rank_inputs, pipeline.fold_times(fixed))
+        ranks = pipeline.checked(results)
+        reference = None
+        if plan == "caramel" or (plan == "all" and any(r["caramel"] for r in ranks)):
+            channels = int(knobs.get("channels", 1))
+            planned, inputs = pipeline.caramel_inputs(results, fixed)
+            task = partial(pipeline.reference_plan, **inputs, channels=channels)
+            (reference,) = mapper(task, [planned[0]["inputs"]], None)
+            if "error" in reference:
+                raise InputError(*reference["error"])
+        _, waited, _ = pipeline.job_waits(ranks)
+        ready = rank_replay.releases(ranks)
+        options = {
+            "samples": samples,
+            "seed": seed,
+            "sweep_knob": sweep_knob,
+            "sweep_values": list(sweep_values),
+            "knobs": knobs,
+        }
+        plan_of = reference["plan"] if reference is not None else None
+        args = [
+            (
+                waited.get(r["rank"], {}),
+                ready.get(r["rank"], {}),
+                plan_of if r["caramel"] is not None else None,
+                options,
+            )
+            for r in ranks
+        ]
+        replays = mapper(rank_replay.rank_simulation, [r["inputs"] for r in ranks], None, args)
+    sources = [r["sources"][0] for r in results] + [s for r in results for s in r["sources"][1:]]
+    document = rank_replay.job_simulation(replays, ranks[0]["framework"], sources)
+    return document, usage_of(results) + usage_of(replays)
+
+
 def usage_of(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per rank: the worker process that computed it and its peak RSS (MiB) by then."""
     return [
@@ -252,7 +312,7 @@ def _with_usage(task: Callable[[list[str]], dict[str, Any]], paths: list[str]) -
 
 Task = Callable[[list[str]], dict[str, Any]]
 Each = Callable[[dict[str, Any]], dict[str, Any]]
-Mapper = Callable[[Task, Sequence[RankInput], Each | None], list[dict[str, Any]]]
+Mapper = Callable[..., list[dict[str, Any]]]
 """Runs a task over rank inputs (see `map_ranks`) on the workers of a `rank_mapper`."""
 
 
@@ -296,16 +356,30 @@ def rank_mapper(
 
 
 def _map(
-    mapping: Callable[[Task, list[list[str]]], Iterable[dict[str, Any]]],
-    task: Task,
+    mapping: Callable[[Callable[[Any], dict[str, Any]], list[Any]], Iterable[dict[str, Any]]],
+    task: Callable[..., dict[str, Any]],
     rank_inputs: Sequence[RankInput],
     each: Each | None = None,
+    args: Sequence[tuple[Any, ...]] | None = None,
 ) -> list[dict[str, Any]]:
+    """`task(paths)` per rank input, or `task(paths, *args[i])` with `args` (one tuple per
+    input: what the parent computed for that rank alone)."""
     tasks = [[str(p) for p in paths] for paths in rank_inputs]
     if not tasks:
         raise InputError(None, "no rank inputs given")
     keep = each or (lambda result: result)
-    return [keep(r) for r in mapping(partial(_with_usage, task), tasks)]
+    if args is None:
+        return [keep(r) for r in mapping(partial(_with_usage, task), tasks)]
+    items = list(zip(tasks, args, strict=True))
+    return [keep(r) for r in mapping(partial(_with_usage_args, task), items)]
+
+
+def _with_usage_args(
+    task: Callable[..., dict[str, Any]], item: tuple[list[str], tuple[Any, ...]]
+) -> dict[str, Any]:
+    """`_with_usage` of `task(paths, *args)` for one (paths, args) item."""
+    paths, args = item
+    return _with_usage(lambda p: task(p, *args), paths)
 
 
 @contextmanager

@@ -42,14 +42,19 @@ def rank_summary(paths: Sequence[str]) -> dict[str, Any]:
     Errors come back as ``{"error": [path, problem]}`` rather than raised, so that they
     cross process and network boundaries intact.
     """
-    from planner import analysis
-
     try:
-        job = load_one_rank(paths)
-        oracle = analysis.oracles(job) if len(job.trace.timings) else {}
-        document = analysis.metrics(job, oracle)
+        return summary_of(load_one_rank(paths), paths)
     except InputError as exc:
         return {"error": [exc.path, exc.problem]}
+
+
+def summary_of(job: Job, paths: Sequence[str]) -> dict[str, Any]:
+    """The summary of one rank's `job` (read from `paths`): its metrics, collectives, the
+    terms of its oracle bounds and, with collectives, of the job's Caramel plan."""
+    from planner import analysis
+
+    oracle = analysis.oracles(job) if len(job.trace.timings) else {}
+    document = analysis.metrics(job, oracle)
     (rank,) = job.ranks
     graph = job.graphs[rank]
     rows = job.trace.of(rank)
@@ -197,7 +202,7 @@ def job_metrics(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if not ranks:
         raise InputError(None, "no rank inputs given")
     _check_same_job(ranks)
-    frame, waited, alignment = _waits(ranks)
+    frame, waited, alignment = job_waits(ranks)
     steps, entries, notes = [], [], []
     for r in ranks:
         document = r["document"]
@@ -227,7 +232,7 @@ def job_metrics(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _waits(
+def job_waits(
     ranks: Sequence[dict[str, Any]],
 ) -> tuple[Any, dict[str, dict[tuple[int, str], int]], Any]:
     """(collective rows of every rank with their ``wait``, rank -> (step, op) -> wait ns,
@@ -423,7 +428,7 @@ def caramel_inputs(
     if not planned:
         problem = "Caramel plans all-reduce collectives; this input has none"
         raise InputError(ranks[0]["sources"][0], f"{problem}, and no scheduler applies")
-    _, waited, _ = _waits(ranks)
+    _, waited, _ = job_waits(ranks)
     times = dict(fixed)
     rows: dict[str, list[Any]] = {"op": [], "start": [], "duration": [], "wait": []}
     for r in planned:

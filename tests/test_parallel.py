@@ -174,6 +174,63 @@ def test_the_job_plan_takes_each_op_at_its_slowest_rank_less_the_waits() -> None
     assert any(own.times[n] != expected[n] for n in collectives)  # the waits moved them
 
 
+def _one_process_simulation(folder: Path, **options: object) -> str:
+    """`planner simulate FOLDER --json` (plans: all) as one process computes it."""
+    from planner import simulate as sim
+    from planner.export.files import dumps
+
+    job = detect.load([folder])
+    plans = {name: analysis.schedule(job, name) for name in analysis.algorithms_for(job)}
+    knobs = {"bandwidth_scale": 1.0, "compute_scale": 1.0, "latency": 0.0, "channels": 1}
+    return dumps(sim.simulation(job, plans, **options, **knobs))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_simulate_per_rank_is_byte_identical(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = need(JOBS[name])
+    expected = _one_process_simulation(
+        folder, samples=8, seed=3, sweep_knob="latency", sweep_values=[0.0, 0.001]
+    )
+    for workers in ("1", "2"):
+        command = ["simulate", folder, "--samples", "8", "--seed", "3", "--json", "-j", workers]
+        code, out, err = run_cli([*command, "--sweep", "latency=0:0.001:2"], capsys)
+        assert code == 0, err
+        assert out == expected
+    document = json.loads(expected)
+    validate(document)
+    plans = {p["plan"] for r in document["comparison"]["ranks"] for p in r["plans"]}
+    assert "caramel" in plans and document["sweep"]["ranks"]
+
+
+def test_peer_releases_from_the_summaries_are_the_joint_ones() -> None:
+    """Each rank's replay waits for its peers' readiness: the parent's top-two reduction
+    over the summaries gives every rank the same release times as the joint replay."""
+    import numpy as np
+
+    from planner import rank_replay
+    from planner import simulate as sim
+
+    folder = need(JOBS["dlrm_8_ranks"])
+    inputs = parallel.rank_inputs([folder])
+    summaries = [rank_replay.replay_summary([str(p) for p in r]) for r in inputs]
+    got = rank_replay.releases(summaries)
+    job = detect.load([folder])
+    expected = sim.job_releases(job, sim._frame(job))
+    assert sorted(got) == sorted(expected) == job.ranks
+    held = 0
+    for rank, steps in expected.items():
+        compiled = sim.compile_graph(job.graphs[rank])
+        assert sorted(got[rank]) == sorted(steps)
+        for it, latest in steps.items():
+            mine = np.full(len(compiled.names), -1, dtype=np.int64)
+            for name, t in got[rank][it].items():
+                if name in compiled.index and compiled.transfer[compiled.index[name]]:
+                    mine[compiled.index[name]] = t
+            assert np.array_equal(mine, latest)
+            held += int((latest >= 0).sum())
+    assert held > 0  # the ranks do wait for one another
+
+
 def test_the_parent_redoes_what_the_waits_change() -> None:
     """A rank alone reads its collectives' waits as transfer; in its job the oracle drops
     them, so the job's bounds differ from the rank's own and the parent must redo them."""
@@ -204,8 +261,12 @@ def test_metrics_on_a_dask_local_cluster(capsys: pytest.CaptureFixture[str]) -> 
         plan, _ = parallel.schedule_ranks(
             parallel.rank_inputs([folder]), dask_address=cluster.scheduler_address
         )
+        simulation, _ = parallel.simulate_ranks(
+            parallel.rank_inputs([folder]), dask_address=cluster.scheduler_address, samples=4
+        )
     assert dumps(document) == expected
     assert dumps(plan) == _one_process_plan(folder)
+    assert dumps(simulation) == _one_process_simulation(folder, samples=4)
     assert len(usage) == 8 and all(u["peak_rss_mib"] > 10 for u in usage)
     code, out, err = run_cli(["metrics", JOBS["transformer_ddp"], "--json", "--dask", "local",
                               "-j", "2"], capsys)  # fmt: skip
@@ -251,6 +312,9 @@ def test_a_truncated_rank_fails_as_in_one_process(
         code, out, err = run_cli(command, capsys)
         assert code == 2 and out == "" and len(err.splitlines()) == 1, err
         assert "rank1.json.gz" in err and not plan_file.exists()
+        code, out, err = run_cli(["simulate", tmp_path, "-j", workers, "--json"], capsys)
+        assert code == 2 and out == "" and len(err.splitlines()) == 1, err
+        assert "rank1.json.gz" in err
         assert code == 2 and out == "" and len(err.splitlines()) == 1, err
         assert "rank1.json.gz" in err and not out_file.exists()
     with pytest.raises(InputError) as joint:
