@@ -11,9 +11,11 @@ stragglers and collective orders differ. Built once under bench/_data/ranks (git
 Each configuration runs as a whole process (interpreter start-up and imports included,
 what a user waits for), interleaved over --repeat rounds; figures are medians.
 ``one process`` is the joint path (`detect.load` of every rank into one Job, then
-`analysis.metrics`, or `analysis.schedule(job, "caramel")` with ``--command schedule``);
+`analysis.metrics`; `analysis.schedule(job, "caramel")` with ``--command schedule``;
+`simulate.simulation` of the Caramel plan, 100 samples, with ``--command simulate``);
 ``-j 1``, ``-j 2`` and ``dask`` (a LocalCluster of 2 worker processes, started inside
-the timed process) run `planner.parallel.metrics_ranks` / `schedule_ranks`, whose
+the timed process) run `planner.parallel.metrics_ranks` / `schedule_ranks` /
+`simulate_ranks`, whose
 document is checked byte-identical to the one-process document where both ran.
 Parent RSS: the timed process's peak; worker RSS: the largest peak of the processes that
 ran the rank tasks (ru_maxrss, MiB); ``x file``: worker peak / the largest rank file
@@ -24,7 +26,7 @@ inflated (its JSON text), the factor by which a worker's memory follows the rank
 worker MiB is the largest of its parsing subprocesses.
 
 Usage: nice python bench/bench_ranks.py [--sizes 8 64] [--repeat 3] [--modes ...]
-                                        [--command metrics|schedule]
+                                        [--command metrics|schedule|simulate]
 """
 
 from __future__ import annotations
@@ -75,13 +77,19 @@ if mode == "one process":
     if command == "schedule":
         plans = analysis.schedule(job, "caramel")
         document, usage = analysis.plan_document(plans, job.graphs, job.meta), []
+    elif command == "simulate":
+        from planner import simulate
+        plans = {"caramel": analysis.schedule(job, "caramel")}
+        knobs = {"bandwidth_scale": 1.0, "compute_scale": 1.0, "latency": 0.0, "channels": 1}
+        document, usage = simulate.simulation(job, plans, **knobs), []
     else:
         document, usage = analysis.metrics(job), []
 else:
     from planner import parallel
     ranks = parallel.rank_inputs(files)
     workers, dask = (2, "local") if mode == "dask" else (int(mode.split()[-1]), None)
-    run = parallel.schedule_ranks if command == "schedule" else parallel.metrics_ranks
+    run = {"schedule": parallel.schedule_ranks, "simulate": parallel.simulate_ranks}.get(
+        command, parallel.metrics_ranks)
     document, usage = run(ranks, workers=workers, dask_address=dask)
 text = dumps(document)
 parent = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -180,10 +188,11 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[8, 64])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=[*MODES, HTA])
-    parser.add_argument("--command", choices=["metrics", "schedule"], default="metrics")
+    parser.add_argument("--command", choices=["metrics", "schedule", "simulate"], default="metrics")
     args = parser.parse_args()
     print(
-        f"planner {args.command}{' -a caramel' if args.command == 'schedule' else ''}; "
+        f"planner {args.command}{' -a caramel' if args.command == 'schedule' else ''}"
+        f"{' (Caramel plan, 100 samples)' if args.command == 'simulate' else ''}; "
         f"source: {SOURCE} (2 real ranks), copies jittered; medians of {args.repeat} runs"
     )
     print(
