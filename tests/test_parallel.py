@@ -357,3 +357,19 @@ def test_analyze_computes_the_oracle_once_and_hands_it_on(
     monkeypatch.undo()
     assert report["inspect"] == analysis.inspect(job)
     assert report["metrics"] == analysis.metrics(job)
+
+
+def test_a_summary_is_small_beside_its_rank() -> None:
+    """The parent holds summaries only: after the fold, a rank's summary is under 1% of
+    its trace (the generated transformer rank: 5 MiB of JSON, about 12 KiB pickled)."""
+    import gzip
+    import pickle
+
+    from planner import rank_replay
+
+    rank = need(JOBS["transformer_ddp"]) / "rank0.json.gz"
+    summary = rank_replay.replay_summary([str(rank)])
+    fixed: dict[str, float] = {}
+    pipeline.fold_times(fixed)(summary)
+    trace = len(gzip.decompress(rank.read_bytes()))
+    assert fixed and len(pickle.dumps(summary)) * 100 < trace
