@@ -224,7 +224,8 @@ def schedule_ranks(
 
     fixed: dict[str, float] = {}
     with rank_mapper(workers, dask_address, len(rank_inputs)) as mapper:
-        results = mapper(pipeline.rank_summary, rank_inputs, pipeline.fold_times(fixed))
+        task = partial(pipeline.rank_summary, plans=True)
+        results = mapper(task, rank_inputs, pipeline.fold_times(fixed))
         planned, inputs = pipeline.caramel_inputs(results, fixed)
         task = partial(pipeline.reference_plan, **inputs, channels=channels, benchmark=network)
         (reference,) = mapper(task, [planned[0]["inputs"]], None)

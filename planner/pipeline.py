@@ -36,21 +36,23 @@ def load_one_rank(paths: Sequence[str | Path]) -> Job:
     return job
 
 
-def rank_summary(paths: Sequence[str]) -> dict[str, Any]:
-    """One task: load one rank's input and return its summary (or an error record).
+def rank_summary(paths: Sequence[str], plans: bool = False) -> dict[str, Any]:
+    """One task: load one rank's input and return its summary (or an error record);
+    `plans`: with the terms of the job's Caramel plan (`schedule`, `simulate`).
 
     Errors come back as ``{"error": [path, problem]}`` rather than raised, so that they
     cross process and network boundaries intact.
     """
     try:
-        return summary_of(load_one_rank(paths), paths)
+        return summary_of(load_one_rank(paths), paths, plans)
     except InputError as exc:
         return {"error": [exc.path, exc.problem]}
 
 
-def summary_of(job: Job, paths: Sequence[str]) -> dict[str, Any]:
+def summary_of(job: Job, paths: Sequence[str], plans: bool = False) -> dict[str, Any]:
     """The summary of one rank's `job` (read from `paths`): its metrics, collectives, the
-    terms of its oracle bounds and, with collectives, of the job's Caramel plan."""
+    terms of its oracle bounds and, with `plans` and collectives, of the job's Caramel
+    plan (else ``"caramel"`` is None)."""
     from planner import analysis
 
     oracle = analysis.oracles(job) if len(job.trace.timings) else {}
@@ -68,11 +70,27 @@ def summary_of(job: Job, paths: Sequence[str]) -> dict[str, Any]:
         "document": document,
         "collectives": _columns(coll),
         "bounds": _bound_terms(job, rank, oracle[rank].times),
-        "caramel": _caramel_terms(job, rank, oracle[rank].times) if collective else None,
+        "caramel": _caramel_terms(job, rank, oracle[rank].times) if plans and collective else None,
         "job_signature": {
-            "meta": dict(((job.meta.get("ranks") or {}).get(rank)) or {}),
+            "meta": _signature_meta(((job.meta.get("ranks") or {}).get(rank)) or {}),
             "collectives": [[n, int(graph.ops[n].nbytes)] for n in collective],
         },
+    }
+
+
+def _signature_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a rank's Job meta that `limits.check_same_job` compares and names:
+    its source, world size, backend and process groups without their rank lists (which
+    grow with the job: O(ranks) each, O(ranks²) in the parent)."""
+    dist = meta.get("distributed") or {}
+    groups = [
+        {k: v for k, v in g.items() if k != "ranks"} if isinstance(g, dict) else g
+        for g in (dist.get("pg_config") or [])
+    ]
+    return {
+        "source": meta.get("source"),
+        "world_size": meta.get("world_size"),
+        "distributed": {"backend": dist.get("backend"), "pg_config": groups},
     }
 
 
@@ -424,7 +442,7 @@ def caramel_inputs(
     if not ranks:
         raise InputError(None, "no rank inputs given")
     _check_same_job(ranks)
-    planned = [r for r in ranks if r["caramel"] is not None]
+    planned = [r for r in ranks if r.get("caramel") is not None]
     if not planned:
         problem = "Caramel plans all-reduce collectives; this input has none"
         raise InputError(ranks[0]["sources"][0], f"{problem}, and no scheduler applies")

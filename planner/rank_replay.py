@@ -33,7 +33,7 @@ def replay_summary(paths: Sequence[str]) -> dict[str, Any]:
 
     try:
         job = load_one_rank(paths)
-        summary = summary_of(job, paths)
+        summary = summary_of(job, paths, plans=True)
         sim.require_timings(job)
     except InputError as exc:
         return {"error": [exc.path, exc.problem]}

@@ -154,7 +154,8 @@ def test_the_job_plan_takes_each_op_at_its_slowest_rank_less_the_waits() -> None
     fixed: dict[str, float] = {}
     fold = pipeline.fold_times(fixed)
     summaries = [
-        fold(pipeline.rank_summary([str(p) for p in r])) for r in parallel.rank_inputs([folder])
+        fold(pipeline.rank_summary([str(p) for p in r], plans=True))
+        for r in parallel.rank_inputs([folder])
     ]
     assert all("fixed" not in s["caramel"] for s in summaries)  # folded, not kept per rank
     planned, inputs = pipeline.caramel_inputs(summaries, fixed)
