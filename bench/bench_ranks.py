@@ -1,4 +1,5 @@
-"""`planner metrics` on jobs of 8 / 64 / 256 / 1,024 ranks: one process vs -j 1, -j 2, Dask.
+"""`planner metrics` / `schedule -a caramel` on jobs of 8 / 64 / 256 / 1,024 ranks:
+one process vs -j 1, -j 2, Dask.
 
 Input: the 2 real Kineto rank traces of ../shared/traces/generated/torch/transformer_ddp
 (gloo DDP), copied to N ranks: rank r is a copy of the real rank r % 2 with
@@ -9,18 +10,23 @@ stragglers and collective orders differ. Built once under bench/_data/ranks (git
 
 Each configuration runs as a whole process (interpreter start-up and imports included,
 what a user waits for), interleaved over --repeat rounds; figures are medians.
-``one process`` is today's path (`detect.load` of every rank into one Job, then
-`analysis.metrics`); ``-j 1``, ``-j 2`` and ``dask`` (a LocalCluster of 2 worker
-processes, started inside the timed process) run `planner.parallel.metrics_ranks`, whose
+``one process`` is the joint path (`detect.load` of every rank into one Job, then
+`analysis.metrics`; `analysis.schedule(job, "caramel")` with ``--command schedule``;
+`simulate.simulation` of the Caramel plan, 100 samples, with ``--command simulate``);
+``-j 1``, ``-j 2`` and ``dask`` (a LocalCluster of 2 worker processes, started inside
+the timed process) run `planner.parallel.metrics_ranks` / `schedule_ranks` /
+`simulate_ranks`, whose
 document is checked byte-identical to the one-process document where both ran.
 Parent RSS: the timed process's peak; worker RSS: the largest peak of the processes that
-ran the rank tasks (ru_maxrss, MiB).
+ran the rank tasks (ru_maxrss, MiB); ``x file``: worker peak / the largest rank file
+inflated (its JSON text), the factor by which a worker's memory follows the rank size.
 
 ``hta load`` (``--modes ... "hta load"``; ``pip install -e '.[bench]'``) times HTA 0.5.0's
 ``TraceAnalysis(trace_dir=...)`` on the same folder, interleaved with the others; its
 worker MiB is the largest of its parsing subprocesses.
 
 Usage: nice python bench/bench_ranks.py [--sizes 8 64] [--repeat 3] [--modes ...]
+                                        [--command metrics|schedule|simulate]
 """
 
 from __future__ import annotations
@@ -29,12 +35,15 @@ import argparse
 import gzip
 import hashlib
 import json
+import os
 import random
 import statistics
 import subprocess
 import sys
 import time
 from bisect import bisect_right
+from concurrent.futures import ProcessPoolExecutor
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +58,7 @@ CHILD = r"""
 import hashlib, json, resource, sys
 from pathlib import Path
 from planner.export.files import dumps
-mode, folder = sys.argv[1], Path(sys.argv[2])
+mode, folder, command = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 files = sorted(folder.glob("rank*.json.gz"))
 if mode == "hta load":
     import contextlib, io, logging
@@ -64,12 +73,24 @@ if mode == "hta load":
 if mode == "one process":
     from planner import analysis
     from planner.ingest import detect
-    document, usage = analysis.metrics(detect.load(files)), []
+    job = detect.load(files)
+    if command == "schedule":
+        plans = analysis.schedule(job, "caramel")
+        document, usage = analysis.plan_document(plans, job.graphs, job.meta), []
+    elif command == "simulate":
+        from planner import simulate
+        plans = {"caramel": analysis.schedule(job, "caramel")}
+        knobs = {"bandwidth_scale": 1.0, "compute_scale": 1.0, "latency": 0.0, "channels": 1}
+        document, usage = simulate.simulation(job, plans, **knobs), []
+    else:
+        document, usage = analysis.metrics(job), []
 else:
     from planner import parallel
     ranks = parallel.rank_inputs(files)
     workers, dask = (2, "local") if mode == "dask" else (int(mode.split()[-1]), None)
-    document, usage = parallel.metrics_ranks(ranks, workers=workers, dask_address=dask)
+    run = {"schedule": parallel.schedule_ranks, "simulate": parallel.simulate_ranks}.get(
+        command, parallel.metrics_ranks)
+    document, usage = run(ranks, workers=workers, dask_address=dask)
 text = dumps(document)
 parent = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps({
@@ -82,44 +103,79 @@ print(json.dumps({
 
 
 def build(size: int) -> Path:
-    """bench/_data/ranks/N: N jittered rank copies (made once, reused)."""
+    """bench/_data/ranks/N: N jittered rank copies (made once, reused).
+
+    Rank r's file depends only on r (and `WORLD`), so a rank already built for another
+    size is hard-linked, not made again; the others are made on 2 processes, each file
+    written under a temporary name and renamed, so an interrupted build leaves none half
+    written."""
     folder = DATA / str(size)
-    if len(list(folder.glob("rank*.json.gz"))) == size:
-        return folder
     folder.mkdir(parents=True, exist_ok=True)
-    sources = [
-        json.loads(gzip.decompress((SOURCE / f"rank{r}.json.gz").read_bytes())) for r in (0, 1)
-    ]
+    missing = []
     for rank in range(size):
-        rng = random.Random(rank)
-        trace = json.loads(json.dumps(sources[rank % 2]))  # a deep copy
-        info = trace["distributedInfo"]
-        info.update(rank=rank, world_size=WORLD)
-        for group in info.get("pg_config", []):
-            group.update(pg_size=WORLD, ranks=list(range(WORLD)))
-        steps = sorted(
-            e["ts"]
-            for e in trace["traceEvents"]
-            if str(e.get("name", "")).startswith("ProfilerStep#")
-        )
-        offset = rng.uniform(0, 2e6)  # µs
-        delays, total = [0.0], 0.0
-        for _ in steps:
-            total += rng.uniform(0, 2e4)
-            delays.append(total)
-        for event in trace["traceEvents"]:
-            if "ts" in event and event.get("ph") != "M":
-                event["ts"] = event["ts"] + offset + delays[bisect_right(steps, event["ts"])]
-        with gzip.open(folder / f"rank{rank}.json.gz", "wt", compresslevel=1) as out:
-            json.dump(trace, out)
+        target = folder / f"rank{rank}.json.gz"
+        if target.exists():
+            continue
+        built = [p for p in DATA.glob(f"*/rank{rank}.json.gz") if p.parent != folder]
+        if built:
+            os.link(built[0], target)
+        else:
+            missing.append(rank)
+    if missing:
+        with ProcessPoolExecutor(max_workers=2) as pool:
+            list(pool.map(partial(_make_rank, folder), missing))
     return folder
 
 
-def run(mode: str, folder: Path) -> dict[str, Any]:
+def _make_rank(folder: Path, rank: int) -> None:
+    """One jittered copy: rank `rank` of a job of `WORLD` ranks (the events copied
+    shallowly, only their ``ts`` changed; one-shot `json.dumps`, the C encoder)."""
+    source = _source(rank % 2)
+    rng = random.Random(rank)
+    info = {**source["distributedInfo"], "rank": rank, "world_size": WORLD}
+    info["pg_config"] = [
+        {**group, "pg_size": WORLD, "ranks": list(range(WORLD))}
+        for group in info.get("pg_config", [])
+    ]
+    events = source["traceEvents"]
+    steps = sorted(e["ts"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#"))
+    offset = rng.uniform(0, 2e6)  # µs
+    delays, total = [0.0], 0.0
+    for _ in steps:
+        total += rng.uniform(0, 2e4)
+        delays.append(total)
+    trace = {
+        **source,
+        "distributedInfo": info,
+        "traceEvents": [
+            {**e, "ts": e["ts"] + offset + delays[bisect_right(steps, e["ts"])]}
+            if "ts" in e and e.get("ph") != "M"
+            else e
+            for e in events
+        ],
+    }
+    part = folder / f".rank{rank}.json.gz.part"
+    part.write_bytes(gzip.compress(json.dumps(trace).encode(), compresslevel=1))
+    part.replace(folder / f"rank{rank}.json.gz")
+
+
+@cache
+def _source(rank: int) -> dict[str, Any]:
+    """A real rank's trace, parsed once per process."""
+    return json.loads(gzip.decompress((SOURCE / f"rank{rank}.json.gz").read_bytes()))
+
+
+def largest_rank_mib(folder: Path) -> float:
+    """The largest rank file of `folder` inflated (MiB of JSON text)."""
+    biggest = max(folder.glob("rank*.json.gz"), key=lambda p: p.stat().st_size)
+    return len(gzip.decompress(biggest.read_bytes())) / 2**20
+
+
+def run(mode: str, folder: Path, command: str) -> dict[str, Any]:
     """One configuration as a whole process: wall seconds and its figures."""
     t0 = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, mode, str(folder)], capture_output=True, text=True
+        [sys.executable, "-c", CHILD, mode, str(folder), command], capture_output=True, text=True
     )
     seconds = time.perf_counter() - t0
     if done.returncode != 0:
@@ -132,18 +188,24 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[8, 64])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=[*MODES, HTA])
+    parser.add_argument("--command", choices=["metrics", "schedule", "simulate"], default="metrics")
     args = parser.parse_args()
-    print(f"source: {SOURCE} (2 real ranks), copies jittered; medians of {args.repeat} runs")
+    print(
+        f"planner {args.command}{' -a caramel' if args.command == 'schedule' else ''}"
+        f"{' (Caramel plan, 100 samples)' if args.command == 'simulate' else ''}; "
+        f"source: {SOURCE} (2 real ranks), copies jittered; medians of {args.repeat} runs"
+    )
     print(
         f"{'ranks':>6} {'mode':<12} {'total s':>8} {'s/rank':>7} {'parent MiB':>10} "
-        f"{'worker MiB':>10} {'procs':>5}  same document"
+        f"{'worker MiB':>10} {'x file':>6} {'procs':>5}  same document"
     )
     for size in args.sizes:
         folder = build(size)
+        file_mib = largest_rank_mib(folder)
         got: dict[str, list[dict[str, Any]]] = {m: [] for m in args.modes}
         for _ in range(args.repeat):
             for mode in args.modes:  # interleaved: each round runs every mode once
-                got[mode].append(run(mode, folder))
+                got[mode].append(run(mode, folder, args.command))
         shas = {r["sha"] for runs in got.values() for r in runs if r["sha"] is not None}
         for mode, runs in got.items():
             total = statistics.median(r["seconds"] for r in runs)
@@ -152,10 +214,11 @@ def main() -> None:
             same = "-" if mode == HTA else "yes" if len(shas) == 1 else "NO"
             print(
                 f"{size:>6} {mode:<12} {total:>8.2f} {total / size:>7.3f} {parent:>10.0f} "
-                f"{worker:>10.0f} {runs[0]['workers']:>5}  {same}"
+                f"{worker:>10.0f} {worker / file_mib:>6.1f} {runs[0]['workers']:>5}  {same}"
             )
         digest = hashlib.sha256("".join(sorted(shas)).encode()).hexdigest()[:12]
         print(f"{size:>6} documents: {len(shas)} distinct ({digest})")
+        print(f"{size:>6} largest rank file: {file_mib:.1f} MiB of JSON")
 
 
 if __name__ == "__main__":

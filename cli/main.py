@@ -95,6 +95,7 @@ def inspect_command(paths: tuple[Path, ...], rank: str | None, as_json: bool) ->
 )
 @rank_option
 @network_option
+@parallel_commands.parallel_options
 @json_option
 @each_option()
 def schedule_command(
@@ -104,15 +105,32 @@ def schedule_command(
     fmt: str,
     rank: str | None,
     network: Any,
+    workers: int | None,
+    dask_address: str | None,
     as_json: bool,
 ) -> None:
     """Order the transfers of each rank with TIC or TAC (parameter server) or Caramel
-    (all-reduce)."""
-    from planner import analysis
+    (all-reduce).
 
-    job = select_ranks(load(paths, as_json), rank)
-    plans = analysis.schedule(job, algorithm, network=network)
-    document = analysis.plan_document(plans, job.graphs, job.meta)
+    Caramel on the PyTorch traces of several ranks reads one rank per process (-j,
+    --dask); the plan is the same as in one process."""
+    from planner import analysis, parallel
+
+    ranks = None
+    if rank is None and algorithm == "caramel":
+        ranks = parallel.rank_inputs(resolve(paths))
+    if ranks is not None:
+        document, _ = parallel.schedule_ranks(
+            ranks, workers=workers, dask_address=dask_address, network=network
+        )
+    else:
+        if dask_address is not None:
+            render.note(
+                "--dask: one rank, not PyTorch or not Caramel: read in this process", as_json
+            )
+        job = select_ranks(load(paths, as_json), rank)
+        plans = analysis.schedule(job, algorithm, network=network)
+        document = analysis.plan_document(plans, job.graphs, job.meta)
     network_notes(document, as_json)
     files = plan_files(document, fmt, output)
     for path, text in files.items():

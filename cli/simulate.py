@@ -17,6 +17,7 @@ from planner_cli.options import (
     rank_option,
     select_ranks,
 )
+from planner_cli.parallel import parallel_options
 
 if TYPE_CHECKING:
     from planner.plan import Plan
@@ -117,6 +118,7 @@ def build_plans(job: Job, which: str, channels: int = 1) -> dict[str, dict[str, 
     help="Write the simulated schedules and the traced step as Chrome trace JSON.",
 )
 @rank_option
+@parallel_options
 @json_option
 @each_option(single_files=("timeline",))
 def simulate(
@@ -131,13 +133,43 @@ def simulate(
     sweep_spec: str | None,
     timeline: Path | None,
     rank: str | None,
+    workers: int | None,
+    dask_address: str | None,
     as_json: bool,
 ) -> None:
-    """Replay the traced steps (with their error) and predict each plan's iteration time."""
+    """Replay the traced steps (with their error) and predict each plan's iteration time.
+
+    The PyTorch traces of several ranks are read one rank per process (-j, --dask; not
+    with --timeline, --rank or --plan tic/tac); the document is the same as in one
+    process."""
+    from planner import parallel
     from planner import simulate as sim
+    from planner.api import resolve
     from planner.export.chrome_trace import chrome_trace
 
     sweep = parse_sweep(sweep_spec)
+    knobs = {
+        "bandwidth_scale": bandwidth_scale,
+        "compute_scale": compute_scale,
+        "latency": latency,
+        "channels": channels,
+    }
+    ranks = None
+    if rank is None and timeline is None and plan not in ("tic", "tac"):
+        ranks = parallel.rank_inputs(resolve(paths))
+    if ranks is not None:
+        document, _ = parallel.simulate_ranks(
+            ranks, workers, dask_address, plan, samples=samples, seed=seed,
+            sweep_knob=sweep[0] if sweep else None, sweep_values=sweep[1] if sweep else (),
+            **knobs,
+        )  # fmt: skip
+        render.emit(document, as_json, simulation_view)
+        return
+    if dask_address is not None:
+        render.note(
+            "--dask: one rank, not PyTorch, or --timeline/--rank/TIC/TAC: read in this process",
+            as_json,
+        )
     job = select_ranks(load(paths, as_json), rank)
     sim.require_timings(job)  # before the plans: a GraphDef alone cannot be simulated
     document = sim.simulation(
@@ -148,10 +180,7 @@ def simulate(
         sweep_knob=sweep[0] if sweep else None,
         sweep_values=sweep[1] if sweep else (),
         timelines=timeline is not None,
-        bandwidth_scale=bandwidth_scale,
-        compute_scale=compute_scale,
-        latency=latency,
-        channels=channels,
+        **knobs,
     )
     schedules = document.pop("timelines", None)
     if timeline is not None and schedules is not None:

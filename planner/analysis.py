@@ -6,9 +6,9 @@ sizes bytes. The CLI only renders these.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner import __version__, buckets, records
 from planner.allreduce import allreduce_metrics
@@ -30,6 +30,9 @@ from planner.plan import Plan
 from planner.records import partial_steps
 from planner.schedule import caramel, tictac
 from planner.trace import Job, with_dedicated
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 ALGORITHMS = ("tic", "tac", "caramel")
 
@@ -117,9 +120,8 @@ def caramel_job_plan(
     Collectives must be issued in the same order on every rank (gloo and NCCL match
     them by order), so the plan is made once, on the first rank's DAG, with each op's
     time the largest over the ranks (a collective starts when its slowest rank is
-    ready) and the network model fitted to the collectives of every rank. A fit that
-    does not hold (`caramel.network_problem`) gives way to `benchmark` when given, else
-    the plan batches nothing; ``inputs["network_note"]`` says which and why.
+    ready) and the network model fitted to the collectives of every rank
+    (`caramel_reference_plan`); every rank gets it (`caramel_rank_plans`).
     """
     reference = job.graphs[ranks[0]]
     times = {
@@ -127,6 +129,25 @@ def caramel_job_plan(
         for name in reference.ops
     }
     timings = job.trace.timings[job.trace.timings["rank"].isin(ranks)]
+    plan = caramel_reference_plan(reference, ranks[0], times, timings, channels, benchmark)
+    ops_of = {rank: job.graphs[rank].ops for rank in ranks}
+    return caramel_rank_plans(plan, ops_of, _first_source(job))
+
+
+def caramel_reference_plan(
+    reference: OpGraph,
+    rank: str,
+    times: Mapping[str, float],
+    timings: pd.DataFrame,
+    channels: int = 1,
+    benchmark: NetworkModel | None = None,
+) -> Plan:
+    """Caramel's plan on the reference rank's DAG with the job's op `times` (largest over
+    the ranks) and the network model fitted to `timings` (``op``, ``duration``, ``wait``
+    rows of every rank's transfers). A fit that does not hold (`caramel.network_problem`)
+    gives way to `benchmark` when given, else the plan batches nothing;
+    ``inputs["network_note"]`` says which and why.
+    """
     network = caramel.trace_network_model(reference, timings)
     problem = caramel.network_problem(network)
     source = "trace"
@@ -138,18 +159,23 @@ def caramel_job_plan(
     else:
         note = None
     plan = caramel.caramel(
-        reference, times, network, rank=ranks[0], channels=channels,
+        reference, times, network, rank=rank, channels=channels,
         batching_on=problem is None or source == "benchmark",
     )  # fmt: skip
-    plan = replace(plan, inputs={**plan.inputs, "network_source": source, "network_note": note})
+    return replace(plan, inputs={**plan.inputs, "network_source": source, "network_note": note})
+
+
+def caramel_rank_plans(
+    plan: Plan, ops_of: Mapping[str, Collection[str]], source: str | None
+) -> dict[str, Plan]:
+    """The reference rank's Caramel `plan` for every rank of `ops_of` (rank -> its op
+    names); InputError naming `source` when a rank lacks one of the planned collectives."""
     plans = {}
-    for rank in ranks:
-        missing = set(plan.order) - set(job.graphs[rank].ops)
+    for rank, ops in ops_of.items():
+        missing = set(plan.order) - set(ops)
         if missing:
-            raise InputError(
-                _first_source(job), f"{rank} lacks collective {sorted(missing)[0]} of {ranks[0]}"
-            )
-        plans[rank] = replace(plan, rank=rank, inputs={**plan.inputs, "planned_on": ranks[0]})
+            raise InputError(source, f"{rank} lacks collective {sorted(missing)[0]} of {plan.rank}")
+        plans[rank] = replace(plan, rank=rank, inputs={**plan.inputs, "planned_on": plan.rank})
     return plans
 
 
@@ -158,25 +184,50 @@ def plan_document(
 ) -> dict[str, Any]:
     """`planner.priorities/1`: per rank, every planned transfer with priority and order_index
     (and, for a DDP job, the buckets it carries and the traced model: `ddp_buckets`)."""
+    material = {rank: plan_material(graphs[rank], rank, plans[rank].order, meta) for rank in plans}
+    return plans_document(plans, material)
+
+
+def plan_material(
+    graph: OpGraph, rank: str, names: Iterable[str], meta: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """What the priority document says of a rank's transfers `names` besides the plan: each
+    one's param, resource, bytes and DDP buckets, and the traced model (`ddp_buckets`).
+    Small, so that a rank's worker can send it instead of its graph (`planner.pipeline`)."""
+    params = list(((meta or {}).get("parameters") or {}).get(rank) or ())
+    ops = {}
+    for name in names:
+        op = graph.ops[name]
+        entry: dict[str, Any] = {"param": op.param, "resource": op.resource, "nbytes": op.nbytes}
+        buckets = ddp_buckets.bucket_entries(graph, [name], params)
+        if buckets is not None:
+            entry["buckets"] = buckets
+        ops[name] = entry
+    source = ((meta or {}).get("parameter_source") or {}).get(rank)
+    return {"ops": ops, "model": ddp_buckets.model_entry(graph, params, source)}
+
+
+def plans_document(
+    plans: Mapping[str, Plan], material: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
+    """`planner.priorities/1` from the plans and each rank's `plan_material`."""
     ranks = []
     for rank in sorted(plans):
-        plan, graph = plans[rank], graphs[rank]
-        params = list(((meta or {}).get("parameters") or {}).get(rank) or ())
+        plan, known = plans[rank], material[rank]
         index = plan.order_index()
         transfers = []
         for name in plan.order:
-            op = graph.ops[name]
+            op = known["ops"][name]
             entry: dict[str, Any] = {
                 "name": name,
-                "param": op.param,
-                "resource": op.resource,
-                "nbytes": op.nbytes,
+                "param": op["param"],
+                "resource": op["resource"],
+                "nbytes": op["nbytes"],
                 "priority": plan.priority[name],
                 "order_index": index[name],
             }
-            buckets = ddp_buckets.bucket_entries(graph, [name], params)
-            if buckets is not None:
-                entry["buckets"] = buckets
+            if "buckets" in op:
+                entry["buckets"] = op["buckets"]
             for prop, values in sorted(plan.properties.items()):
                 if name in values:
                     value = float(values[name])
@@ -189,9 +240,8 @@ def plan_document(
             "control_edges": [list(edge) for edge in plan.control_edges],
             "inputs": dict(plan.inputs),
         }
-        source = ((meta or {}).get("parameter_source") or {}).get(rank)
-        if (model := ddp_buckets.model_entry(graph, params, source)) is not None:
-            doc["model"] = model
+        if known["model"] is not None:
+            doc["model"] = known["model"]
         ranks.append(doc)
     return {"schema": "planner.priorities/1", "ranks": ranks}
 

@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import os
 import resource
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from statistics import fmean
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner.errors import InputError
+
+if TYPE_CHECKING:
+    from planner.oracle import NetworkModel
 
 SCHEMA = "planner.ranks/1"
 
@@ -201,6 +205,95 @@ def metrics_ranks(
     return pipeline.job_metrics(results), usage_of(results)
 
 
+def schedule_ranks(
+    rank_inputs: Sequence[RankInput],
+    workers: int | None = None,
+    dask_address: str | None = None,
+    channels: int = 1,
+    network: NetworkModel | None = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The job's Caramel `planner.priorities/1`, one rank per task (`planner.pipeline`):
+    the same document, byte for byte, as `analysis.schedule` on the whole job.
+
+    Each rank is read once; the parent folds the summaries into the job's op times and
+    network rows, and one more task plans on the reference rank's DAG. Arguments as
+    `analyze_ranks` (`network`: a benchmark model, as ``--network``); returns
+    (document, per-worker resource records).
+    """
+    from planner import pipeline
+
+    fixed: dict[str, float] = {}
+    with rank_mapper(workers, dask_address, len(rank_inputs)) as mapper:
+        task = partial(pipeline.rank_summary, plans=True)
+        results = mapper(task, rank_inputs, pipeline.fold_times(fixed))
+        planned, inputs = pipeline.caramel_inputs(results, fixed)
+        task = partial(pipeline.reference_plan, **inputs, channels=channels, benchmark=network)
+        (reference,) = mapper(task, [planned[0]["inputs"]], None)
+    if "error" in reference:
+        raise InputError(*reference["error"])
+    return pipeline.job_priorities(planned, reference["plan"]), usage_of(results)
+
+
+def simulate_ranks(
+    rank_inputs: Sequence[RankInput],
+    workers: int | None = None,
+    dask_address: str | None = None,
+    plan: str = "all",
+    *,
+    samples: int = 100,
+    seed: int = 0,
+    sweep_knob: str | None = None,
+    sweep_values: Sequence[float] = (),
+    **knobs: float,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The job's `planner.simulation/1`, one rank per task (`planner.rank_replay`): the same
+    document, byte for byte, as `simulate.simulation` on the whole job with the plans of
+    `planner simulate --plan` (`all`, `caramel`, or only the reference `baseline` and
+    `observed`). Two passes over the ranks (summaries, then replays); between them the
+    parent computes the waits, the peers' ready times and the Caramel plan.
+    Returns (document, per-worker resource records of both passes).
+    """
+    from planner import pipeline, rank_replay
+
+    if plan not in ("all", "caramel", "baseline", "observed"):
+        raise InputError(None, f"plan {plan!r}: one process plans it (TIC/TAC)")
+    fixed: dict[str, float] = {}
+    with rank_mapper(workers, dask_address, len(rank_inputs)) as mapper:
+        results = mapper(rank_replay.replay_summary, rank_inputs, pipeline.fold_times(fixed))
+        ranks = pipeline.checked(results)
+        reference = None
+        if plan == "caramel" or (plan == "all" and any(r["caramel"] for r in ranks)):
+            channels = int(knobs.get("channels", 1))
+            planned, inputs = pipeline.caramel_inputs(results, fixed)
+            task = partial(pipeline.reference_plan, **inputs, channels=channels)
+            (reference,) = mapper(task, [planned[0]["inputs"]], None)
+            if "error" in reference:
+                raise InputError(*reference["error"])
+        _, waited, _ = pipeline.job_waits(ranks)
+        ready = rank_replay.releases(ranks)
+        options = {
+            "samples": samples,
+            "seed": seed,
+            "sweep_knob": sweep_knob,
+            "sweep_values": list(sweep_values),
+            "knobs": knobs,
+        }
+        plan_of = reference["plan"] if reference is not None else None
+        args = [
+            (
+                waited.get(r["rank"], {}),
+                ready.get(r["rank"], {}),
+                plan_of if r["caramel"] is not None else None,
+                options,
+            )
+            for r in ranks
+        ]
+        replays = mapper(rank_replay.rank_simulation, [r["inputs"] for r in ranks], None, args)
+    sources = [r["sources"][0] for r in results] + [s for r in results for s in r["sources"][1:]]
+    document = rank_replay.job_simulation(replays, ranks[0]["framework"], sources)
+    return document, usage_of(results) + usage_of(replays)
+
+
 def usage_of(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per rank: the worker process that computed it and its peak RSS (MiB) by then."""
     return [
@@ -218,55 +311,110 @@ def _with_usage(task: Callable[[list[str]], dict[str, Any]], paths: list[str]) -
     return result
 
 
+Task = Callable[[list[str]], dict[str, Any]]
+Each = Callable[[dict[str, Any]], dict[str, Any]]
+Mapper = Callable[..., list[dict[str, Any]]]
+"""Runs a task over rank inputs (see `map_ranks`) on the workers of a `rank_mapper`."""
+
+
 def map_ranks(
-    task: Callable[[list[str]], dict[str, Any]],
+    task: Task,
     rank_inputs: Sequence[RankInput],
     workers: int | None = None,
     dask_address: str | None = None,
+    each: Each | None = None,
 ) -> list[dict[str, Any]]:
     """`task` on every rank's input, in input order: here (`workers` 1), on a local process
     pool (`workers` processes, default the CPUs) or on Dask (`dask_address`, or
     ``"local"`` for a LocalCluster of `workers` processes on 127.0.0.1).
 
-    `task` is a module-level function, so that it pickles by name; a worker holds one
-    rank at a time and returns only its small record.
+    `task` is a module-level function (or a `partial` of one), so that it pickles by
+    name; a worker holds one rank at a time and returns only its small record. `each`
+    is applied in this process to every record as it comes back, in input order, and
+    its result kept instead: it folds what is needed only in total (a running maximum)
+    so that the parent never holds it for every rank at once.
     """
+    with rank_mapper(workers, dask_address, len(rank_inputs)) as mapper:
+        return mapper(task, rank_inputs, each)
+
+
+@contextmanager
+def rank_mapper(
+    workers: int | None = None, dask_address: str | None = None, ranks: int = 2
+) -> Iterator[Mapper]:
+    """The workers of `map_ranks` (here, a process pool or a Dask client), kept for
+    several maps in a row: a command that maps twice (`schedule_ranks`) starts them once.
+    `ranks`: how many tasks the first map has (a pool never has more processes)."""
+    if dask_address is not None:
+        with _dask_client(dask_address, workers) as client:
+            yield partial(_map, partial(_on_dask, client))
+    elif workers == 1 or ranks == 1:
+        yield partial(_map, map)
+    else:
+        count = max(1, min(workers or os.cpu_count() or 1, ranks))
+        with ProcessPoolExecutor(max_workers=count) as pool:
+            yield partial(_map, pool.map)
+
+
+def _map(
+    mapping: Callable[[Callable[[Any], dict[str, Any]], list[Any]], Iterable[dict[str, Any]]],
+    task: Callable[..., dict[str, Any]],
+    rank_inputs: Sequence[RankInput],
+    each: Each | None = None,
+    args: Sequence[tuple[Any, ...]] | None = None,
+) -> list[dict[str, Any]]:
+    """`task(paths)` per rank input, or `task(paths, *args[i])` with `args` (one tuple per
+    input: what the parent computed for that rank alone)."""
     tasks = [[str(p) for p in paths] for paths in rank_inputs]
     if not tasks:
         raise InputError(None, "no rank inputs given")
-    run = partial(_with_usage, task)
-    if dask_address is not None:
-        return _on_dask(run, tasks, dask_address, workers)
-    if workers == 1 or len(tasks) == 1:
-        return [run(t) for t in tasks]
-    count = min(workers or os.cpu_count() or 1, len(tasks))
-    with ProcessPoolExecutor(max_workers=count) as pool:
-        return list(pool.map(run, tasks))
+    keep = each or (lambda result: result)
+    if args is None:
+        return [keep(r) for r in mapping(partial(_with_usage, task), tasks)]
+    items = list(zip(tasks, args, strict=True))
+    return [keep(r) for r in mapping(partial(_with_usage_args, task), items)]
 
 
-def _on_dask(
-    run: Callable[[list[str]], dict[str, Any]],
-    tasks: list[list[str]],
-    address: str,
-    workers: int | None,
-) -> list[dict[str, Any]]:
+def _with_usage_args(
+    task: Callable[..., dict[str, Any]], item: tuple[list[str], tuple[Any, ...]]
+) -> dict[str, Any]:
+    """`_with_usage` of `task(paths, *args)` for one (paths, args) item."""
+    paths, args = item
+    return _with_usage(lambda p: task(p, *args), paths)
+
+
+@contextmanager
+def _dask_client(address: str, workers: int | None) -> Iterator[Any]:
+    """A Dask client of the scheduler at `address`, or of a LocalCluster (``local``)."""
     try:
         from distributed import Client, LocalCluster
     except ImportError:
         raise InputError(None, "--dask needs the dask extra: pip install 'planner[dask]'") from None
     if address == "local":
-        with LocalCluster(
-            host="127.0.0.1",
-            n_workers=workers or os.cpu_count() or 1,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=None,
-        ) as cluster:
-            return _on_dask(run, tasks, cluster.scheduler_address, workers)
+        with (
+            LocalCluster(
+                host="127.0.0.1",
+                n_workers=workers or os.cpu_count() or 1,
+                threads_per_worker=1,
+                processes=True,
+                dashboard_address=None,
+            ) as cluster,
+            _dask_client(cluster.scheduler_address, workers) as client,
+        ):
+            yield client
+        return
     try:
         client = Client(address, timeout="10s")
     except (OSError, TimeoutError, ValueError) as exc:
         raise InputError(None, f"cannot reach the Dask scheduler at {address} ({exc})") from None
     with client:
-        futures = client.map(run, tasks, pure=False)
-        return list(client.gather(futures))
+        yield client
+
+
+def _on_dask(client: Any, run: Task, tasks: list[list[str]]) -> Iterator[dict[str, Any]]:
+    """The records of `run` over `tasks` on a Dask client, in task order, each one
+    released on the cluster once it is here."""
+    futures = client.map(run, tasks, pure=False)
+    for i, future in enumerate(futures):
+        yield future.result()
+        futures[i] = None  # let the cluster drop the record

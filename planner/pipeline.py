@@ -14,7 +14,7 @@ the same order as `planner.metrics.bounds`, so that the floats are the same.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,20 +36,27 @@ def load_one_rank(paths: Sequence[str | Path]) -> Job:
     return job
 
 
-def rank_summary(paths: Sequence[str]) -> dict[str, Any]:
-    """One task: load one rank's input and return its summary (or an error record).
+def rank_summary(paths: Sequence[str], plans: bool = False) -> dict[str, Any]:
+    """One task: load one rank's input and return its summary (or an error record);
+    `plans`: with the terms of the job's Caramel plan (`schedule`, `simulate`).
 
     Errors come back as ``{"error": [path, problem]}`` rather than raised, so that they
     cross process and network boundaries intact.
     """
-    from planner import analysis
-
     try:
-        job = load_one_rank(paths)
-        oracle = analysis.oracles(job) if len(job.trace.timings) else {}
-        document = analysis.metrics(job, oracle)
+        return summary_of(load_one_rank(paths), paths, plans)
     except InputError as exc:
         return {"error": [exc.path, exc.problem]}
+
+
+def summary_of(job: Job, paths: Sequence[str], plans: bool = False) -> dict[str, Any]:
+    """The summary of one rank's `job` (read from `paths`): its metrics, collectives, the
+    terms of its oracle bounds and, with `plans` and collectives, of the job's Caramel
+    plan (else ``"caramel"`` is None)."""
+    from planner import analysis
+
+    oracle = analysis.oracles(job) if len(job.trace.timings) else {}
+    document = analysis.metrics(job, oracle)
     (rank,) = job.ranks
     graph = job.graphs[rank]
     rows = job.trace.of(rank)
@@ -58,14 +65,32 @@ def rank_summary(paths: Sequence[str]) -> dict[str, Any]:
     return {
         "rank": rank,
         "framework": job.framework,
+        "inputs": [str(p) for p in paths],
         "sources": list(job.sources),
         "document": document,
         "collectives": _columns(coll),
         "bounds": _bound_terms(job, rank, oracle[rank].times),
+        "caramel": _caramel_terms(job, rank, oracle[rank].times) if plans and collective else None,
         "job_signature": {
-            "meta": dict(((job.meta.get("ranks") or {}).get(rank)) or {}),
+            "meta": _signature_meta(((job.meta.get("ranks") or {}).get(rank)) or {}),
             "collectives": [[n, int(graph.ops[n].nbytes)] for n in collective],
         },
+    }
+
+
+def _signature_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a rank's Job meta that `limits.check_same_job` compares and names:
+    its source, world size, backend and process groups without their rank lists (which
+    grow with the job: O(ranks) each, O(ranks²) in the parent)."""
+    dist = meta.get("distributed") or {}
+    groups = [
+        {k: v for k, v in g.items() if k != "ranks"} if isinstance(g, dict) else g
+        for g in (dist.get("pg_config") or [])
+    ]
+    return {
+        "source": meta.get("source"),
+        "world_size": meta.get("world_size"),
+        "distributed": {"backend": dist.get("backend"), "pg_config": groups},
     }
 
 
@@ -122,6 +147,50 @@ def _bound_terms(job: Job, rank: str, times: Mapping[str, float]) -> dict[str, A
     }
 
 
+def _caramel_terms(job: Job, rank: str, times: Mapping[str, float]) -> dict[str, Any]:
+    """What the job's Caramel plan needs of a rank with collectives (`caramel_job_plan`):
+    the oracle times of the ops off its transfer resources ("fixed": final here, folded
+    into the job's maximum as they arrive, `fold_times`), the ops on those resources
+    (their times wait for the waits, `_open_times`), its transfers' rows (the network
+    fit) and the priority document's `plan_material` of its transfers."""
+    from planner import analysis
+
+    graph = job.graphs[rank]
+    open_resources = {graph.ops[n].resource for n in graph.transfers}
+    rows = job.trace.of(rank)
+    rows = rows[rows["op"].isin(graph.transfers)]
+    return {
+        "fixed": [[n, t] for n, t in times.items() if graph.ops[n].resource not in open_resources],
+        "open": [
+            [n, op.resource, int(op.nbytes), op.is_transfer]
+            for n, op in graph.ops.items()
+            if op.resource in open_resources
+        ],
+        "transfer_rows": {
+            "iteration": [int(v) for v in rows["iteration"]],
+            "op": [str(v) for v in rows["op"]],
+            "start": [int(v) for v in rows["start"]],
+            "duration": [int(v) for v in rows["duration"]],
+        },
+        "material": analysis.plan_material(graph, rank, graph.transfers, job.meta),
+    }
+
+
+def fold_times(into: dict[str, float]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A `parallel.map_ranks` ``each``: moves a summary's fixed oracle times into `into`,
+    the largest over the ranks per op, so that the parent holds one table, not one per
+    rank."""
+
+    def fold(result: dict[str, Any]) -> dict[str, Any]:
+        terms = result.get("caramel")
+        if terms is not None:
+            for name, t in terms.pop("fixed"):
+                into[name] = max(into[name], t) if name in into else t
+        return result
+
+    return fold
+
+
 def checked(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The summaries in rank order; InputError for the first failed rank, a rank given
     twice or ranks of different frameworks."""
@@ -146,23 +215,12 @@ def checked(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def job_metrics(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The job's `planner.metrics/1` from its ranks' summaries (`rank_summary`)."""
-    import pandas as pd
-
-    from planner import waits
 
     ranks = checked(results)
     if not ranks:
         raise InputError(None, "no rank inputs given")
     _check_same_job(ranks)
-    frame = pd.concat(
-        [pd.DataFrame(r["collectives"]).assign(rank=r["rank"]) for r in ranks], ignore_index=True
-    )
-    frame = frame.astype({"iteration": "int64", "start": "int64", "duration": "int64"})
-    frame["wait"], alignment = waits.split_waits(frame)
-    waited: dict[str, dict[tuple[int, str], int]] = {}
-    columns = (frame["rank"], frame["iteration"], frame["op"], frame["wait"])
-    for rank, it, op, wait in zip(*columns, strict=True):
-        waited.setdefault(rank, {})[(int(it), op)] = int(wait)
+    frame, waited, alignment = job_waits(ranks)
     steps, entries, notes = [], [], []
     for r in ranks:
         document = r["document"]
@@ -190,6 +248,27 @@ def job_metrics(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "allreduce": None if kinds == {True} else _allreduce(ranks, frame, waited, alignment),
         "notes": notes,
     }
+
+
+def job_waits(
+    ranks: Sequence[dict[str, Any]],
+) -> tuple[Any, dict[str, dict[tuple[int, str], int]], Any]:
+    """(collective rows of every rank with their ``wait``, rank -> (step, op) -> wait ns,
+    the clock alignment): `waits.split_waits`, as the joint ingest computes them."""
+    import pandas as pd
+
+    from planner import waits
+
+    frame = pd.concat(
+        [pd.DataFrame(r["collectives"]).assign(rank=r["rank"]) for r in ranks], ignore_index=True
+    )
+    frame = frame.astype({"iteration": "int64", "start": "int64", "duration": "int64"})
+    frame["wait"], alignment = waits.split_waits(frame)
+    waited: dict[str, dict[tuple[int, str], int]] = {}
+    columns = (frame["rank"], frame["iteration"], frame["op"], frame["wait"])
+    for rank, it, op, wait in zip(*columns, strict=True):
+        waited.setdefault(rank, {})[(int(it), op)] = int(wait)
+    return frame, waited, alignment
 
 
 def _check_same_job(ranks: Sequence[dict[str, Any]]) -> None:
@@ -224,29 +303,9 @@ def _bounds(terms: Mapping[str, Any], waited: Mapping[tuple[int, str], int]) -> 
     import numpy as np
 
     from planner.oracle import fit_network_model
-    from planner.trace import dedicated_durations
 
-    rows = terms["rows"]
     resource = {name: res for res, ops in terms["ops"].items() for name, _, _ in ops}
-    minimum: dict[str, float] = {}
-    if rows["op"]:
-        wait = np.array(
-            [waited.get((i, o), 0) for i, o in zip(rows["iteration"], rows["op"], strict=True)],
-            dtype=np.int64,
-        )
-        start = np.array(rows["start"], dtype=np.int64) + wait
-        duration = np.array(rows["duration"], dtype=np.int64) - wait
-        import pandas as pd
-
-        table = pd.DataFrame({"iteration": rows["iteration"], "op": rows["op"]}).assign(
-            resource=lambda f: f["op"].map(resource)
-        )
-        dedicated = np.zeros(len(table), dtype=np.float64)
-        groups = table.groupby(["iteration", "resource"], sort=False).indices
-        for idx in groups.values():
-            dedicated[idx] = dedicated_durations(start[idx], duration[idx])
-        table["dedicated"] = dedicated
-        minimum = (table.groupby("op")["dedicated"].agg("min") / 1e9).to_dict()
+    minimum = _open_minimum(terms["rows"], resource, waited)
     transfers = [(n, b) for n, b in terms["transfers"] if n in minimum and b > 0]
     network = fit_network_model(
         np.array([b for _, b in transfers]), np.array([minimum[n] for n, _ in transfers])
@@ -267,6 +326,65 @@ def _bounds(terms: Mapping[str, Any], waited: Mapping[tuple[int, str], int]) -> 
             value = value + t
         per_resource[res] = value
     return float(sum(per_resource.values())), float(max(per_resource.values(), default=0.0))
+
+
+def _open_times(
+    terms: Mapping[str, Any], caramel: Mapping[str, Any], waited: Mapping[tuple[int, str], int]
+) -> dict[str, float]:
+    """The oracle times (`oracle.of_runs`, min) of a rank's ops on its transfer resources,
+    the waits cut out of its collectives (`trace.with_dedicated`), as the joint job's."""
+    import numpy as np
+
+    from planner.oracle import fit_network_model
+
+    resource = {name: res for name, res, _, _ in caramel["open"]}
+    minimum = _open_minimum(terms["rows"], resource, waited)
+    transfers = [(n, b) for n, b in terms["transfers"] if n in minimum and b > 0]
+    network = fit_network_model(
+        np.array([b for _, b in transfers]), np.array([minimum[n] for n, _ in transfers])
+    )
+    times = {}
+    for name, _, nbytes, is_transfer in caramel["open"]:
+        if name in minimum:
+            times[name] = float(minimum[name])
+        elif is_transfer and network is not None:
+            times[name] = network.time(nbytes)
+        else:
+            times[name] = 0.0
+    return times
+
+
+def _open_minimum(
+    rows: Mapping[str, list[Any]],
+    resource: Mapping[str, str],
+    waited: Mapping[tuple[int, str], int],
+) -> dict[str, float]:
+    """Op -> minimum over the steps of its dedicated time (s) on its resource (`resource`;
+    rows of other ops are left out), the waits cut out of the collectives."""
+    import numpy as np
+
+    from planner.trace import dedicated_durations
+
+    minimum: dict[str, float] = {}
+    if rows["op"]:
+        wait = np.array(
+            [waited.get((i, o), 0) for i, o in zip(rows["iteration"], rows["op"], strict=True)],
+            dtype=np.int64,
+        )
+        start = np.array(rows["start"], dtype=np.int64) + wait
+        duration = np.array(rows["duration"], dtype=np.int64) - wait
+        import pandas as pd
+
+        table = pd.DataFrame({"iteration": rows["iteration"], "op": rows["op"]}).assign(
+            resource=lambda f: f["op"].map(resource)
+        )
+        dedicated = np.zeros(len(table), dtype=np.float64)
+        groups = table.groupby(["iteration", "resource"], sort=False).indices
+        for idx in groups.values():
+            dedicated[idx] = dedicated_durations(start[idx], duration[idx])
+        table["dedicated"] = dedicated
+        minimum = (table.groupby("op")["dedicated"].agg("min") / 1e9).to_dict()
+    return minimum
 
 
 def _allreduce(
@@ -307,3 +425,83 @@ def _allreduce(
         "job": job_summary(len(ranks), steps, straggler_list),
         "clock_alignment": alignment.to_dict() if alignment is not None else None,
     }
+
+
+def caramel_inputs(
+    results: Sequence[dict[str, Any]], fixed: Mapping[str, float]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(the summaries of the ranks Caramel plans, the inputs of `reference_plan`) of a job
+    from its summaries (`rank_summary`, folded by `fold_times` into `fixed`).
+
+    As `analysis.caramel_job_plan` on the whole job: the ranks with collectives, the
+    first of them the reference, each op's time the largest over them (the waits for
+    peers cut out), the network fitted to all their transfers' rows less the waits.
+    InputError when no rank has collectives (Caramel does not apply).
+    """
+    ranks = checked(results)
+    if not ranks:
+        raise InputError(None, "no rank inputs given")
+    _check_same_job(ranks)
+    planned = [r for r in ranks if r.get("caramel") is not None]
+    if not planned:
+        problem = "Caramel plans all-reduce collectives; this input has none"
+        raise InputError(ranks[0]["sources"][0], f"{problem}, and no scheduler applies")
+    _, waited, _ = job_waits(ranks)
+    times = dict(fixed)
+    rows: dict[str, list[Any]] = {"op": [], "start": [], "duration": [], "wait": []}
+    for r in planned:
+        own = waited.get(r["rank"], {})
+        for name, t in _open_times(r["bounds"], r["caramel"], own).items():
+            times[name] = max(times[name], t) if name in times else t
+        transfer = r["caramel"]["transfer_rows"]
+        rows["op"].extend(transfer["op"])
+        rows["start"].extend(transfer["start"])
+        rows["duration"].extend(transfer["duration"])
+        rows["wait"].extend(
+            own.get((it, op), 0)
+            for it, op in zip(transfer["iteration"], transfer["op"], strict=True)
+        )
+    return planned, {"times": times, "rows": rows}
+
+
+def reference_plan(
+    paths: Sequence[str],
+    times: Mapping[str, float],
+    rows: Mapping[str, list[Any]],
+    channels: int = 1,
+    benchmark: Any = None,
+) -> dict[str, Any]:
+    """One task: the job's Caramel plan on the DAG of the reference rank at `paths`
+    (`analysis.caramel_reference_plan`), from the job-level inputs of `caramel_inputs`;
+    ``{"plan": Plan}`` or an error record."""
+    import pandas as pd
+
+    from planner import analysis
+
+    try:
+        job = load_one_rank(paths)
+    except InputError as exc:
+        return {"error": [exc.path, exc.problem]}
+    (rank,) = job.ranks
+    graph = job.graphs[rank]
+    frame = pd.DataFrame(
+        {
+            "op": pd.array(rows["op"], dtype="str"),
+            "start": pd.array(rows["start"], dtype="int64"),
+            "duration": pd.array(rows["duration"], dtype="int64"),
+            "wait": pd.array(rows["wait"], dtype="int64"),
+        }
+    )
+    own = {name: times[name] for name in graph.ops}
+    plan = analysis.caramel_reference_plan(graph, rank, own, frame, channels, benchmark)
+    return {"rank": rank, "plan": plan}
+
+
+def job_priorities(planned: Sequence[dict[str, Any]], plan: Any) -> dict[str, Any]:
+    """The job's `planner.priorities/1` for Caramel: the reference `plan` on every rank
+    of `planned` (`caramel_inputs`), from their `plan_material`."""
+    from planner import analysis
+
+    ops_of = {r["rank"]: r["caramel"]["material"]["ops"] for r in planned}
+    plans = analysis.caramel_rank_plans(plan, ops_of, planned[0]["sources"][0])
+    return analysis.plans_document(plans, {r["rank"]: r["caramel"]["material"] for r in planned})

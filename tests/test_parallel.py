@@ -123,6 +123,115 @@ def test_metrics_per_rank_is_byte_identical(name: str, capsys: pytest.CaptureFix
     assert document["allreduce"]["stragglers"]  # the cross-rank part is there to get right
 
 
+def _one_process_plan(folder: Path) -> str:
+    """`planner schedule -a caramel FOLDER --json` as one process computes it."""
+    from planner.export.files import dumps
+
+    job = detect.load([folder])
+    return dumps(analysis.plan_document(analysis.schedule(job, "caramel"), job.graphs, job.meta))
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_caramel_per_rank_is_byte_identical(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = need(JOBS[name])
+    expected = _one_process_plan(folder)
+    for workers in ("1", "2"):
+        code, out, err = run_cli(
+            ["schedule", "-a", "caramel", folder, "--json", "-j", workers], capsys
+        )
+        assert code == 0, err
+        assert out == expected
+    document = json.loads(expected)
+    validate(document)
+    orders = {tuple(t["name"] for t in r["transfers"]) for r in document["ranks"]}
+    assert len(document["ranks"]) == len(parallel.rank_inputs([folder])) and len(orders) == 1
+
+
+def test_the_job_plan_takes_each_op_at_its_slowest_rank_less_the_waits() -> None:
+    """The parent's op times for Caramel are the joint job's: per op the largest over the
+    ranks of the oracle with the collectives' waits cut out, which no rank alone has."""
+    folder = need(JOBS["transformer_ddp"])
+    fixed: dict[str, float] = {}
+    fold = pipeline.fold_times(fixed)
+    summaries = [
+        fold(pipeline.rank_summary([str(p) for p in r], plans=True))
+        for r in parallel.rank_inputs([folder])
+    ]
+    assert all("fixed" not in s["caramel"] for s in summaries)  # folded, not kept per rank
+    planned, inputs = pipeline.caramel_inputs(summaries, fixed)
+    job = detect.load([folder])
+    oracle = analysis.oracles(job)
+    expected = {
+        name: max(oracle[r].times.get(name, 0.0) for r in job.ranks if name in job.graphs[r].ops)
+        for graph in job.graphs.values()
+        for name in graph.ops
+    }
+    assert inputs["times"] == expected
+    alone = analysis.oracles(pipeline.load_one_rank(planned[0]["inputs"]))
+    (own,) = alone.values()
+    collectives = [
+        n for n, t in own.times.items() if n in summaries[0]["caramel"]["material"]["ops"]
+    ]
+    assert any(own.times[n] != expected[n] for n in collectives)  # the waits moved them
+
+
+def _one_process_simulation(folder: Path, **options: object) -> str:
+    """`planner simulate FOLDER --json` (plans: all) as one process computes it."""
+    from planner import simulate as sim
+    from planner.export.files import dumps
+
+    job = detect.load([folder])
+    plans = {name: analysis.schedule(job, name) for name in analysis.algorithms_for(job)}
+    knobs = {"bandwidth_scale": 1.0, "compute_scale": 1.0, "latency": 0.0, "channels": 1}
+    return dumps(sim.simulation(job, plans, **options, **knobs))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_simulate_per_rank_is_byte_identical(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = need(JOBS[name])
+    expected = _one_process_simulation(
+        folder, samples=8, seed=3, sweep_knob="latency", sweep_values=[0.0, 0.001]
+    )
+    for workers in ("1", "2"):
+        command = ["simulate", folder, "--samples", "8", "--seed", "3", "--json", "-j", workers]
+        code, out, err = run_cli([*command, "--sweep", "latency=0:0.001:2"], capsys)
+        assert code == 0, err
+        assert out == expected
+    document = json.loads(expected)
+    validate(document)
+    plans = {p["plan"] for r in document["comparison"]["ranks"] for p in r["plans"]}
+    assert "caramel" in plans and document["sweep"]["ranks"]
+
+
+def test_peer_releases_from_the_summaries_are_the_joint_ones() -> None:
+    """Each rank's replay waits for its peers' readiness: the parent's top-two reduction
+    over the summaries gives every rank the same release times as the joint replay."""
+    import numpy as np
+
+    from planner import rank_replay
+    from planner import simulate as sim
+
+    folder = need(JOBS["dlrm_8_ranks"])
+    inputs = parallel.rank_inputs([folder])
+    summaries = [rank_replay.replay_summary([str(p) for p in r]) for r in inputs]
+    got = rank_replay.releases(summaries)
+    job = detect.load([folder])
+    expected = sim.job_releases(job, sim._frame(job))
+    assert sorted(got) == sorted(expected) == job.ranks
+    held = 0
+    for rank, steps in expected.items():
+        compiled = sim.compile_graph(job.graphs[rank])
+        assert sorted(got[rank]) == sorted(steps)
+        for it, latest in steps.items():
+            mine = np.full(len(compiled.names), -1, dtype=np.int64)
+            for name, t in got[rank][it].items():
+                if name in compiled.index and compiled.transfer[compiled.index[name]]:
+                    mine[compiled.index[name]] = t
+            assert np.array_equal(mine, latest)
+            held += int((latest >= 0).sum())
+    assert held > 0  # the ranks do wait for one another
+
+
 def test_the_parent_redoes_what_the_waits_change() -> None:
     """A rank alone reads its collectives' waits as transfer; in its job the oracle drops
     them, so the job's bounds differ from the rank's own and the parent must redo them."""
@@ -150,7 +259,15 @@ def test_metrics_on_a_dask_local_cluster(capsys: pytest.CaptureFixture[str]) -> 
         document, usage = parallel.metrics_ranks(
             parallel.rank_inputs([folder]), dask_address=cluster.scheduler_address
         )
+        plan, _ = parallel.schedule_ranks(
+            parallel.rank_inputs([folder]), dask_address=cluster.scheduler_address
+        )
+        simulation, _ = parallel.simulate_ranks(
+            parallel.rank_inputs([folder]), dask_address=cluster.scheduler_address, samples=4
+        )
     assert dumps(document) == expected
+    assert dumps(plan) == _one_process_plan(folder)
+    assert dumps(simulation) == _one_process_simulation(folder, samples=4)
     assert len(usage) == 8 and all(u["peak_rss_mib"] > 10 for u in usage)
     code, out, err = run_cli(["metrics", JOBS["transformer_ddp"], "--json", "--dask", "local",
                               "-j", "2"], capsys)  # fmt: skip
@@ -186,11 +303,19 @@ def test_a_truncated_rank_fails_as_in_one_process(
     assert parallel.rank_inputs([tmp_path]) is not None  # its head still sniffs as Kineto
     out_file = tmp_path / "out" / "metrics.md"
     results = []
+    plan_file = tmp_path / "out" / "plan.json"
     for workers in ("1", "2"):
         code, out, err = run_cli(
             ["metrics", tmp_path, "-j", workers, "--markdown", out_file], capsys
         )
         results.append((code, out, err))
+        command = ["schedule", "-a", "caramel", tmp_path, "-j", workers, "-o", plan_file]
+        code, out, err = run_cli(command, capsys)
+        assert code == 2 and out == "" and len(err.splitlines()) == 1, err
+        assert "rank1.json.gz" in err and not plan_file.exists()
+        code, out, err = run_cli(["simulate", tmp_path, "-j", workers, "--json"], capsys)
+        assert code == 2 and out == "" and len(err.splitlines()) == 1, err
+        assert "rank1.json.gz" in err
         assert code == 2 and out == "" and len(err.splitlines()) == 1, err
         assert "rank1.json.gz" in err and not out_file.exists()
     with pytest.raises(InputError) as joint:
@@ -239,3 +364,19 @@ def test_analyze_computes_the_oracle_once_and_hands_it_on(
     monkeypatch.undo()
     assert report["inspect"] == analysis.inspect(job)
     assert report["metrics"] == analysis.metrics(job)
+
+
+def test_a_summary_is_small_beside_its_rank() -> None:
+    """The parent holds summaries only: after the fold, a rank's summary is under 1% of
+    its trace (the generated transformer rank: 5 MiB of JSON, about 12 KiB pickled)."""
+    import gzip
+    import pickle
+
+    from planner import rank_replay
+
+    rank = need(JOBS["transformer_ddp"]) / "rank0.json.gz"
+    summary = rank_replay.replay_summary([str(rank)])
+    fixed: dict[str, float] = {}
+    pipeline.fold_times(fixed)(summary)
+    trace = len(gzip.decompress(rank.read_bytes()))
+    assert fixed and len(pickle.dumps(summary)) * 100 < trace

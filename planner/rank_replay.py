@@ -1,0 +1,189 @@
+"""`planner simulate` of a multi-rank job, one rank per task, the same document byte for
+byte as `planner.simulate.simulation` on the whole job.
+
+What a rank's replay needs of the others: the waits of its collectives for the last
+rank (`planner.waits`, from every rank's collective rows: a collective's time in the
+replay is its transfer plus its wait as seen) and, per step, the latest time a peer was
+ready for each of its transfers (`simulate.peer_releases`: a collective cannot start
+before). The plans need the job's Caramel plan (`planner.pipeline`). So a job is read in
+two passes: `replay_summary` (the rank's summary plus its ready times), then the parent
+computes the waits, the releases and the plan, and `rank_simulation` reads the rank
+again and replays and compares it alone. The two reads are the price of a worker that
+holds one rank at a time: the second pass needs what only all ranks together give.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from planner.errors import InputError
+from planner.pipeline import load_one_rank, summary_of
+
+if TYPE_CHECKING:
+    from planner.plan import Plan
+    from planner.trace import Job
+
+
+def replay_summary(paths: Sequence[str]) -> dict[str, Any]:
+    """One task of the first pass: `pipeline.summary_of` the rank plus ``ready``: step ->
+    transfer -> the time (epoch ns) the rank was ready for it (`simulate.peer_releases`)."""
+    from planner import simulate as sim
+
+    try:
+        job = load_one_rank(paths)
+        summary = summary_of(job, paths, plans=True)
+        sim.require_timings(job)
+    except InputError as exc:
+        return {"error": [exc.path, exc.problem]}
+    (rank,) = job.ranks
+    graph = job.graphs[rank]
+    frame = sim._frame(job)
+    compiled = sim.compile_graph(graph)
+    rows = frame[frame["rank"] == rank]
+    models = sim._step_models(
+        compiled, rows, sim.mean_of_runs(graph, rows), sim.spans_of(job, rank)
+    )
+    ready: dict[int, dict[str, int]] = {}
+    for it, (_, _, model) in models.items():
+        keep = [int(i) for i in (compiled.transfer & model.observed).nonzero()[0]]
+        ready[int(it)] = {compiled.names[i]: int(model.ready[i]) + model.t0 for i in keep}
+    summary["ready"] = ready
+    return summary
+
+
+def releases(ranks: Sequence[Mapping[str, Any]]) -> dict[str, dict[int, dict[str, int]]]:
+    """Rank -> step -> transfer -> the latest time another rank was ready for it in that
+    step (`simulate.peer_releases` on the summaries' ``ready``; empty with one rank)."""
+    if len(ranks) < 2:
+        return {}
+    top: dict[tuple[int, str], list[Any]] = {}  # (step, op) -> [t1, rank of t1, t2]
+    for r in ranks:
+        for it, ready in r["ready"].items():
+            for name, t in ready.items():
+                best = top.setdefault((it, name), [-1, None, -1])
+                if t > best[0]:
+                    best[:] = [t, r["rank"], best[0]]
+                elif t > best[2]:
+                    best[2] = t
+    out: dict[str, dict[int, dict[str, int]]] = {}
+    for r in ranks:
+        mine = out.setdefault(r["rank"], {})
+        for it in r["ready"]:
+            mine[it] = {}
+        for (it, name), (t1, who, t2) in top.items():
+            if it in mine:
+                latest = t2 if who == r["rank"] else t1
+                if latest >= 0:
+                    mine[it][name] = latest
+    return out
+
+
+def with_waits(job: Job, waits: Mapping[tuple[int, str], int]) -> None:
+    """Set the ``wait`` column of a one-rank `job` to its collectives' waits in the whole
+    job (`pipeline.job_waits`), as the joint ingest does."""
+    import numpy as np
+
+    timings = job.trace.timings
+    wait = np.array(
+        [
+            waits.get((int(i), o), 0)
+            for i, o in zip(timings["iteration"], timings["op"], strict=True)
+        ],
+        dtype=np.int64,
+    )
+    timings["wait"] = wait
+
+
+def rank_simulation(
+    paths: Sequence[str],
+    waits: Mapping[tuple[int, str], int],
+    ready: Mapping[int, Mapping[str, int]],
+    plan: Plan | None,
+    options: Mapping[str, Any],
+) -> dict[str, Any]:
+    """One task of the second pass: replay and compare one rank as
+    `simulate.simulation` does on the whole job, with the job's `waits` for this rank,
+    its peers' `ready` times (`releases`) and the job's Caramel `plan` (None: no plan).
+    `options`: samples, seed, sweep_knob, sweep_values and the knobs."""
+    import numpy as np
+
+    from planner import simulate as sim
+
+    try:
+        job = load_one_rank(paths)
+    except InputError as exc:
+        return {"error": [exc.path, exc.problem]}
+    (rank,) = job.ranks
+    with_waits(job, waits)
+    graph = job.graphs[rank]
+    frame = sim._frame(job)
+    compiled = sim.compile_graph(graph)
+    rows = frame[frame["rank"] == rank]
+    oracle = sim.mean_of_runs(graph, rows)
+    arrays = {}
+    for it, times in ready.items():
+        latest = np.full(len(compiled.names), -1, dtype=np.int64)
+        for name, t in times.items():
+            i = compiled.index.get(name)
+            if i is not None and compiled.transfer[i]:
+                latest[i] = t
+        arrays[it] = latest
+    seed, samples = options["seed"], options["samples"]
+    spans = sim.spans_of(job, rank)
+    steps = sim._replay_rank(compiled, rows, oracle, seed, spans, arrays if ready else None)
+    plans = {}
+    if plan is not None:
+        planned = replace(plan, rank=rank, inputs={**plan.inputs, "planned_on": plan.rank})
+        plans = {"caramel": {rank: planned}}
+    knobs = options["knobs"]
+    shared = {"samples": samples, "seed": seed, "oracles": {rank: oracle}, "frame": frame}
+    comparison = sim.compare(job, plans, replayed={rank: steps}, **shared, **knobs)
+    sweep = None
+    if options["sweep_knob"] is not None:
+        sweep = sim.sweep(
+            job, options["sweep_knob"], options["sweep_values"], plans,
+            replayed={rank: steps}, **shared, **knobs,
+        )  # fmt: skip
+    return {
+        "rank": rank,
+        "sources": list(job.sources),
+        "replay": {"rank": rank, **sim._error_summary(steps), "steps": steps},
+        "comparison": comparison,
+        "sweep": sweep,
+    }
+
+
+def job_simulation(
+    results: Sequence[dict[str, Any]], framework: str, sources: Sequence[str]
+) -> dict[str, Any]:
+    """The job's `planner.simulation/1` from its ranks' `rank_simulation` records."""
+    from planner import simulate as sim
+
+    for result in results:
+        if "error" in result:
+            raise InputError(*result["error"])
+    ranks = sorted(results, key=lambda r: r["rank"])
+    replays = [r["replay"] for r in ranks]
+    first = ranks[0]["comparison"]
+    comparison = {**{k: v for k, v in first.items() if k != "ranks"}}
+    comparison["ranks"] = [entry for r in ranks for entry in r["comparison"]["ranks"]]
+    sweep = None
+    if ranks[0]["sweep"] is not None:
+        sweep = {k: v for k, v in ranks[0]["sweep"].items() if k != "ranks"}
+        sweep["ranks"] = [entry for r in ranks for entry in r["sweep"]["ranks"]]
+    return {
+        "schema": sim.SCHEMA,
+        "kind": "simulation",
+        "framework": framework,
+        "sources": list(sources),
+        "replay": {
+            "schema": sim.SCHEMA,
+            "kind": "replay",
+            "ranks": replays,
+            **sim._all_errors(replays),
+        },
+        "comparison": comparison,
+        "sweep": sweep,
+    }
