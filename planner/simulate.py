@@ -699,9 +699,9 @@ def _step_models(
     """Step -> (its rows, its span, its `step_model`) for each step of one rank; `own`:
     the rank's ops are the first `own` of `compiled` (the rest, PS work joined for the
     replay, count neither in the step's span nor in its missing records).
-    `pools`: the rank's devices run a thread pool (TensorFlow's inter-op pool): a device
-    runs as many ops at once in every step as it ever did in one (`rank_shape`), not
-    only as many as this step did; elsewhere (a Python thread, a GPU stream: one op at a
+    `pools`: the rank's resources are pools (TensorFlow's inter-op thread pool, gRPC
+    serving several transfers on one channel): one runs as many ops at once in every
+    step as it ever did in one (`rank_shape`), not only as many as this step did; elsewhere (a Python thread, a GPU stream: one op at a
     time, a rare overlap in one step being that step's) each step keeps its own width.
     The edges the trace contradicts are dropped rank-wide either way. Partial steps do
     not shape the rank."""
