@@ -701,8 +701,9 @@ def _step_models(
     replay, count neither in the step's span nor in its missing records).
     `pools`: the rank's resources are pools (TensorFlow's inter-op thread pool, gRPC
     serving several transfers on one channel): one runs as many ops at once in every
-    step as it ever did in one (`rank_shape`), not only as many as this step did; elsewhere (a Python thread, a GPU stream: one op at a
-    time, a rare overlap in one step being that step's) each step keeps its own width.
+    step as it ever did in one (`rank_shape`), not only as many as this step did;
+    elsewhere (a Python thread, a GPU stream: one op at a time, a rare overlap in one
+    step being that step's) each step keeps its own width.
     The edges the trace contradicts are dropped rank-wide either way. Partial steps do
     not shape the rank."""
     fallback = op_seconds(compiled, oracle)

@@ -399,7 +399,7 @@ def test_the_ranks_shape_removes_the_tf_error(name, before, after, replays):
     in the others; and a device that ran two ops at once in one step (TF's inter-op
     pool) but one in the others was chained in those only. Taken over the rank (edge
     dropped in every step, pool at its widest in every step), the merged file goes from
-    59.7% median / 63.3% worst to 2.9% / 40.1%, cnn in-graph from 5.1% median, 14.4%
+    46.3% median / 63.3% worst to 1.8% / 40.1%, cnn in-graph from 5.1% median, 14.4%
     worst busy error to 3.7% / 6.3%."""
     if name == "merged_gpu":
         job = detect.load([need(MERGED_GPU)])
