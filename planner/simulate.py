@@ -439,6 +439,7 @@ def step_model(
     missing: Sequence[str] = (),
     release: np.ndarray | None = None,
     own: int | None = None,
+    shape: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> StepModel:
     """The replay model of one step: what plain list scheduling misses, taken from it.
 
@@ -455,6 +456,9 @@ def step_model(
       other ranks were ready for the same collective or transfer in the same step (from
       their traces): it cannot start before, as a collective waits for the slowest rank.
     - Tail: the step's span after its last op (closing overhead), kept as observed.
+    - The rank's shape: `shape` = (edges the trace contradicts in some step of the rank,
+      the widths of its thread pools), from `rank_shape`: those edges are dropped as the
+      ones this step contradicts are, and a pool runs as many ops as it ever did.
     Ops without a record this step run at their `fallback` time, unconstrained (their
     edges dropped), so a partial step still replays (and is flagged).
     """
@@ -470,6 +474,10 @@ def step_model(
     n_res = len(compiled.resources)
     width = np.ones(n_res, dtype=np.int64)
     np.maximum.at(width, compiled.res[idx], lane + 1)
+    dropped = None
+    if shape is not None:
+        dropped, rank_width = shape
+        width = np.maximum(width, rank_width)
     res = compiled.res.copy()
     res[~observed] = n_res
     # observed start order per resource -> priorities, and chains on one-at-a-time ones
@@ -499,6 +507,9 @@ def step_model(
         late = start_of[g_src[contradicted]] - start_of[g_dst[contradicted]]
         j = contradicted[int(np.argmax(late))]
         violated = (compiled.names[g_src[j]], compiled.names[g_dst[j]], float(late.max()) / 1e9)
+    if dropped is not None:  # contradicted in another step of the rank
+        launch &= ~dropped
+        inside |= dropped
     l_src, l_dst = g_src[launch], g_dst[launch]
     # edges to or from an op without a record this step are dropped: through it, a path
     # could run against the observed order (and close a cycle with the lane chains)
@@ -645,6 +656,37 @@ def topological_positions(compiled: Compiled) -> np.ndarray:
 _TOPO: dict[int, tuple[OpGraph, np.ndarray]] = {}
 
 
+def rank_shape(compiled: Compiled, steps: Iterable[pd.DataFrame]) -> tuple[np.ndarray, np.ndarray]:
+    """(dropped, width) over the complete steps of one rank: per edge of `compiled`,
+    whether the trace contradicts it (its v started before its u did) in any step; per
+    resource, the most ops it ever ran at once.
+
+    An edge the trace contradicts is not a wait of v for u but an order after u's
+    *issue*, which the op table does not hold (TensorFlow runs an executor node once its
+    GPU inputs' kernels are launched, not done, and the op is timed by its kernel).
+    Dropped only in the steps that contradict it and kept in the others, it would make
+    v's wait swing between steps with the GPU queue, and the typical wait of the other
+    steps would miss by as much: it is dropped in every step of the rank.
+    """
+    g_src, g_dst = compiled.src, compiled.dst
+    dropped = np.zeros(len(g_src), dtype=bool)
+    width = np.ones(len(compiled.resources), dtype=np.int64)
+    for rows in steps:
+        rows = rows[rows["op"].isin(compiled.index)]
+        idx = rows["op"].map(compiled.index).to_numpy(dtype=np.int64)
+        start = np.full(len(compiled.names), -1, dtype=np.int64)
+        start[idx] = rows["start"].to_numpy(dtype=np.int64)
+        seen = (start[g_src] >= 0) & (start[g_dst] >= 0)
+        dropped |= seen & (start[g_dst] < start[g_src])
+        lane = lanes(
+            compiled.res[idx],
+            rows["start"].to_numpy(dtype=np.float64),
+            rows["duration"].to_numpy(dtype=np.float64),
+        )
+        np.maximum.at(width, compiled.res[idx], lane + 1)
+    return dropped, width
+
+
 def _step_models(
     compiled: Compiled,
     rows_of_rank: pd.DataFrame,
@@ -652,13 +694,25 @@ def _step_models(
     spans: Mapping[int, tuple[int, int]] | None,
     releases: Mapping[int, np.ndarray] | None = None,
     own: int | None = None,
+    pools: bool = False,
 ) -> dict[int, tuple[pd.DataFrame, tuple[int, int], StepModel]]:
     """Step -> (its rows, its span, its `step_model`) for each step of one rank; `own`:
     the rank's ops are the first `own` of `compiled` (the rest, PS work joined for the
-    replay, count neither in the step's span nor in its missing records)."""
+    replay, count neither in the step's span nor in its missing records).
+    `pools`: the rank's resources are pools (TensorFlow's inter-op thread pool, gRPC
+    serving several transfers on one channel): one runs as many ops at once in every
+    step as it ever did in one (`rank_shape`), not only as many as this step did;
+    elsewhere (a Python thread, a GPU stream: one op at a time, a rare overlap in one
+    step being that step's) each step keeps its own width.
+    The edges the trace contradicts are dropped rank-wide either way. Partial steps do
+    not shape the rank."""
     fallback = op_seconds(compiled, oracle)
     mine = compiled.names[:own]
     gone = partial_steps(rows_of_rank, mine)
+    dropped, width = rank_shape(
+        compiled, (rows for it, rows in rows_of_rank.groupby("iteration") if int(it) not in gone)
+    )
+    shape = (dropped, width if pools else np.ones_like(width))
     models = {}
     for iteration, rows in rows_of_rank.groupby("iteration", sort=True):
         it = int(iteration)
@@ -677,7 +731,7 @@ def _step_models(
         models[it] = (
             known,
             span,
-            step_model(compiled, known, span, fallback, gone.get(it, ()), release, own),
+            step_model(compiled, known, span, fallback, gone.get(it, ()), release, own, shape),
         )
     return models
 
@@ -726,9 +780,10 @@ def _replay_rank(
     spans: Mapping[int, tuple[int, int]] | None = None,
     releases: Mapping[int, np.ndarray] | None = None,
     own: int | None = None,
+    pools: bool = False,
 ) -> list[dict[str, Any]]:
-    """The replayed steps of one rank (see `replay`); `own`: as in `_step_models`."""
-    models = _step_models(compiled, rows_of_rank, oracle, spans, releases, own)
+    """The replayed steps of one rank (see `replay`); `own`, `pools`: as in `_step_models`."""
+    models = _step_models(compiled, rows_of_rank, oracle, spans, releases, own, pools)
     overheads = typical_overheads({it: m for it, (_, _, m) in models.items()})
     steps = []
     for it, (known, span, traced) in models.items():
@@ -841,6 +896,7 @@ def replay(job: Job, *, seed: int = 0, frame: pd.DataFrame | None = None) -> dic
     """
     frame = _frame(job) if frame is None else frame
     releases = job_releases(job, frame)
+    pools = job.framework == "tensorflow"
     ranks = []
     for rank in job.ranks:
         own = len(job.graphs[rank].ops)
@@ -851,7 +907,7 @@ def replay(job: Job, *, seed: int = 0, frame: pd.DataFrame | None = None) -> dic
         oracle = mean_of_runs(graph, rows)
         spans = spans_of(job, rank)
         release = _latest(release, carried_over(compiled, rows, spans))
-        steps = _replay_rank(compiled, rows, oracle, seed, spans, release, own)
+        steps = _replay_rank(compiled, rows, oracle, seed, spans, release, own, pools)
         ranks.append({"rank": rank, **_error_summary(steps), "steps": steps})
     return {"schema": SCHEMA, "kind": "replay", "ranks": ranks, **_all_errors(ranks)}
 
@@ -919,7 +975,11 @@ def job_releases(job: Job, frame: pd.DataFrame) -> dict[str, dict[int, np.ndarra
         compiled[rank] = compile_graph(graph)
         rows = frame[frame["rank"] == rank]
         models[rank] = _step_models(
-            compiled[rank], rows, mean_of_runs(graph, rows), spans_of(job, rank)
+            compiled[rank],
+            rows,
+            mean_of_runs(graph, rows),
+            spans_of(job, rank),
+            pools=job.framework == "tensorflow",
         )
     return peer_releases(compiled, models)
 
