@@ -448,12 +448,16 @@ def caramel_inputs(
         raise InputError(ranks[0]["sources"][0], f"{problem}, and no scheduler applies")
     _, waited, _ = job_waits(ranks)
     times = dict(fixed)
-    rows: dict[str, list[Any]] = {"op": [], "start": [], "duration": [], "wait": []}
+    rows: dict[str, list[Any]] = {
+        "rank": [], "iteration": [], "op": [], "start": [], "duration": [], "wait": []
+    }  # fmt: skip
     for r in planned:
         own = waited.get(r["rank"], {})
         for name, t in _open_times(r["bounds"], r["caramel"], own).items():
             times[name] = max(times[name], t) if name in times else t
         transfer = r["caramel"]["transfer_rows"]
+        rows["rank"].extend([r["rank"]] * len(transfer["op"]))
+        rows["iteration"].extend(transfer["iteration"])
         rows["op"].extend(transfer["op"])
         rows["start"].extend(transfer["start"])
         rows["duration"].extend(transfer["duration"])
@@ -486,6 +490,8 @@ def reference_plan(
     graph = job.graphs[rank]
     frame = pd.DataFrame(
         {
+            "rank": pd.array(rows["rank"], dtype="str"),
+            "iteration": pd.array(rows["iteration"], dtype="int64"),
             "op": pd.array(rows["op"], dtype="str"),
             "start": pd.array(rows["start"], dtype="int64"),
             "duration": pd.array(rows["duration"], dtype="int64"),

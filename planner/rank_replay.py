@@ -80,20 +80,23 @@ def releases(ranks: Sequence[Mapping[str, Any]]) -> dict[str, dict[int, dict[str
     return out
 
 
-def with_waits(job: Job, waits: Mapping[tuple[int, str], int]) -> None:
-    """Set the ``wait`` column of a one-rank `job` to its collectives' waits in the whole
-    job (`pipeline.job_waits`), as the joint ingest does."""
+def with_waits(job: Job, waits: Mapping[tuple[int, str], int]) -> Job:
+    """A one-rank `job` whose ``wait`` column holds its collectives' waits in the whole
+    job (`pipeline.job_waits`), as the joint ingest gives them (a new `Trace`: a trace is
+    never mutated, and its column table and DataFrame views must agree)."""
+    from dataclasses import replace
+
     import numpy as np
 
-    timings = job.trace.timings
+    from planner.trace import Trace
+
+    table = job.trace.table
     wait = np.array(
-        [
-            waits.get((int(i), o), 0)
-            for i, o in zip(timings["iteration"], timings["op"], strict=True)
-        ],
+        [waits.get((int(i), o), 0) for i, o in zip(table["iteration"], table["op"], strict=True)],
         dtype=np.int64,
     )
-    timings["wait"] = wait
+    trace = Trace(table={**table, "wait": wait}, span_table=job.trace.span_table)
+    return replace(job, trace=trace)
 
 
 def rank_simulation(
@@ -116,7 +119,7 @@ def rank_simulation(
     except InputError as exc:
         return {"error": [exc.path, exc.problem]}
     (rank,) = job.ranks
-    with_waits(job, waits)
+    job = with_waits(job, waits)
     graph = job.graphs[rank]
     frame = sim._frame(job)
     compiled = sim.compile_graph(graph)
@@ -132,7 +135,10 @@ def rank_simulation(
         arrays[it] = latest
     seed, samples = options["seed"], options["samples"]
     spans = sim.spans_of(job, rank)
-    steps = sim._replay_rank(compiled, rows, oracle, seed, spans, arrays if ready else None)
+    # as `simulate.replay`: peers' readiness, and the queue each stream carries over
+    release = sim._latest(arrays if ready else None, sim.carried_over(compiled, rows, spans))
+    pools = job.framework == "tensorflow"
+    steps = sim._replay_rank(compiled, rows, oracle, seed, spans, release, len(graph.ops), pools)
     plans = {}
     if plan is not None:
         planned = replace(plan, rank=rank, inputs={**plan.inputs, "planned_on": plan.rank})

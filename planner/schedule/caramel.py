@@ -576,9 +576,10 @@ def trace_network_model(graph: OpGraph, timings: pd.DataFrame) -> NetworkModel |
     sizes = {n: graph.ops[n].nbytes for n in graph.transfers if graph.ops[n].nbytes > 0}
     rows = timings[timings["op"].isin(sizes)]
     start, span = transfer_part(rows)  # a collective's wait for its peers is no network time
-    transfer = np.zeros(len(rows), dtype=np.float64)
-    for idx in rows.groupby(["rank", "iteration"], sort=False).indices.values():
-        transfer[idx] = dedicated_durations(start[idx], span[idx])
+    transfer = span.astype(np.float64)
+    if {"rank", "iteration"} <= set(rows.columns):  # else no step to share out within
+        for idx in rows.groupby(["rank", "iteration"], sort=False).indices.values():
+            transfer[idx] = dedicated_durations(start[idx], span[idx])
     fastest = pd.Series(transfer, index=rows["op"].map(sizes).to_numpy()).groupby(level=0).min()
     return fit_network_model(
         fastest.index.to_numpy(dtype=np.float64), fastest.to_numpy(dtype=np.float64) / 1e9
