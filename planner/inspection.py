@@ -8,7 +8,7 @@ networkx (issue #18: a command's fixed cost). Its oracle is the min-of-runs orac
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -19,14 +19,19 @@ from planner.trace import Job, dedicated_columns, job_parameters
 
 def oracles(job: Job) -> dict[str, TimeOracle]:
     """The min-of-runs oracle of every rank (empty times where nothing was traced)."""
+    return dict(_each_oracle(job, list(job.graphs)))
+
+
+def _each_oracle(job: Job, order: list[str]) -> Iterator[tuple[str, TimeOracle]]:
+    """(rank, its min-of-runs oracle), one rank at a time: a caller that needs one rank's
+    oracle at a time holds one, not all (`inspect`'s peak memory on many ranks)."""
     _, dedicated = dedicated_columns(job.trace, job.graphs)
     table = job.trace.table
-    out = {}
-    for rank, graph in job.graphs.items():
+    for rank in order:
+        graph = job.graphs[rank]
         rows = np.flatnonzero(table["rank"] == rank)
-        out[rank] = min_of_columns(graph, table["op"][rows], table["iteration"][rows],
+        yield rank, min_of_columns(graph, table["op"][rows], table["iteration"][rows],
                                    dedicated[rows])  # fmt: skip
-    return out
 
 
 def mean_waits(job: Job) -> dict[tuple[str, str], float]:
@@ -53,13 +58,19 @@ def inspect(job: Job, oracle: Mapping[str, TimeOracle] | None = None) -> dict[st
 
     `oracle`: the job's `oracles`, when a caller has them already (computed once, handed on).
     """
-    if oracle is None:
-        oracle = oracles(job) if job.trace.rows else {}
+    order = [rank for rank in job.ranks if rank in job.graphs]
+    each = _each_oracle(job, order) if oracle is None and job.trace.rows else iter(())
+    built = dict(oracle or {})
     waited = mean_waits(job)
     ranks = []
     for rank in job.ranks:
         graph = job.graphs[rank]
-        times = oracle.get(rank)
+        while oracle is None and rank not in built:  # one rank's oracle at a time
+            done = next(each, None)
+            if done is None:
+                break
+            built = {done[0]: done[1]}
+        times = built.get(rank)
         carried = Counter(p.get("collective") for p in job_parameters(job, rank))
         transfers = [
             {
