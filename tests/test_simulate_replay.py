@@ -91,13 +91,7 @@ def test_own_overheads_reproduce_each_step(replays):
         rows = frame[frame["rank"] == rank]
         oracle = sim.mean_of_runs(job.graphs[rank], rows)
         models = sim._step_models(compiled, rows, oracle, sim.spans_of(job, rank))
-        for _rows, span, model in models.values():
-            ticks = sim.to_ticks(model.seconds)
-            arrays = sim._arrays(model.compiled, model.priority, (), model.cap)
-            _, start, _ = sim._kernel(arrays, ticks, sim._draws(0, [0], len(ticks)), True)
-            n = len(compiled.names)
-            end = (start[0][:n] + ticks[:n]).max() / sim.TICKS_PER_SECOND + model.tail
-            assert end == pytest.approx((span[1] - span[0]) / 1e9, rel=0.01)
+        _assert_each_step_replays_itself(compiled, models)
 
 
 def test_ddp_bucket_copy_waits_for_its_all_reduce():
@@ -433,10 +427,15 @@ def test_own_overheads_reproduce_each_tf_step_with_the_ranks_shape():
         models = sim._step_models(compiled, rows, oracle, sim.spans_of(job, rank), pools=True)
         dropped, width = sim.rank_shape(compiled, [g for _, g in rows.groupby("iteration")])
         assert dropped.any() and width.max() > 1  # the shape differs from some step's own
-        for _rows, span, model in models.values():
-            ticks = sim.to_ticks(model.seconds)
-            arrays = sim._arrays(model.compiled, model.priority, (), model.cap)
-            _, start, _ = sim._kernel(arrays, ticks, sim._draws(0, [0], len(ticks)), True)
-            n = len(compiled.names)
-            end = (start[0][:n] + ticks[:n]).max() / sim.TICKS_PER_SECOND + model.tail
-            assert end == pytest.approx((span[1] - span[0]) / 1e9, rel=0.01)
+        _assert_each_step_replays_itself(compiled, models)
+
+
+def _assert_each_step_replays_itself(compiled, models) -> None:
+    """Each step, replayed with its own overheads, ends at its own recorded span (1%)."""
+    for _rows, span, model in models.values():
+        ticks = sim.to_ticks(model.seconds)
+        arrays = sim._arrays(model.compiled, model.priority, (), model.cap)
+        _, start, _ = sim._kernel(arrays, ticks, sim._draws(0, [0], len(ticks)), True)
+        n = len(compiled.names)
+        end = (start[0][:n] + ticks[:n]).max() / sim.TICKS_PER_SECOND + model.tail
+        assert end == pytest.approx((span[1] - span[0]) / 1e9, rel=0.01)
