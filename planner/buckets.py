@@ -181,16 +181,6 @@ def _union(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
-def _most_at_once(starts: np.ndarray, ends: np.ndarray) -> int:
-    """The most intervals open at one moment."""
-    if not len(starts):
-        return 1
-    marks = np.concatenate([np.stack([starts, np.ones_like(starts)], 1),
-                            np.stack([ends, -np.ones_like(ends)], 1)])  # fmt: skip
-    marks = marks[np.lexsort((marks[:, 1], marks[:, 0]))]  # an end before a start at a tie
-    return max(1, int(np.cumsum(marks[:, 1]).max()))
-
-
 @dataclass(frozen=True)
 class Step:
     """One traced step of one rank: gradient ready times and the union of its collective
@@ -235,6 +225,8 @@ def step_times(
 
 def profile(job: Job) -> Profile | None:
     """The sweep's inputs from a Kineto DDP job (None without gradient-ready events)."""
+    from planner import simulate
+
     ranks = job.meta.get("ranks") or {}
     per_rank = {r: m.get("gradient_ready") for r, m in ranks.items() if m.get("gradient_ready")}
     if not per_rank:
@@ -262,7 +254,10 @@ def profile(job: Job) -> Profile | None:
                 [((a - start) / 1e9, (b - start) / 1e9)
                  for a, b in zip(c["start"].to_numpy(dtype=np.float64), ends, strict=True)]
             )  # fmt: skip
-            lanes = max(lanes, _most_at_once(c["start"].to_numpy(dtype=np.float64), ends))
+            starts = c["start"].to_numpy(dtype=np.float64)
+            if len(starts):  # the most in flight at once: greedy interval partitioning
+                lane = simulate.lanes(np.zeros(len(starts)), starts, ends - starts)
+                lanes = max(lanes, int(lane.max()) + 1)
             by_step.setdefault(int(step), []).append(
                 Step((times - start) / 1e9, busy, (end - last) / 1e9, (end - start) / 1e9)
             )

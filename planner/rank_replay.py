@@ -91,10 +91,10 @@ def with_waits(job: Job, waits: Mapping[tuple[int, str], int]) -> Job:
     from planner.trace import Trace
 
     table = job.trace.table
-    wait = np.array(
-        [waits.get((int(i), o), 0) for i, o in zip(table["iteration"], table["op"], strict=True)],
-        dtype=np.int64,
-    )
+    wait = np.zeros(len(table["op"]), dtype=np.int64)
+    rows = np.flatnonzero(np.isin(table["op"], list({op for _, op in waits})))  # collectives
+    for r in rows.tolist():
+        wait[r] = waits.get((int(table["iteration"][r]), table["op"][r]), 0)
     trace = Trace(table={**table, "wait": wait}, span_table=job.trace.span_table)
     return replace(job, trace=trace)
 

@@ -138,7 +138,7 @@ def test_bucket_advice_predicts_the_untraced_runs():
     assert predicted["0.001"] > predicted["1"] > max(predicted[c] for c in ("4", "default", "100"))
 
 
-def test_one_transfer_size_and_no_benchmark_says_why(capsys):
+def test_one_transfer_size_and_no_benchmark_says_why():
     """Every traced bucket has one size: no fit, so no predictions; the report says so."""
     sweep = analysis.bucket_sweep(_job("4"))
     assert sweep["caps"] == [] and sweep["recommended_cap_mb"] is None
