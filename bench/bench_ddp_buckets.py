@@ -7,20 +7,25 @@
    of the sweep and with `bucket_cap_mb` unset (DDP's default: 25 MiB after a 1 MiB
    first bucket), interleaved: `--rounds` rounds of `--steps` timed steps per cap, a new
    DDP wrapper each time, the first steps after each wrap dropped (DDP rebuilds its
-   buckets after its first iteration). In the middle round the job at `--trace-cap` is
-   also profiled for 5 steps (torch.profiler, record_shapes), and, in every round, timed
-   under the profiler (the profiler's own cost).
+   buckets after its first iteration). In every round the job at `--trace-cap` is also
+   timed under the profiler (the profiler's own cost) and traced for `--window` steps
+   (torch.profiler, record_shapes), one file per round and rank as a profiler schedule
+   with ``repeat`` writes them; the windows are joined into one trace per rank, their
+   ProfilerSteps numbered apart.
 3. `planner.analysis.bucket_sweep` on that trace alone predicts the step time of every
    cap. The bench takes the recommended cap (else the best predicted), the default and
    the worst predicted cap, and prints the median measured step time beside each
    prediction, the error, and whether the ranking by prediction matches: caps whose
    predictions differ by less than `TIE` are a tie (no order is claimed); every other
-   pair must be measured in the predicted order.
+   pair must be measured in the predicted order. The strict order is printed too.
 
-Tracing in the same rounds as the measurement keeps the machine's state (its load,
-other VMs on the host) the same for both.
+Tracing a window in every round, not one stretch, makes the traced steps sample the
+machine's states (its load, other VMs on the host) as the measured ones do: on this
+2-core VM a single 5-step stretch ran up to 29% off the same cap's measured steps. The
+default traced cap is 1 MB: its 24 buckets overlap the backward pass enough for the
+contention factor `kappa` to be calibrated (a 4 MB trace often cannot tell it).
 
-    python bench/bench_ddp_buckets.py [--rounds 5] [--steps 10] [--trace-cap 4]
+    python bench/bench_ddp_buckets.py [--rounds 5] [--steps 10] [--trace-cap 1] [--window 2]
 
 Needs torch (CPU is enough). Figures depend on the machine's load: run it on a quiet one.
 """
@@ -71,7 +76,7 @@ def _wrap(model: nn.Module, cap: float | str) -> nn.Module:
 def _worker(
     rank: int, port: int, out: str, shape: dict, caps: list, trace_cap: float, runs: tuple
 ) -> None:
-    rounds, steps = runs
+    rounds, steps, window = runs
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     model = make_model(shape["width"], shape["layers"])
@@ -93,25 +98,45 @@ def _worker(
                     _step(ddp, opt, x, y)
                     if i >= DROP:
                         times.setdefault(key, []).append(time.perf_counter() - t0)
-            if profiled and number == rounds // 2:
-                _trace(ddp, opt, x, y, os.path.join(out, f"rank{rank}.json"))
+            if profiled:
+                _trace(ddp, opt, x, y, os.path.join(out, f"rank{rank}.round{number}.json"), window)
     if rank == 0:
         Path(out, "times.json").write_text(json.dumps(times))
     dist.destroy_process_group()
 
 
 def _trace(ddp: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-           path: str) -> None:  # fmt: skip
+           path: str, window: int) -> None:  # fmt: skip
     with torch.profiler.profile(
         activities=[torch.profiler.ProfilerActivity.CPU],
-        schedule=torch.profiler.schedule(wait=0, warmup=1, active=5, repeat=1),
+        schedule=torch.profiler.schedule(wait=0, warmup=1, active=window, repeat=1),
         on_trace_ready=lambda p: p.export_chrome_trace(path),
         record_shapes=True,
     ) as prof:
-        for _ in range(6):
+        for _ in range(window + 1):
             dist.barrier()
             _step(ddp, opt, x, y)
             prof.step()
+
+
+def _merge(out: Path, rank: int, rounds: int) -> Path:
+    """One trace per rank from the windows traced in every round: the events of each
+    window, its ProfilerSteps numbered apart (the clocks are the process's own, so the
+    windows keep their real times)."""
+    merged: dict | None = None
+    for number in range(rounds):
+        part = json.loads((out / f"rank{rank}.round{number}.json").read_text())
+        for event in part["traceEvents"]:
+            name = event.get("name", "")
+            if name.startswith("ProfilerStep#"):
+                event["name"] = f"ProfilerStep#{number * 1000 + int(name.split('#')[1])}"
+        if merged is None:
+            merged = part
+        else:
+            merged["traceEvents"] += [e for e in part["traceEvents"] if e.get("ph") != "M"]
+    path = out / f"rank{rank}.json"
+    path.write_text(json.dumps(merged))
+    return path
 
 
 def _port() -> int:
@@ -120,7 +145,7 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def _run(out: str, shape: dict, caps: list, trace_cap: float, runs: tuple[int, int]) -> None:
+def _run(out: str, shape: dict, caps: list, trace_cap: float, runs: tuple[int, int, int]) -> None:
     mp.spawn(_worker, args=(_port(), out, shape, caps, trace_cap, runs), nprocs=2, join=True)
 
 
@@ -161,7 +186,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--trace-cap", type=float, default=4.0, help="bucket_cap_mb traced")
+    parser.add_argument("--trace-cap", type=float, default=1.0, help="bucket_cap_mb traced")
+    parser.add_argument("--window", type=int, default=2, help="steps traced in every round")
+    parser.add_argument("--keep", type=Path, help="copy the traces and step times here")
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--batch", type=int, default=64)
@@ -174,16 +201,20 @@ def main() -> int:
     caps = [float(c) for c in buckets.DEFAULT_CAPS_MB] + [DEFAULT]
     with tempfile.TemporaryDirectory() as out:
         network, source = _network(args.network, out, shape)
-        _run(out, shape, caps, args.trace_cap, (args.rounds, args.steps))
+        _run(out, shape, caps, args.trace_cap, (args.rounds, args.steps, args.window))
         times = json.loads((Path(out) / "times.json").read_text())
-        job = load_kineto([Path(out) / "rank0.json", Path(out) / "rank1.json"])
-        sweep = analysis.bucket_sweep(job, network)
-    if sweep is None:
-        print("no bucket sweep: the trace has no gradient-ready times", file=sys.stderr)
-        return 1
+        job = load_kineto([_merge(Path(out), rank, args.rounds) for rank in (0, 1)])
+        if args.keep:
+            import shutil
+
+            shutil.copytree(out, args.keep, dirs_exist_ok=True)
     name = {str(c): f"{c:g}" for c in caps if c != DEFAULT} | {DEFAULT: DEFAULT}
     measured = {name[k]: statistics.median(v) for k, v in times.items() if k in name}
     traced = f"{args.trace_cap:g}"
+    sweep = analysis.bucket_sweep(job, network)
+    if sweep is None:
+        print("no bucket sweep: the trace has no gradient-ready times", file=sys.stderr)
+        return 1
     profiled = statistics.median(times[f"{args.trace_cap}/profiled"])
     count = min(len(v) for v in times.values())
     predicted = {f"{c['bucket_cap_mb']:g}": c["predicted_step_time"] for c in sweep["caps"]}
@@ -235,6 +266,12 @@ def main() -> int:
           f"{'match' if ok else 'NO MATCH'}")  # fmt: skip
     for line in lines:
         print(f"  {line}")
+    strict = sorted(chosen, key=predicted.get) == sorted(chosen, key=measured.get)
+    print(
+        f"strict order, ties included: predicted {' < '.join(sorted(chosen, key=predicted.get))}"
+        f"; measured {' < '.join(sorted(chosen, key=measured.get))} "
+        f"({'same' if strict else 'different'})"
+    )
     worst_error = max(abs(predicted[c] / measured[c] - 1) for c in chosen)
     all_error = max(abs(predicted[c] / measured[c] - 1) for c in predicted)
     print(
