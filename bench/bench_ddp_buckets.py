@@ -8,10 +8,10 @@
    first bucket), interleaved: `--rounds` rounds of `--steps` timed steps per cap, a new
    DDP wrapper each time, the first steps after each wrap dropped (DDP rebuilds its
    buckets after its first iteration). In every round the job at `--trace-cap` is also
-   timed under the profiler (the profiler's own cost) and traced for `--window` steps
-   (torch.profiler, record_shapes), one file per round and rank as a profiler schedule
-   with ``repeat`` writes them; the windows are joined into one trace per rank, their
-   ProfilerSteps numbered apart.
+   traced for `--window` steps (torch.profiler, record_shapes): one profiling session
+   over the whole run whose schedule has ``repeat`` = rounds, idle while the other caps
+   run, writing a file per window and rank; planner joins a rank's windows. Those steps
+   are timed too (the profiler's own cost against the same cap untraced).
 3. `planner.analysis.bucket_sweep` on that trace alone predicts the step time of every
    cap. The bench takes the recommended cap (else the best predicted), the default and
    the worst predicted cap, and prints the median measured step time beside each
@@ -33,7 +33,6 @@ Needs torch (CPU is enough). Figures depend on the machine's load: run it on a q
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import json
 import os
@@ -82,61 +81,35 @@ def _worker(
     model = make_model(shape["width"], shape["layers"])
     x, y = torch.randn(shape["batch"], shape["width"]), torch.randn(shape["batch"], shape["width"])
     times: dict[str, list[float]] = {}
-    plan = [(c, False) for c in caps] + [(trace_cap, True)]
-    for number in range(rounds):
-        for cap, profiled in plan:
-            ddp = _wrap(model, cap)
-            opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-            key = f"{cap}/profiled" if profiled else str(cap)
-            prof = torch.profiler.profile(
-                activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True
-            )
-            with prof if profiled else contextlib.nullcontext():
-                for i in range(steps + DROP):
+    cycles = itertools.count()
+    # one profiling session over the whole run: per round a window of `window` steps (one
+    # step waited, one warmed up first), idle while the other caps run; a file per window
+    prof = torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU],
+        schedule=torch.profiler.schedule(wait=1, warmup=1, active=window, repeat=rounds),
+        on_trace_ready=lambda p: p.export_chrome_trace(
+            os.path.join(out, f"rank{rank}.w{next(cycles):03d}.json")
+        ),
+        record_shapes=True,
+    )
+    with prof:
+        for _ in range(rounds):
+            for cap, traced in [*((c, False) for c in caps), (trace_cap, True)]:
+                ddp = _wrap(model, cap)
+                opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+                key = f"{cap}/profiled" if traced else str(cap)
+                for i in range(DROP + (window + 2 if traced else steps)):
                     dist.barrier()
                     t0 = time.perf_counter()
                     _step(ddp, opt, x, y)
-                    if i >= DROP:
-                        times.setdefault(key, []).append(time.perf_counter() - t0)
-            if profiled:
-                _trace(ddp, opt, x, y, os.path.join(out, f"rank{rank}.round{number}.json"), window)
+                    elapsed = time.perf_counter() - t0
+                    if traced and i >= DROP:
+                        prof.step()
+                    if i >= DROP + (2 if traced else 0):  # traced: the recorded steps only
+                        times.setdefault(key, []).append(elapsed)
     if rank == 0:
         Path(out, "times.json").write_text(json.dumps(times))
     dist.destroy_process_group()
-
-
-def _trace(ddp: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-           path: str, window: int) -> None:  # fmt: skip
-    with torch.profiler.profile(
-        activities=[torch.profiler.ProfilerActivity.CPU],
-        schedule=torch.profiler.schedule(wait=0, warmup=1, active=window, repeat=1),
-        on_trace_ready=lambda p: p.export_chrome_trace(path),
-        record_shapes=True,
-    ) as prof:
-        for _ in range(window + 1):
-            dist.barrier()
-            _step(ddp, opt, x, y)
-            prof.step()
-
-
-def _merge(out: Path, rank: int, rounds: int) -> Path:
-    """One trace per rank from the windows traced in every round: the events of each
-    window, its ProfilerSteps numbered apart (the clocks are the process's own, so the
-    windows keep their real times)."""
-    merged: dict | None = None
-    for number in range(rounds):
-        part = json.loads((out / f"rank{rank}.round{number}.json").read_text())
-        for event in part["traceEvents"]:
-            name = event.get("name", "")
-            if name.startswith("ProfilerStep#"):
-                event["name"] = f"ProfilerStep#{number * 1000 + int(name.split('#')[1])}"
-        if merged is None:
-            merged = part
-        else:
-            merged["traceEvents"] += [e for e in part["traceEvents"] if e.get("ph") != "M"]
-    path = out / f"rank{rank}.json"
-    path.write_text(json.dumps(merged))
-    return path
 
 
 def _port() -> int:
@@ -203,7 +176,7 @@ def main() -> int:
         network, source = _network(args.network, out, shape)
         _run(out, shape, caps, args.trace_cap, (args.rounds, args.steps, args.window))
         times = json.loads((Path(out) / "times.json").read_text())
-        job = load_kineto([_merge(Path(out), rank, args.rounds) for rank in (0, 1)])
+        job = load_kineto(sorted(Path(out).glob("rank*.w*.json")))  # windows, rank by rank
         if args.keep:
             import shutil
 

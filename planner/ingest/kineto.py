@@ -45,7 +45,7 @@ from planner import waits
 from planner.arrays import unique
 from planner.errors import InputError
 from planner.graph import PHASES, GraphError, Op, OpGraph, build_graph
-from planner.ingest import kineto_dag, kineto_params, limits
+from planner.ingest import kineto_dag, kineto_params, kineto_windows, limits
 from planner.ingest.kineto_comms import (
     BACKEND,
     BUILTIN_PATTERNS,
@@ -485,22 +485,30 @@ def _load_kineto(paths: Sequence[Path], et_paths: Sequence[Path] | None, options
 
     def read(order: int, path: Path) -> tuple[str, RankEvents]:
         ev = read_rank(path, memo=arg_memo, keep=keep)
-        name = f"rank{ev.rank}" if ev.rank is not None else f"rank{order}"
-        if name in used:
-            raise InputError(path, f"{name} is given twice (distributedInfo.rank repeats)")
-        used.add(name)
-        return name, ev
+        return (f"rank{ev.rank}" if ev.rank is not None else f"rank{order}"), ev
 
+    def once(ranks: Iterator[tuple[str, RankEvents, int]]) -> Iterator[tuple[str, RankEvents]]:
+        for name, ev, count in ranks:
+            if name in used:
+                raise InputError(ev.path, f"{name} is given twice (distributedInfo.rank repeats)")
+            used.add(name)
+            if count > 1:
+                windows.append(f"{name}: {count} windows of one profiling session joined")
+            yield name, ev
+
+    windows: list[str] = []
     ets: dict[str, Any] = {}
     ranks: Iterator[tuple[str, RankEvents]]
+    # a rank's adjacent files from one process are windows of one session: joined
+    read_all = kineto_windows.grouped(read(order, path) for order, path in enumerate(files))
     if et_paths:  # an ET is matched to its rank among all of them: read them all first
         from planner.ingest import execution_trace
 
-        ranked = [read(order, path) for order, path in enumerate(files)]
+        ranked = list(once(read_all))
         ets = execution_trace.match_ranks(et_paths, ranked)
         ranks = iter(ranked)
     else:  # one rank's events in memory at a time
-        ranks = (read(order, path) for order, path in enumerate(files))
+        ranks = once(read_all)
     parts = _JobParts()
     op_memo: OpMemo = {}
     failed: InputError | None = None
@@ -513,6 +521,7 @@ def _load_kineto(paths: Sequence[Path], et_paths: Sequence[Path] | None, options
         del ev
     if failed is not None:
         raise failed
+    parts.notes.extend(windows)
     limits.check_same_job(parts.graphs, parts.meta["ranks"])
     timings = _timings(parts.occurrences)
     _add_waits(timings, parts)
