@@ -316,7 +316,7 @@ MI300 = (
 
 @pytest.mark.parametrize(
     ("path", "worst_before", "worst_after"),
-    [(NS_TRACE, 0.80, 0.075), (MI300, 0.07, 0.01)],
+    [(NS_TRACE, 0.80, 0.01), (MI300, 0.07, 0.01)],
 )
 def test_a_gpu_stream_begins_the_step_with_the_previous_steps_queue(
     path, worst_before, worst_after
@@ -464,3 +464,51 @@ def test_a_step_its_records_barely_cover_lends_no_overheads():
     finally:
         sim.covered_steps = original
     assert np.median(old_wall) > 0.04 and old_wall.max() > 0.09
+
+
+DF_INDEX = HTA / "df_index_resolver" / "df_index_resolver.json.gz"
+
+
+@pytest.mark.parametrize(
+    ("path", "worst_before", "worst_after", "busy_before", "busy_after"),
+    [(NS_TRACE, 0.05, 0.01, 0.10, 0.01), (DF_INDEX, 0.015, 0.01, 0.01, 0.005)],
+)
+def test_a_thread_starts_when_the_main_thread_hands_it_work(
+    path, worst_before, worst_after, busy_before, busy_after, monkeypatch
+):
+    """Autograd's engine thread starts the backward once the main thread's `backward()`
+    has seeded the gradient (`aten::ones_like`): without that edge its first op waited
+    from the step's start for as long as the forward took in the other steps (HTA ns
+    trace: `DivBackward1` 14.4 ms in step 101, 38.3 ms in the others; +7.0% wall, busy
+    -14.7%). With it the ns steps replay within 0.1%, df_index_resolver within 0.8%."""
+    from planner.ingest import kineto_dag
+
+    job = detect.load([need(path)])
+    graph = job.graphs[job.ranks[0]]
+    names = list(graph.ops)
+    frame = sim._frame(job)
+    to_thread = [
+        (names[u], names[v])
+        for u, v in zip(graph.src.tolist(), graph.dst.tolist(), strict=True)
+        if graph.ops[names[u]].resource == "main"
+        and graph.ops[names[v]].resource not in ("main",)
+        and "stream" not in graph.ops[names[v]].resource
+        and not graph.ops[names[v]].is_transfer
+    ]
+    assert any("autograd::engine::evaluate_function" in v for _, v in to_thread)
+    for u, v in to_thread:  # each is the first op of its thread, after u began
+        for _, rows in frame.groupby("iteration"):
+            at = rows.set_index("op")["start"]
+            if u in at and v in at:
+                assert at[u] <= at[v]
+                lane = rows[rows["op"].map(lambda o: graph.ops[o].resource)
+                            == graph.ops[v].resource]  # fmt: skip
+                assert lane["start"].min() == at[v]
+    document = sim.replay(job)
+    busy = max(abs(s["replay_error"]) for s in _complete(document))
+    assert _errors(document).max() < worst_after and busy < busy_after
+    empty = np.zeros(0, dtype=np.int64)
+    monkeypatch.setattr(kineto_dag, "thread_start_edges", lambda *args: (empty,) * 3)
+    old = sim.replay(detect.load([need(path)]))
+    assert _errors(old).max() > worst_before
+    assert max(abs(s["replay_error"]) for s in _complete(old)) > busy_before
