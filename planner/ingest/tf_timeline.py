@@ -9,7 +9,8 @@ copies of each node, plus the aggregates ``stream:all`` and ``memcpy`` that repe
 
 Each task (``/job:worker/task:1`` -> ``worker1``) is a rank; parameter-server tasks are
 not. A node is one op: timed by its kernels (first start to last end) on the stream
-that ran most of their time when it has any, else by its executor record on its
+that ran most of their time when it has any (wherever the task's records file the node:
+a merged file keeps the first run's process names), else by its executor record on its
 device; a host<->device copy recorded only on a stream is an op of its own. Its
 inputs and the flow arrows are the DAG's edges. ``RecvTensor`` RPC records carry no
 tensor name in a timeline, so transfers are not modelled: RunMetadata (preferred when
