@@ -47,7 +47,7 @@ PUBLIC = SHARED / "public"
 DLRM = PUBLIC / "param/et_replay/tests/inputs/dlrm_kineto.tar.gz.extracted/dlrm_kineto"
 TARGET_MEDIAN = 0.02
 TARGET_WORST = 0.05
-MIN_COVER = 0.5  # a step whose records cover less of its wall-clock time is not judged
+MIN_COVER = sim.MIN_COVER  # a step whose records cover less of its wall-clock time is not judged
 
 
 def generated_jobs() -> list[tuple[str, list[Path]]]:

@@ -316,7 +316,7 @@ MI300 = (
 
 @pytest.mark.parametrize(
     ("path", "worst_before", "worst_after"),
-    [(NS_TRACE, 0.80, 0.075), (MI300, 0.07, 0.01)],
+    [(NS_TRACE, 0.80, 0.01), (MI300, 0.07, 0.01)],
 )
 def test_a_gpu_stream_begins_the_step_with_the_previous_steps_queue(
     path, worst_before, worst_after
@@ -381,7 +381,7 @@ def _per_step_shape(compiled, steps):
     ("name", "before", "after"),
     [
         # (median wall, worst wall, worst busy) without the rank's shape -> bounds with it
-        ("merged_gpu", (0.30, 0.60, 0.45), (0.03, 0.45, 0.06)),
+        ("merged_gpu", (0.045, 0.50, 0.45), (0.04, 0.045, 0.06)),
         ("tf/cnn_ps_ingraph", (0.045, 0.09, 0.13), (0.04, 0.10, 0.07)),
     ],
 )
@@ -393,8 +393,9 @@ def test_the_ranks_shape_removes_the_tf_error(name, before, after, replays):
     in the others; and a device that ran two ops at once in one step (TF's inter-op
     pool) but one in the others was chained in those only. Taken over the rank (edge
     dropped in every step, pool at its widest in every step), the merged file goes from
-    46.3% median / 63.3% worst to 1.8% / 40.1%, cnn in-graph from 5.1% median, 14.4%
-    worst busy error to 3.7% / 6.3%."""
+    5.0% median / 58.9% worst to 3.4% / 3.7% (its last run timed by its kernels, the
+    warm-up lending no overheads), cnn in-graph from 5.1% median, 14.4% worst busy error
+    to 3.7% / 6.3%."""
     if name == "merged_gpu":
         job = detect.load([need(MERGED_GPU)])
         document = sim.replay(job)
@@ -439,3 +440,75 @@ def _assert_each_step_replays_itself(compiled, models) -> None:
         n = len(compiled.names)
         end = (start[0][:n] + ticks[:n]).max() / sim.TICKS_PER_SECOND + model.tail
         assert end == pytest.approx((span[1] - span[0]) / 1e9, rel=0.01)
+
+
+def test_a_step_its_records_barely_cover_lends_no_overheads():
+    """The TF1 GPU merged file's first run is a 114 ms warm-up whose records cover 1% of
+    it: the bench does not judge it, and its waits (up to 112 ms) are not typical of the
+    other runs. Lending them to the others' medians put steps 1-4 at 4.2% median, 9.7%
+    worst; without them 3.4% / 3.7%."""
+    job = detect.load([need(MERGED_GPU)])
+    frame = sim._frame(job)
+    rank = job.ranks[0]
+    compiled = sim.compile_graph(job.graphs[rank])
+    rows = frame[frame["rank"] == rank]
+    oracle = sim.mean_of_runs(job.graphs[rank], rows)
+    models = sim._step_models(compiled, rows, oracle, sim.spans_of(job, rank), pools=True)
+    assert sim.covered_steps(models, set(compiled.names)) == {1, 2, 3, 4}
+    wall, _ = _judged(sim.replay(job))
+    assert np.median(wall) < 0.04 and wall.max() < 0.045
+    original = sim.covered_steps
+    try:
+        sim.covered_steps = lambda *args: None  # every step lends
+        old_wall, _ = _judged(sim.replay(job))
+    finally:
+        sim.covered_steps = original
+    assert np.median(old_wall) > 0.04 and old_wall.max() > 0.09
+
+
+DF_INDEX = HTA / "df_index_resolver" / "df_index_resolver.json.gz"
+
+
+@pytest.mark.parametrize(
+    ("path", "worst_before", "worst_after", "busy_before", "busy_after"),
+    [(NS_TRACE, 0.05, 0.01, 0.10, 0.01), (DF_INDEX, 0.015, 0.01, 0.01, 0.005)],
+)
+def test_a_thread_starts_when_the_main_thread_hands_it_work(
+    path, worst_before, worst_after, busy_before, busy_after, monkeypatch
+):
+    """Autograd's engine thread starts the backward once the main thread's `backward()`
+    has seeded the gradient (`aten::ones_like`): without that edge its first op waited
+    from the step's start for as long as the forward took in the other steps (HTA ns
+    trace: `DivBackward1` 14.4 ms in step 101, 38.3 ms in the others; +7.0% wall, busy
+    -14.7%). With it the ns steps replay within 0.1%, df_index_resolver within 0.8%."""
+    from planner.ingest import kineto_dag
+
+    job = detect.load([need(path)])
+    graph = job.graphs[job.ranks[0]]
+    names = list(graph.ops)
+    frame = sim._frame(job)
+    to_thread = [
+        (names[u], names[v])
+        for u, v in zip(graph.src.tolist(), graph.dst.tolist(), strict=True)
+        if graph.ops[names[u]].resource == "main"
+        and graph.ops[names[v]].resource not in ("main",)
+        and "stream" not in graph.ops[names[v]].resource
+        and not graph.ops[names[v]].is_transfer
+    ]
+    assert any("autograd::engine::evaluate_function" in v for _, v in to_thread)
+    for u, v in to_thread:  # each is the first op of its thread, after u began
+        for _, rows in frame.groupby("iteration"):
+            at = rows.set_index("op")["start"]
+            if u in at and v in at:
+                assert at[u] <= at[v]
+                lane = rows[rows["op"].map(lambda o: graph.ops[o].resource)
+                            == graph.ops[v].resource]  # fmt: skip
+                assert lane["start"].min() == at[v]
+    document = sim.replay(job)
+    busy = max(abs(s["replay_error"]) for s in _complete(document))
+    assert _errors(document).max() < worst_after and busy < busy_after
+    empty = np.zeros(0, dtype=np.int64)
+    monkeypatch.setattr(kineto_dag, "thread_start_edges", lambda *args: (empty,) * 3)
+    old = sim.replay(detect.load([need(path)]))
+    assert _errors(old).max() > worst_before
+    assert max(abs(s["replay_error"]) for s in _complete(old)) > busy_before

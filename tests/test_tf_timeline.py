@@ -251,6 +251,38 @@ def test_merged_runs_are_split_at_each_runs_source_node(device: str) -> None:
     assert nx.is_directed_acyclic_graph(graph.dag)
 
 
+def test_a_merged_runs_misfiled_gpu_nodes_are_timed_by_their_kernels() -> None:
+    """The merging script kept only the first run's process names; TensorFlow listed the
+    last run's devices the other way round, so that run's GPU node records sit under the
+    ``cpu:0`` process (and the CPU's ``_SOURCE`` under ``gpu:0``). Their kernels, on
+    their streams, still time them: the last step spans its raw records (1.245 ms, not
+    the 0.92 ms of its executor records alone) and its kernel nodes are timed as in the
+    other runs, by first kernel start to last kernel end; a note names the misfiling."""
+    path = need(IKHLESTOV / "GPU" / "timeline_03_merged_5_runs.json")
+    events = _events(path)
+    names = _processes(events)
+    executor = _executor(events)
+    sources = sorted(e["ts"] for e in executor if e["args"]["name"] == "_SOURCE")
+    last = sources[-2]  # the last run's first _SOURCE (one per device per run)
+    cpu = [e for e in executor if e["ts"] >= last and names[e["pid"]].endswith("cpu:0 Compute")]
+    kernels = [e for e in _stream_records(events) if e["ts"] >= last]
+    kernel_nodes = {e["args"]["name"] for e in kernels}
+    misfiled = {e["args"]["name"] for e in cpu} & kernel_nodes
+    assert len(cpu) == 80 and len(misfiled) > 20  # GPU nodes under the CPU's process
+    job = detect.load([path])
+    assert any("filed under another device's process" in n for n in job.notes)
+    step = job.trace.of("localhost0", 4)
+    in_run = [e for e in events if e["ph"] == "X" and e["ts"] >= last]
+    raw_span = max(e["ts"] + e["dur"] for e in in_run) - min(e["ts"] for e in in_run)
+    assert (step["start"] + step["duration"]).max() - step["start"].min() == raw_span * 1000
+    assert raw_span > 1200
+    for node in misfiled:
+        mine = [e for e in kernels if e["args"]["name"] == node]
+        row = step[step["op"] == node].iloc[0]
+        assert row["start"] == min(e["ts"] for e in mine) * 1000
+        assert row["start"] + row["duration"] == max(e["ts"] + e["dur"] for e in mine) * 1000
+
+
 # ----------------------------------------------------------------------------- TF2 PS job
 
 

@@ -9,7 +9,8 @@ copies of each node, plus the aggregates ``stream:all`` and ``memcpy`` that repe
 
 Each task (``/job:worker/task:1`` -> ``worker1``) is a rank; parameter-server tasks are
 not. A node is one op: timed by its kernels (first start to last end) on the stream
-that ran most of their time when it has any, else by its executor record on its
+that ran most of their time when it has any (wherever the task's records file the node:
+a merged file keeps the first run's process names), else by its executor record on its
 device; a host<->device copy recorded only on a stream is an op of its own. Its
 inputs and the flow arrows are the DAG's edges. ``RecvTensor`` RPC records carry no
 tensor name in a timeline, so transfers are not modelled: RunMetadata (preferred when
@@ -236,9 +237,8 @@ class _Timed:
     inputs: tuple[str, ...]
 
 
-def _step_ops(device: _Device, run: int, starts: list[int]) -> dict[str, _Timed]:
-    """Ops of one device in one run: executor records, retimed by their kernels (first
-    start to last end) and placed on the stream that ran most of their kernel time."""
+def _executor_ops(device: _Device, run: int, starts: list[int]) -> dict[str, _Timed]:
+    """Executor records of one device in one run, one op per node."""
     ops: dict[str, _Timed] = {}
     for r in device.records:
         if _run_of(starts, r.start) != run:
@@ -248,6 +248,12 @@ def _step_ops(device: _Device, run: int, starts: list[int]) -> dict[str, _Timed]
             ops[r.name] = _Timed(r.type, device.resource, r.start, r.end, r.inputs)
         else:  # a node in a loop runs several times: one op over its whole span
             known.start, known.end = min(known.start, r.start), max(known.end, r.end)
+    return ops
+
+
+def _kernel_ops(device: _Device, run: int, starts: list[int]) -> dict[str, _Timed]:
+    """Kernels and copies of one GPU device in one run, per node: first start to last
+    end, on the stream that ran most of the node's kernel time."""
     lanes = device.streams or device.aggregate
     kernels: dict[str, _Timed] = {}
     busy: dict[str, Counter[str]] = defaultdict(Counter)
@@ -261,16 +267,10 @@ def _step_ops(device: _Device, run: int, starts: list[int]) -> dict[str, _Timed]
                 kernels[r.name] = _Timed(r.type, "", r.start, r.end, ())
             else:
                 known.start, known.end = min(known.start, r.start), max(known.end, r.end)
-    for name, timed in kernels.items():  # the stream that ran most of the node's work
+    for name, timed in kernels.items():
         stream = min(busy[name].items(), key=lambda item: (-item[1], item[0]))[0]
         timed.resource = f"{device.resource}/{stream}"
-    for name, timed in kernels.items():
-        if name in ops:
-            op = ops[name]
-            op.resource, op.start, op.end = timed.resource, timed.start, timed.end
-        else:  # a copy between host and device (``edge_N_x``): no executor node
-            ops[name] = timed
-    return ops
+    return kernels
 
 
 # ----------------------------------------------------------------------------- job
@@ -351,10 +351,20 @@ def load_timelines(files: list[tuple[Path, Any]]) -> Job:
 
 
 def _run_ops(
-    devices: Mapping[tuple[str, str], _Device], run: int, starts: list[int], skipped: Counter[str]
+    devices: Mapping[tuple[str, str], _Device],
+    run: int,
+    starts: list[int],
+    skipped: Counter[str],
 ) -> dict[str, dict[str, _Timed]]:
-    """Task -> its ops in one run (parameter servers and RecvTensor records counted out)."""
+    """Task -> its ops in one run (parameter servers and RecvTensor records counted out).
+
+    A node is timed by its kernels wherever the task's executor records file it: a file
+    merging several runs keeps the first run's process names, so a later run whose
+    devices TensorFlow listed in another order has its GPU nodes' records under the CPU's
+    process (``timeline_03_merged_5_runs``, the last run); their kernels still say when
+    the node ran. Such nodes are counted in ``skipped["misfiled"]``."""
     by_task: dict[str, dict[str, _Timed]] = defaultdict(dict)
+    kernels: dict[str, dict[str, _Timed]] = defaultdict(dict)
     for device in devices.values():
         if device.task.startswith("ps"):
             skipped["ps"] += 1
@@ -362,9 +372,21 @@ def _run_ops(
         skipped["RecvTensor"] += sum(
             1 for r in device.records if r.type == "RecvTensor" and _run_of(starts, r.start) == run
         )
-        for name, timed in _step_ops(device, run, starts).items():
+        for name, timed in _executor_ops(device, run, starts).items():
             if timed.type != "RecvTensor":
                 by_task[device.task].setdefault(name, timed)
+        for name, timed in _kernel_ops(device, run, starts).items():
+            kernels[device.task].setdefault(name, timed)
+    for task, timed_kernels in kernels.items():
+        ops = by_task[task]
+        for name, timed in timed_kernels.items():
+            op = ops.get(name)
+            if op is None:  # a copy between host and device (``edge_N_x``): no executor node
+                ops[name] = timed
+                continue
+            if not timed.resource.startswith(f"{op.resource}/"):
+                skipped["misfiled"] += 1
+            op.resource, op.start, op.end = timed.resource, timed.start, timed.end
     return {task: ops for task, ops in by_task.items() if ops}
 
 
@@ -403,6 +425,12 @@ def _timeline_notes(skipped: Counter[str], unresolved: int) -> list[str]:
         )
     if skipped["ps"]:
         notes.append("parameter-server devices skipped: a PS is not a rank")
+    if skipped["misfiled"]:
+        notes.append(
+            f"{skipped['misfiled']} node record(s) filed under another device's process than "
+            "their kernels (a merged file keeps the first run's process names): timed by "
+            "their kernels"
+        )
     if unresolved:
         notes.append(
             f"{unresolved} input(s) name nodes with no record in the timeline (_Recv/_Send, "
