@@ -26,7 +26,8 @@ SETTER = "torch.distributed.distributed_c10d._set_pg_timeout"
 
 
 def _backends(group: Any) -> list[Any]:
-    """The group's backends, one per backend object (a device may share one)."""
+    """The group's backends (None: the default group's), each once (devices share one)."""
+    group = group if group is not None else dist.distributed_c10d._get_default_group()  # noqa: SLF001
     found: dict[int, Any] = {}
     for device in getattr(group, "_device_types", []):
         try:
@@ -38,7 +39,8 @@ def _backends(group: Any) -> list[Any]:
 
 
 def group_timeout(group: Any) -> datetime.timedelta | None:
-    """The group's timeout (the shortest of its backends'), None when torch hides it."""
+    """The timeout of `group` (None: the default group; the shortest of its backends'),
+    None when torch hides it."""
     timeouts = []
     for backend in _backends(group):
         value = getattr(getattr(backend, "options", None), "_timeout", None)
@@ -57,13 +59,15 @@ def _label(group: Any) -> str:
 def bound_group_timeout(
     group: Any, seconds: float, ceiling: datetime.timedelta | None = None
 ) -> datetime.timedelta | None:
-    """Set the timeout of process group `group` to `seconds`, or to `ceiling` when shorter.
+    """Set the timeout of process group `group` (None: the default group) to `seconds`,
+    or to `ceiling` when shorter.
 
     `ceiling`: the longest timeout allowed (default: the group's timeout now; pass the
     value an earlier call returned to bound the user's own timeout again). Logs what
     was set and the previous value; logs a warning naming the missing API when torch
     cannot set it. Returns the timeout the group had (None when torch does not tell).
     """
+    group = group if group is not None else dist.distributed_c10d._get_default_group()  # noqa: SLF001
     previous = group_timeout(group)
     top = ceiling if ceiling is not None else previous
     wanted = datetime.timedelta(seconds=seconds)
