@@ -21,7 +21,11 @@ Both bind the plan to the model at registration (`planner.enforce.binding`: by n
 or a traced job's DDP buckets by order, bytes and shape; a plan for another model is
 refused) and prove over the process group that every rank holds the same plan (a
 digest exchange). A failed all-reduce, or a step not done within the timeout (a peer
-died or stalled, a bucket never arrived), raises on this rank naming the transfer.
+died or stalled, a bucket never arrived), raises on this rank naming the transfer. With
+no hook (DDP's own order) nothing of ours watches the all-reduces: the timeout of DDP's
+process group is bounded by the gate timeout instead (`planner.enforce.group_timeout`),
+and `PlanCommHook.explain` turns DDP's error into one line naming rank, step and the
+step's transfers.
 
 Each launch is recorded as a profiler range ``planner.transfer:<name>`` (while a profiler
 records) so that `planner verify` can read the order back from a torch.profiler trace.
