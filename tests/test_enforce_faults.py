@@ -141,6 +141,11 @@ NAMES_ALL = (
 )
 
 
+def _gloo_timeout(line: str) -> bool:
+    """gloo's words for the timeout: its own recv's, or the pair closed by another op's."""
+    return "Timed out waiting 6000ms" in line or "Application timeout caused pair" in line
+
+
 def test_no_hook_a_peer_that_hangs_alive_ends_the_survivor_within_the_gate_timeout(
     plans: Path, tmp_path: Path
 ) -> None:
@@ -149,7 +154,7 @@ def test_no_hook_a_peer_that_hangs_alive_ends_the_survivor_within_the_gate_timeo
     assert code == 1 and len(lines) == 1, lines
     assert lines[0].startswith("rank 0: error: step 3: a planned transfer failed on rank 0: ")
     assert NAMES_ALL in lines[0]
-    assert "Timed out waiting 6000ms" in lines[0] and "a peer rank stalled" in lines[0]
+    assert "a peer rank stalled" in lines[0] and _gloo_timeout(lines[0])
     # the gate timeout, not gloo's 30 minutes: rank 1 fell asleep at the fault's time
     assert GATE - 1 < result["after_fault"] < GATE + 4, result["after_fault"]
     assert took < 60
@@ -171,7 +176,7 @@ def test_no_hook_a_bucket_that_never_arrives_ends_the_survivor(plans: Path, tmp_
     code, lines = result[0]
     assert code == 1 and len(lines) == 1, lines
     assert lines[0].startswith("rank 0: error: step 3: a planned transfer failed on rank 0: ")
-    assert NAMES_ALL in lines[0] and "Timed out waiting 6000ms" in lines[0]
+    assert NAMES_ALL in lines[0] and _gloo_timeout(lines[0])
     assert GATE - 1 < result["after_fault"] < GATE + 4, result["after_fault"]
     assert result[1][0] == 1  # and rank 1 fails too, with one line
     assert len(result[1][1]) == 1 and "a planned transfer failed on rank 1" in result[1][1][0]

@@ -129,6 +129,8 @@ def test_explain_names_only_failed_collectives(world: None) -> None:
     ddp(torch.randn(3, 8)).sum().backward()
     ddp(torch.randn(3, 8)).sum().backward()
     assert hook.explain(ValueError("a bug in the loss")) is None
+    closed = hook.explain(RuntimeError("Application timeout caused pair closure"))
+    assert "step 1: a planned transfer failed on rank 0" in str(closed)
     gloo = RuntimeError(
         "[/x/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 7000ms for recv "
         "operation to complete"

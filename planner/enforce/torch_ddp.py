@@ -376,7 +376,7 @@ class PlanCommHook:
         """
         if self.failure is not None or self.applied_by == "hook":
             return self.failure
-        text = " ".join(str(error).split())
+        text = " ".join(str(error).split()).lower()
         if not any(mark in text for mark in _COLLECTIVE_FAILURES):
             return None
         step = max(0, self._synced_forwards - 1)
@@ -590,9 +590,12 @@ class PlanCommHook:
         self._watchdog.close()
 
 
-_COLLECTIVE_FAILURES = ("gloo", "NCCL", "ProcessGroup", "Connection closed", "Connection reset",
-                        "Timed out waiting", "timed out", "Broken pipe")  # fmt: skip
-"""Words of the errors a failed or timed-out collective raises (gloo, NCCL, c10d)."""
+_COLLECTIVE_FAILURES = ("gloo", "nccl", "processgroup", "connection closed", "connection reset",
+                        "timed out", "timeout", "broken pipe", "pair closure")  # fmt: skip
+"""Words (lower case) of the errors a failed or timed-out collective raises (gloo, NCCL,
+c10d); gloo's include ``Timed out waiting 6000ms for recv operation to complete``,
+``Application timeout caused pair closure`` (another op of the step timed out first)
+and ``Connection reset by peer``."""
 
 
 def _complete(future: torch.futures.Future, value: torch.Tensor) -> None:
