@@ -12,6 +12,11 @@ Five DDP replicas of the same model train side by side in the same two processes
 - ``pyhook``: PyTorch's own Python all-reduce hook (``default_hooks.allreduce_hook``),
   the floor for any Python communication hook.
 
+Each replica all-reduces on a process group of its own, so that ``plan``'s bound timeout
+(`register_plan_hook` bounds DDP's group's timeout by the gate timeout, here 120 s, twice
+it for ``hook``) is ``plan``'s alone: plain DDP keeps gloo's 30 minutes; the timeouts are
+printed with the figures.
+
 The steps are interleaved in short rounds (``--per-round`` steps of each configuration,
 the configurations' order rotating from round to round), so that all see the same load
 on a shared machine. Printed per rank: the median step of each configuration, and its
@@ -50,6 +55,7 @@ def _replicas() -> dict[str, tuple]:
     import runpy
 
     import torch
+    import torch.distributed as dist
     from torch import nn
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -61,7 +67,7 @@ def _replicas() -> dict[str, tuple]:
     for label in LABELS:
         model = make_model()
         ddp = nn.parallel.DistributedDataParallel(
-            model, bucket_cap_mb=1, gradient_as_bucket_view=True
+            model, bucket_cap_mb=1, gradient_as_bucket_view=True, process_group=dist.new_group()
         )
         state = None
         plan = plan_from_groups(groups_of_model(model, reverse=True))  # DDP's own order
@@ -117,11 +123,14 @@ def worker(rounds: int, per_round: int, warmup: int, profile: bool) -> None:
         for label in turn:
             times[label].append([step(label) for _ in range(per_round)])
     applied = {label: s.applied_by for label, (_, _, _, s) in replicas.items() if s is not None}
+    from planner.enforce.group_timeout import group_timeout
+
+    timeouts = {label: str(group_timeout(r[0].process_group)) for label, r in replicas.items()}
     if profiler is not None:
         import pstats
 
         pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(20)
-    print(json.dumps({"rank": rank, "times": times, "applied_by": applied}))
+    print(json.dumps({"rank": rank, "times": times, "applied_by": applied, "timeouts": timeouts}))
     dist.destroy_process_group()
 
 
@@ -178,7 +187,8 @@ def main() -> None:
         rank = doc["rank"]
         none = statistics.median(t for r in doc["times"]["none"] for t in r) * 1e3
         print(f"rank{rank}: plain DDP median step {none:.2f} ms "
-              f"(plan applied by: {doc['applied_by']})")  # fmt: skip
+              f"(plan applied by: {doc['applied_by']}; process group timeouts: "
+              f"{doc['timeouts']})")  # fmt: skip
         for label, what in (("again", "plain DDP again (A/A: noise floor)"),
                             ("plan", "plan = DDP's order, as registered"),
                             ("hook", "same plan through the gated hook"),

@@ -17,7 +17,10 @@ is DDP's own order, which DDP applies itself; ``pending`` before DDP's buckets a
 ``--fault KIND:RANK:STEP`` injects a fault on one rank (for the fault tests): ``kill``
 (the process dies after the forward pass), ``stall`` (it sleeps before the backward
 pass), ``nograd`` (the first layer gets no gradient, so its bucket never arrives).
-An error ends a rank with one line on stderr and exit status 1.
+An error ends a rank with one line on stderr and exit status 1 (a failed transfer
+named by the hook's `explain`). A faulty rank writes ``fault_rank<r>`` under the
+variant's directory just before the fault (its time: the fault tests time the survivors
+from it).
 
 Without ``--variant``, the environment decides (the contract of
 ``examples/closed_loop.py``): ``PLANNER_PLAN`` set: the hook with that plan, else plain
@@ -99,6 +102,8 @@ def train(
     where.mkdir(parents=True, exist_ok=True)
     model = make_model()
     sync = hook = None
+    global HOOK
+    HOOK = None
     if mode == "gradsync":
         sync = GradSync(model, load_plan(plan_path), timeout=gate_timeout)
         sync.broadcast_parameters()
@@ -109,7 +114,6 @@ def train(
         )
         plan = load_plan(plan_path) if plan_path else None
         hook = register_plan_hook(net, plan, timeout=gate_timeout) if plan else None
-        global HOOK
         HOOK = hook
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     if sync is not None:
@@ -138,6 +142,8 @@ def train(
                     loss = nn.functional.mse_loss(x, y)
                 else:
                     loss = nn.functional.mse_loss(net(x), y)
+            if faulty:  # its time, for the fault tests
+                (where / f"fault_rank{rank}").write_text(f"{kind} at step {number}\n")
             if faulty and kind == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             if faulty and kind == "stall":
@@ -158,7 +164,7 @@ def train(
     (where / f"steps_rank{rank}.json").write_text(json.dumps(records) + "\n")
 
 
-HOOK = None  # the hook of the variant running (its `failure` names a failed transfer)
+HOOK = None  # the hook of the variant running (`explain` names a failed transfer)
 
 
 def free_port() -> int:
@@ -222,7 +228,7 @@ def main() -> int:
         for variant in args.variant:
             train(variant, args.steps, args.out, gate_timeout=args.gate_timeout, fault=args.fault)
     except Exception as exc:  # one line, then out: a hung collective must not keep us
-        failure = getattr(HOOK, "failure", None)  # the hook's own error, unwrapped by DDP
+        failure = HOOK.explain(exc) if HOOK is not None else None  # names the transfer
         line = (str(failure or exc).strip().splitlines() or [type(exc).__name__])[0]
         print(f"rank {dist.get_rank()}: error: {line}", file=sys.stderr, flush=True)
         os._exit(1)

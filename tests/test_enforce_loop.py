@@ -81,6 +81,7 @@ def test_the_written_plan_is_applied_unedited_and_verified(
     loop: Path, plan: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from planner.enforce import load_plan
+    from planner.enforce.ddp_order import may_be_ddp_order
 
     path = loop / "plan" / f"{plan}.json"
     written = load_plan(path)
@@ -98,10 +99,14 @@ def test_the_written_plan_is_applied_unedited_and_verified(
     for r in report["ranks"]:
         assert r["checked_transfers"] == r["planned_transfers"] == len(written)
         assert r["steps"] == STEPS - 2 and r["compliant_steps"] == r["steps"]
+    # Caramel orders the buckets by the traced timings: on the example usually DDP's own
+    # order (bucket i at order_index i, depth 1), which DDP applies itself, no hook (the
+    # order was checked above, from DDP's all-reduces in the trace); on a loaded machine
+    # sometimes another order (e.g. buckets 0, 1, 2, 4, 5, 3), which the hook applies
+    ddp_own = plan == "bucket_plan" and may_be_ddp_order(written, None, [])
     for rank in (0, 1):  # every step, unprofiled ones too, as the hook launched them
         steps = json.loads((loop / RUNS[plan] / f"steps_rank{rank}.json").read_text())
-        if plan == "bucket_plan":  # DDP's own order: DDP applies it, no hook (the order
-            # was checked above, from DDP's all-reduces in the trace)
+        if ddp_own:
             assert [s["applied_by"] for s in steps] == ["pending"] + ["ddp"] * (STEPS - 1)
         else:
             assert [tuple(s["order"]) for s in steps] == [written.order] * STEPS

@@ -5,6 +5,8 @@
   carries; plans made for another model are refused.
 - `planner.enforce.ddp_order` (torch-free): whether a plan is DDP's own order, which
   DDP applies by itself (then `register_plan_hook` installs no hook).
+- `planner.enforce.group_timeout`: bounds a process group's timeout by the gate timeout
+  (imports torch), so that a peer hung alive ends a step that no hook watches.
 - `planner.enforce.torch_ddp`: a DDP communication hook and a gradient-sync module
   (imports torch; import it explicitly).
 - `planner.enforce.tf_graph`: a plan's control edges as ``^name`` inputs of a GraphDef.

@@ -21,7 +21,11 @@ Both bind the plan to the model at registration (`planner.enforce.binding`: by n
 or a traced job's DDP buckets by order, bytes and shape; a plan for another model is
 refused) and prove over the process group that every rank holds the same plan (a
 digest exchange). A failed all-reduce, or a step not done within the timeout (a peer
-died or stalled, a bucket never arrived), raises on this rank naming the transfer.
+died or stalled, a bucket never arrived), raises on this rank naming the transfer. With
+no hook (DDP's own order) nothing of ours watches the all-reduces: the timeout of DDP's
+process group is bounded by the gate timeout instead (`planner.enforce.group_timeout`),
+and `PlanCommHook.explain` turns DDP's error into one line naming rank, step and the
+step's transfers.
 
 Each launch is recorded as a profiler range ``planner.transfer:<name>`` (while a profiler
 records) so that `planner verify` can read the order back from a torch.profiler trace.
@@ -48,6 +52,7 @@ from torch import nn
 from planner.enforce.binding import Binding, BoundariesUnknown, PlanMismatch, bind
 from planner.enforce.ddp_order import ddp_order_difference, may_be_ddp_order
 from planner.enforce.gate import GateError, PriorityGate
+from planner.enforce.group_timeout import bound_group_timeout
 from planner.enforce.plan_file import TransferPlan, canonical, first_difference, plan_digest
 
 TRANSFER_PREFIX = "planner.transfer:"
@@ -271,7 +276,9 @@ class PlanCommHook:
         self.applied_by = "hook"  # or "ddp" (DDP's own order), "pending" (not decided yet)
         self._ddp: nn.parallel.DistributedDataParallel | None = None
         self._probe: Any = None
-        self._synced_forwards = 0
+        self._synced_forwards = 0  # forwards that sync gradients: the step counter, no hook
+        self._pg_ceiling: Any = None  # the group's timeout before `bound_timeout`
+        self._pg_bounded = False
 
     @property
     def failure(self) -> TransferFailed | None:
@@ -296,21 +303,23 @@ class PlanCommHook:
 
     def defer(self, ddp: nn.parallel.DistributedDataParallel) -> None:
         """Decide between DDP itself and the hook on DDP's final buckets: now when DDP
-        will not rebuild them, else at the first forward after it did (a forward pre-hook
-        on the wrapped module, removed once it has decided; DDP runs the steps before
-        as it would)."""
+        will not rebuild them, else at the first forward after it did. A forward
+        pre-hook on the wrapped module makes the check and, while DDP applies the plan,
+        counts the steps (one call per forward, none per bucket; `explain` names the
+        step); it is removed if the hook is installed."""
         self._ddp = ddp
         self.applied_by = "pending"
+        self._probe = ddp.module.register_forward_pre_hook(self._before_forward)
         if ddp.find_unused_parameters and not ddp.static_graph:  # DDP never rebuilds
             self._decide()
-        else:
-            self._probe = ddp.module.register_forward_pre_hook(self._before_forward)
 
     def _before_forward(self, *_: Any) -> None:
         ddp = self._ddp
         if ddp is None or not (torch.is_grad_enabled() and ddp.require_backward_grad_sync):
             return
         self._synced_forwards += 1
+        if self.applied_by != "pending":
+            return
         # DDP rebuilds its buckets in the forward after the first synced backward
         if getattr(ddp, "_has_rebuilt_buckets", False) or self._synced_forwards >= 2:
             self._decide()
@@ -318,16 +327,12 @@ class PlanCommHook:
     def _decide(self) -> None:
         ddp = self._ddp
         assert ddp is not None
-        if self._probe is not None:
-            self._probe.remove()
-            self._probe = None
         buckets = ddp.reducer._get_zeros_like_grad_buckets()  # noqa: SLF001 (once)
         names = [[self.names.get(id(p), "?") for p in b.parameters()] for b in buckets]
         nbytes = [b.buffer().numel() * b.buffer().element_size() for b in buckets]
         owner = None if self._by_bucket is not None else self.owner
         difference = ddp_order_difference(self.plan, owner, names, nbytes)
         source = self.plan.source or "<plan>"
-        self._ddp = None
         if difference is None:
             self.applied_by = "ddp"
             self._watchdog.close()
@@ -336,8 +341,60 @@ class PlanCommHook:
             return
         log.info("plan %s is not DDP's own order (%s): the hook applies it from this step on",
                  source, difference)  # fmt: skip
+        if self._probe is not None:
+            self._probe.remove()
+            self._probe = None
+        self._ddp = None
         self._steps_done = max(self._steps_done, 1)  # DDP's buckets are final
         self.install(ddp)
+        if self._pg_bounded:  # the watchdog speaks first now: the bound is a backstop
+            self.bound_timeout()
+
+    def bound_timeout(self) -> None:
+        """Bound the process group's timeout by the gate timeout (`planner.enforce.
+        group_timeout`), so that a peer that hangs alive ends the step on this rank:
+        the gate timeout while DDP applies the plan itself (nothing else watches it),
+        twice it under the hook (whose watchdog fails the step first, naming the
+        transfer; the group's timeout then frees the collective still waiting)."""
+        seconds = self.gate.timeout * (2 if self.applied_by == "hook" else 1)
+        before = bound_group_timeout(self._pg, seconds, self._pg_ceiling)
+        if not self._pg_bounded:
+            self._pg_ceiling = before
+            self._pg_bounded = True
+
+    def explain(self, error: BaseException) -> TransferFailed | None:
+        """The one-line error for `error`, raised by a step of this DDP (``backward()``);
+        None when it is not a failed transfer.
+
+        Under the hook: `failure`, which names the transfer. Without a hook (the plan
+        is DDP's own order) DDP raises the backend's error from its C++ all-reduce, and
+        says neither the step nor the bucket; this names the rank, the step (the
+        forwards counted) and the planned transfers that could not all complete. DDP
+        waits for its buckets in index order, so the failed one is the first of them
+        not yet reduced; which that is, DDP does not tell without a hook, so all the
+        step's transfers are named, in that order.
+        """
+        if self.failure is not None or self.applied_by == "hook":
+            return self.failure
+        text = " ".join(str(error).split()).lower()
+        if not any(mark in text for mark in _COLLECTIVE_FAILURES):
+            return None
+        step = max(0, self._synced_forwards - 1)
+        cause = _one_line(error)
+        if self.applied_by == "pending":
+            return TransferFailed(
+                f"step {step}: DDP's all-reduce of its first-step buckets (the plan applies "
+                f"from DDP's final buckets on) failed on rank {self.rank}: {cause}: a peer "
+                "rank stalled or died"
+            )
+        order = self.plan.order
+        listed = ", ".join(repr(t) for t in order[:4]) + (", ..." if len(order) > 4 else "")
+        return TransferFailed(
+            f"step {step}: a planned transfer failed on rank {self.rank}: one of the "
+            f"{len(order)} planned transfers {listed} (DDP buckets 0 to {len(order) - 1}, "
+            "reduced in that order; without a hook DDP does not tell which): "
+            f"{cause}: a peer rank stalled or died"
+        )
 
     def _bucket_route(self, bucket: dist.GradBucket, buffer: torch.Tensor) -> _Route:
         """A plan bound to DDP's buckets: planned bucket k is DDP's bucket k, same bytes."""
@@ -533,6 +590,14 @@ class PlanCommHook:
         self._watchdog.close()
 
 
+_COLLECTIVE_FAILURES = ("gloo", "nccl", "processgroup", "connection closed", "connection reset",
+                        "timed out", "timeout", "broken pipe", "pair closure")  # fmt: skip
+"""Words (lower case) of the errors a failed or timed-out collective raises (gloo, NCCL,
+c10d); gloo's include ``Timed out waiting 6000ms for recv operation to complete``,
+``Application timeout caused pair closure`` (another op of the step timed out first)
+and ``Connection reset by peer``."""
+
+
 def _complete(future: torch.futures.Future, value: torch.Tensor) -> None:
     with contextlib.suppress(RuntimeError):  # failed by the watchdog meanwhile
         future.set_result(value)
@@ -565,6 +630,7 @@ def register_plan_hook(
     gate: PriorityGate | None = None,
     agree: bool = True,
     ddp_order: bool = True,
+    pg_timeout: bool = True,
 ) -> PlanCommHook:
     """Apply `plan` on `ddp`: the gated, depth-splitting all-reduce hook; returns its state.
 
@@ -576,6 +642,10 @@ def register_plan_hook(
     With `ddp_order` (and no `gate` of the caller's), a plan that is DDP's own order gets
     no hook: DDP applies it by itself at no cost (``state.applied_by`` is ``"ddp"``; it
     is ``"pending"`` until DDP's buckets are final, ``"hook"`` otherwise).
+
+    With `pg_timeout`, the timeout of DDP's process group is bounded by `timeout` (twice
+    it under the hook; `PlanCommHook.bound_timeout`): for every collective on that
+    group, so that a peer that hangs alive ends the step, not only DDP's.
     """
     state = PlanCommHook(ddp, plan, gate=gate, group=ddp.process_group, strict=strict,
                          timeout=timeout, agree=agree)  # fmt: skip
@@ -583,6 +653,8 @@ def register_plan_hook(
         state.defer(ddp)
     else:
         state.install(ddp)
+    if pg_timeout:
+        state.bound_timeout()
     return state
 
 
