@@ -390,7 +390,7 @@ def analyze(
     if "caramel" in plans:
         report["exports"]["control_deps"] = control_deps_document(plans["caramel"])
         bucket_plan = bucket_plan_document(plans["caramel"], job.graphs, job.meta)
-        _add_predictions(bucket_plan, report["simulation"])
+        add_predictions(bucket_plan, report["simulation"])
         report["exports"]["bucket_plan"] = bucket_plan
     return report
 
@@ -404,32 +404,42 @@ def bucket_sweep(job: Job, network: NetworkModel | None = None) -> dict[str, Any
     fitted = caramel.trace_network_model(job.graphs[ranks[0]], job.trace.timings)
     model = network or fitted
     if model is None:
-        if buckets.profile(job) is None:
-            return None
-        return {
-            "schema": "planner.bucket_sweep/1",
-            "caps": [],
-            "replay_error": None,
-            "recommended_cap_mb": None,
-            "reason": "no network model: the trace's transfers cannot be fitted (fewer than "
-            "2 sizes); give a benchmark model (--network) for bucket advice",
-        }
+        return None if buckets.profile(job) is None else no_network_sweep()
     document = buckets.sweep(job, model)
-    if document is not None:
-        problem = caramel.network_problem(fitted) if network is None else None
-        document["network_source"] = "benchmark" if network is not None else "trace"
-        document["network_note"] = None
-        if problem:
-            document["network_note"] = (
-                f"the trace's network fit does not hold ({problem}): the predictions are "
-                "rough; give a benchmark model (--network)"
-            )
-            document["recommended_cap_mb"] = None
-            document["reason"] = "no recommendation without a network model that holds"
+    return None if document is None else sweep_notes(document, fitted, network)
+
+
+def no_network_sweep() -> dict[str, Any]:
+    """The bucket advice of a job whose transfers cannot be fitted and no benchmark given."""
+    return {
+        "schema": "planner.bucket_sweep/1",
+        "caps": [],
+        "replay_error": None,
+        "recommended_cap_mb": None,
+        "reason": "no network model: the trace's transfers cannot be fitted (fewer than "
+        "2 sizes); give a benchmark model (--network) for bucket advice",
+    }
+
+
+def sweep_notes(
+    document: dict[str, Any], fitted: NetworkModel | None, network: NetworkModel | None
+) -> dict[str, Any]:
+    """A `buckets.sweep` `document` with the model it used (the benchmark `network` or
+    the trace's `fitted` one) and, when that fit does not hold, no recommendation."""
+    problem = caramel.network_problem(fitted) if network is None else None
+    document["network_source"] = "benchmark" if network is not None else "trace"
+    document["network_note"] = None
+    if problem:
+        document["network_note"] = (
+            f"the trace's network fit does not hold ({problem}): the predictions are "
+            "rough; give a benchmark model (--network)"
+        )
+        document["recommended_cap_mb"] = None
+        document["reason"] = "no recommendation without a network model that holds"
     return document
 
 
-def _add_predictions(bucket_plan: dict[str, Any], simulation: Mapping[str, Any] | None) -> None:
+def add_predictions(bucket_plan: dict[str, Any], simulation: Mapping[str, Any] | None) -> None:
     """Each rank's predicted iteration time of the Caramel plan, the simulator's (the
     figure `planner simulate` prints), with the replay error of the observed order."""
     by_rank = {r["rank"]: r for r in (simulation or {}).get("comparison", {}).get("ranks", [])}
