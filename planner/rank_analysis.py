@@ -28,6 +28,7 @@ from planner.pipeline import load_one_rank, summary_of
 
 if TYPE_CHECKING:
     from planner.buckets import Profile
+    from planner.graph import OpGraph
     from planner.oracle import NetworkModel
     from planner.plan import Plan
 
@@ -154,8 +155,9 @@ def report_ranks(
     seed: int = 0,
     network: NetworkModel | None = None,
     notes: Sequence[str] = (),
-) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]] | None:
-    """(`planner.report/1`, rank -> the ops its timelines name, per-worker usage) of a
+) -> tuple[dict[str, Any], dict[str, OpGraph], list[dict[str, Any]]] | None:
+    """(`planner.report/1`, rank -> the ops its timelines name (an `OpGraph` without
+    edges, for `report.outputs.analysis_files`), per-worker usage) of a
     job of PyTorch all-reduce ranks, one rank per task (`parallel.rank_mapper`); None
     when the job is not one (a rank with parameter-server transfers or without
     collectives): one process analyses it (`analysis.analyze`). `notes`: the job's
@@ -215,8 +217,20 @@ def report_ranks(
     bucket_plan = {"schema": "planner.bucket_plan/1", "ranks": [r["bucket_plan"] for r in done]}
     analysis.add_predictions(bucket_plan, simulation)
     report["exports"]["bucket_plan"] = bucket_plan
-    ops = {r["rank"]: r["ops"] for r in done if "ops" in r}
-    return report, ops, usage_of(results) + usage_of(replays)
+    return report, _label_graphs(done), usage_of(results) + usage_of(replays)
+
+
+def _label_graphs(records: Sequence[Mapping[str, Any]]) -> dict[str, OpGraph]:
+    """Rank -> a graph of the ops its timelines name, without edges: what timeline.json
+    reads of a rank's DAG (each op's kind, phase, parameter and bytes)."""
+    from planner.graph import OpGraph
+
+    empty = np.zeros(0, dtype=np.int64)
+    return {
+        r["rank"]: OpGraph(ops=r["ops"], src=empty, dst=empty, control=np.zeros(0, dtype=bool))
+        for r in records
+        if "ops" in r
+    }
 
 
 def _inspect(
