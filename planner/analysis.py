@@ -6,7 +6,8 @@ sizes bytes. The CLI only renders these.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,10 @@ if TYPE_CHECKING:
     import pandas as pd
 
 ALGORITHMS = ("tic", "tac", "caramel")
+
+TIMELINE_RANKS = 16
+"""Up to this many ranks a report carries every rank's schedules (`timelines`); above,
+only those of the slowest, the fastest and the most often last-arriving rank."""
 
 
 def _first_source(job: Job) -> str | None:
@@ -386,6 +391,10 @@ def analyze(
         report["simulation"] = simulate.simulation(
             job, plans, samples=samples, seed=seed, timelines=True
         )
+        if report["metrics"] is not None and len(job.ranks) > TIMELINE_RANKS:
+            kept = timeline_ranks(job.ranks, report["metrics"])
+            timelines = report["simulation"]["timelines"]
+            report["simulation"]["timelines"] = [s for s in timelines if s["rank"] in kept]
     report["bucket_sweep"] = bucket_sweep(job, network) if "caramel" in plans else None
     if "caramel" in plans:
         report["exports"]["control_deps"] = control_deps_document(plans["caramel"])
@@ -393,6 +402,32 @@ def analyze(
         add_predictions(bucket_plan, report["simulation"])
         report["exports"]["bucket_plan"] = bucket_plan
     return report
+
+
+def timeline_ranks(ranks: Sequence[str], metrics: Mapping[str, Any]) -> set[str]:
+    """The ranks whose schedules a report carries: all up to `TIMELINE_RANKS`; above,
+    the slowest and the fastest (mean makespan, `metrics`: the job's
+    `planner.metrics/1`) and the one most often last to arrive at a step's collectives
+    (the straggler of `planner.waits`). Bounds the report of a job of 1,000+ ranks."""
+    if len(ranks) <= TIMELINE_RANKS:
+        return set(ranks)
+    makespan = {
+        e["rank"]: e["makespan_mean"]
+        for e in metrics["ranks"]
+        if e.get("makespan_mean") is not None
+    }
+    chosen = set()
+    if makespan:
+        chosen.add(max(makespan, key=lambda r: (makespan[r], r)))
+        chosen.add(min(makespan, key=lambda r: (makespan[r], r)))
+    last = Counter(
+        s["slowest_rank"]
+        for s in (metrics.get("allreduce") or {}).get("stragglers", [])
+        if s.get("slowest_rank") is not None
+    )
+    if last:
+        chosen.add(min(last, key=lambda r: (-last[r], r)))
+    return chosen or {ranks[0]}
 
 
 def bucket_sweep(job: Job, network: NetworkModel | None = None) -> dict[str, Any] | None:

@@ -9,12 +9,13 @@ collective spans, lanes). The parent joins the summaries: the waits and the metr
 (`pipeline.job_metrics`), the job's Caramel plan (one task on the reference rank), the
 transfers' oracle times less the waits for `inspect`, the bucket sweep on the joined
 profile. A second pass replays and compares each rank (`rank_replay.simulation_of`),
-with its bucket-plan entry and, for a bounded set of ranks (`timeline_ranks`), its
+with its bucket-plan entry and, for a bounded set of ranks (`analysis.timeline_ranks`), its
 schedules for the report's timelines.
 """
 
 from __future__ import annotations
 
+import tempfile
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from planner.errors import InputError
-from planner.pipeline import load_one_rank, summary_of
+from planner.pipeline import keep_rank, load_kept, load_one_rank, summary_of
 
 if TYPE_CHECKING:
     from planner.buckets import Profile
@@ -32,22 +33,20 @@ if TYPE_CHECKING:
     from planner.oracle import NetworkModel
     from planner.plan import Plan
 
-TIMELINE_RANKS = 16
-"""Up to this many ranks the report carries every rank's schedules (`timelines`); above,
-only those of the slowest, the fastest and the most often last-arriving rank."""
-
 ONE_RANK_NOTE = "one rank: a collective's wait for its peers cannot be told"
 
 
-def analysis_summary(paths: Sequence[str]) -> dict[str, Any]:
+def analysis_summary(paths: Sequence[str], keep: str | None = None) -> dict[str, Any]:
     """One task of the first pass: the rank's `rank_replay.replay_summary` plus its
     inspection entry, observed transfer order and bucket profile; its oracle computed
-    once. An error record (``{"error": [path, problem]}``) for bad input."""
+    once. An error record (``{"error": [path, problem]}``) for bad input. `keep`: the
+    run's folder where the loaded rank is kept for the second pass (`pipeline.keep_rank`)."""
     from planner import analysis, buckets
     from planner.rank_replay import ready_summary
 
     try:
         job = load_one_rank(paths)
+        keep_rank(job, paths, keep)
         oracle = analysis.oracles(job) if len(job.trace.timings) else {}
         summary = summary_of(job, paths, plans=True, oracle=oracle)
         summary = ready_summary(job, paths, summary)
@@ -75,6 +74,7 @@ def rank_report(
     plan: Plan,
     options: Mapping[str, Any],
     timelines: bool,
+    keep: str | None = None,
 ) -> dict[str, Any]:
     """One task of the second pass: the rank's replay and plan comparison
     (`rank_replay.simulation_of`), its entry of Caramel's bucket plan and, with
@@ -83,7 +83,7 @@ def rank_report(
     from planner.rank_replay import simulation_of
 
     try:
-        job = load_one_rank(paths)
+        job = load_kept(paths, keep)
     except InputError as exc:
         return {"error": [exc.path, exc.problem]}
     record = simulation_of(job, waits, ready, plan, options, timelines)
@@ -95,32 +95,6 @@ def rank_report(
         named = {op for s in record["timelines"] for op in s["timeline"]["op"]}
         record["ops"] = {name: graph.ops[name] for name in sorted(named) if name in graph.ops}
     return record
-
-
-def timeline_ranks(ranks: Sequence[Mapping[str, Any]], metrics: Mapping[str, Any]) -> set[str]:
-    """The ranks whose schedules the report carries: all up to `TIMELINE_RANKS`; above,
-    the slowest and the fastest (mean makespan) and the one most often last to arrive at
-    a step's collectives (the straggler of `planner.waits`)."""
-    names = [r["rank"] for r in ranks]
-    if len(names) <= TIMELINE_RANKS:
-        return set(names)
-    makespan = {
-        e["rank"]: e["makespan_mean"]
-        for e in metrics["ranks"]
-        if e.get("makespan_mean") is not None
-    }
-    chosen = set()
-    if makespan:
-        chosen |= {max(makespan, key=lambda r: (makespan[r], r))}
-        chosen |= {min(makespan, key=lambda r: (makespan[r], r))}
-    last = Counter(
-        s["slowest_rank"]
-        for s in (metrics.get("allreduce") or {}).get("stragglers", [])
-        if s.get("slowest_rank") is not None
-    )
-    if last:
-        chosen.add(min(last, key=lambda r: (-last[r], r)))
-    return chosen or {names[0]}
 
 
 def joined_profile(ranks: Sequence[Mapping[str, Any]]) -> Profile | None:
@@ -162,26 +136,30 @@ def report_ranks(
     when the job is not one (a rank with parameter-server transfers or without
     collectives): one process analyses it (`analysis.analyze`). `notes`: the job's
     notes on skipped files (`parallel.split_ranks`)."""
-    from planner import __version__, pipeline
+    from planner import __version__, analysis, pipeline
     from planner.parallel import rank_mapper, usage_of
     from planner.rank_replay import releases
 
     fixed: dict[str, float] = {}
-    with rank_mapper(workers, dask_address, len(rank_inputs)) as mapper:
-        results = mapper(analysis_summary, rank_inputs, pipeline.fold_times(fixed))
+    with (
+        tempfile.TemporaryDirectory(prefix="planner-ranks-") as keep,
+        rank_mapper(workers, dask_address, len(rank_inputs)) as mapper,
+    ):
+        task = partial(analysis_summary, keep=keep)
+        results = mapper(task, rank_inputs, pipeline.fold_times(fixed))
         ranks = pipeline.checked(results)
         if not ranks or any(r["recvs"] or r["caramel"] is None for r in ranks):
             return None
         metrics = pipeline.job_metrics(ranks)
         planned, inputs = pipeline.caramel_inputs(ranks, fixed)
-        task = partial(pipeline.reference_plan, **inputs, benchmark=network)
+        task = partial(pipeline.reference_plan, **inputs, benchmark=network, keep=keep)
         (reference,) = mapper(task, [planned[0]["inputs"]], None)
         if "error" in reference:
             raise InputError(*reference["error"])
         plan, fitted = reference["plan"], reference["network"]
         frame, waited, alignment = pipeline.job_waits(ranks)
         ready = releases(ranks)
-        chosen = timeline_ranks(ranks, metrics)
+        chosen = analysis.timeline_ranks([r["rank"] for r in ranks], metrics)
         options = {"samples": samples, "seed": seed, "sweep_knob": None, "sweep_values": [],
                    "knobs": {}}  # fmt: skip
         args = [
@@ -189,8 +167,8 @@ def report_ranks(
              r["rank"] in chosen)
             for r in ranks
         ]  # fmt: skip
-        replays = mapper(rank_report, [r["inputs"] for r in ranks], None, args)
-    from planner import analysis
+        task = partial(rank_report, keep=keep)
+        replays = mapper(task, [r["inputs"] for r in ranks], None, args)
     from planner.export.caramel_files import control_deps_document
     from planner.rank_replay import job_simulation
 

@@ -465,16 +465,17 @@ def test_analyze_reads_each_rank_with_one_oracle(monkeypatch: pytest.MonkeyPatch
 def test_a_large_job_carries_timelines_of_a_bounded_set(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Above `TIMELINE_RANKS` the report keeps every rank's rows and only the schedules
-    of the slowest, the fastest and the most often last-arriving rank; the rest of the
-    report does not change."""
+    """Above `analysis.TIMELINE_RANKS` the report keeps every rank's rows and only the
+    schedules of the slowest, the fastest and the most often last-arriving rank, per rank
+    and in one process alike; the rest of the report does not change."""
     from planner import rank_analysis
     from planner.report.outputs import analysis_files
 
     folder = need(ANALYZE_JOBS["dlrm_8_ranks"])
     ranks, notes = parallel.split_ranks([folder])
     full, _, _ = rank_analysis.report_ranks(ranks, workers=1, samples=4, notes=notes)
-    monkeypatch.setattr(rank_analysis, "TIMELINE_RANKS", 4)
+    full_timelines = full["simulation"]["timelines"]
+    monkeypatch.setattr(analysis, "TIMELINE_RANKS", 4)
     bounded, graphs, _ = rank_analysis.report_ranks(ranks, workers=1, samples=4, notes=notes)
     kept = {s["rank"] for s in bounded["simulation"]["timelines"]}
     spans = {e["rank"]: e["makespan_mean"] for e in full["metrics"]["ranks"]}
@@ -492,3 +493,5 @@ def test_a_large_job_carries_timelines_of_a_bounded_set(
     del full["simulation"]["timelines"], bounded["simulation"]["timelines"]
     del bounded["file_names"]  # analysis_files records them
     assert bounded == full
+    joint = analysis.analyze(detect.load([folder]), samples=4)  # one process: the same set
+    assert joint["simulation"]["timelines"] == [s for s in full_timelines if s["rank"] in kept]
