@@ -443,7 +443,11 @@ def _document(
         "steps": len(p.steps),
         "measured_step_time": p.measured,
         "observed_buckets": p.observed_buckets.astype(int).tolist(),
-        "network": {"a": network.a, "b": network.b, "r2": network.r2},
+        "network": {
+            "a": network.a,
+            "b": network.b,
+            "r2": network.r2 if np.isfinite(network.r2) else None,
+        },
         "caps": rows,
         **empty,
         **fields,

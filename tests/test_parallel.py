@@ -393,16 +393,15 @@ ANALYZE_JOBS = {
 
 
 def _one_process_report(folder: Path, out: Path) -> tuple[str, dict[str, str]]:
-    """(`planner analyze FOLDER --json`, the files of `-o OUT`) as one process computes
-    them on the joint load."""
+    """(`planner analyze FOLDER --json -o OUT`, the files of `-o OUT`) as one process
+    computes them on the joint load (with -o, the report names the files' rank parts)."""
     from planner.export.files import dumps
     from planner.report.outputs import analysis_files
 
     job = detect.load([folder])
     report = analysis.analyze(job)
-    text = dumps(report)
     files = analysis_files(report, job.graphs, out)
-    return text, {path.name: body for path, body in files.items()}
+    return dumps(report), {path.name: body for path, body in files.items()}
 
 
 def _written(folder: Path) -> dict[str, str]:
