@@ -316,6 +316,10 @@ def test_a_truncated_rank_fails_as_in_one_process(
         code, out, err = run_cli(["simulate", tmp_path, "-j", workers, "--json"], capsys)
         assert code == 2 and out == "" and len(err.splitlines()) == 1, err
         assert "rank1.json.gz" in err
+        report_dir = tmp_path / "report"
+        code, out, err = run_cli(["analyze", tmp_path, "-j", workers, "-o", report_dir], capsys)
+        assert code == 2 and out == "" and len(err.splitlines()) == 1, err
+        assert "rank1.json.gz" in err and not report_dir.exists()
         assert code == 2 and out == "" and len(err.splitlines()) == 1, err
         assert "rank1.json.gz" in err and not out_file.exists()
     with pytest.raises(InputError) as joint:
