@@ -160,42 +160,50 @@ def report_ranks(
         frame, waited, alignment = pipeline.job_waits(ranks)
         ready = releases(ranks)
         chosen = analysis.timeline_ranks([r["rank"] for r in ranks], metrics)
+        # what needs the summaries, before the second pass; then only names stay
+        sources = [r["sources"][0] for r in ranks] + [s for r in ranks for s in r["sources"][1:]]
+        framework = ranks[0]["framework"]
+        inspected = _inspect(ranks, frame, waited, alignment, sources, notes)
+        orders = [o for r in ranks for o in r["observed_orders"]]
+        sweep = _bucket_sweep(ranks, fitted, network)
+        ops_of = {r["rank"]: r["caramel"]["material"]["ops"] for r in planned}
+        plans = analysis.caramel_rank_plans(plan, ops_of, planned[0]["sources"][0])
+        material = {r["rank"]: r["caramel"]["material"] for r in planned}
+        priorities = analysis.plans_document(plans, material)
+        usage = usage_of(results)
+        names = [(r["rank"], r["inputs"]) for r in ranks]
+        del results, ranks, planned, material, ops_of, frame
         options = {"samples": samples, "seed": seed, "sweep_knob": None, "sweep_values": [],
                    "knobs": {}}  # fmt: skip
         args = [
-            (waited.get(r["rank"], {}), ready.get(r["rank"], {}), plan, options,
-             r["rank"] in chosen)
-            for r in ranks
-        ]  # fmt: skip
+            (waited.get(rank, {}), ready.get(rank, {}), plan, options, rank in chosen)
+            for rank, _ in names
+        ]
+        del waited, ready
         task = partial(rank_report, keep=keep)
-        replays = mapper(task, [r["inputs"] for r in ranks], None, args)
+        replays = mapper(task, [paths for _, paths in names], None, args)
     from planner.export.caramel_files import control_deps_document
     from planner.rank_replay import job_simulation
 
-    sources = [r["sources"][0] for r in ranks] + [s for r in ranks for s in r["sources"][1:]]
-    framework = ranks[0]["framework"]
     simulation = job_simulation(replays, framework, sources)
     done = sorted((r for r in replays if "error" not in r), key=lambda r: r["rank"])
     simulation["timelines"] = [s for r in done if r["timelines"] for s in r["timelines"]]
-    ops_of = {r["rank"]: r["caramel"]["material"]["ops"] for r in planned}
-    plans = analysis.caramel_rank_plans(plan, ops_of, planned[0]["sources"][0])
-    material = {r["rank"]: r["caramel"]["material"] for r in planned}
     report: dict[str, Any] = {
         "schema": "planner.report/1",
         "planner_version": __version__,
-        "inspect": _inspect(ranks, frame, waited, alignment, sources, notes),
-        "plans": {"caramel": analysis.plans_document(plans, material)},
+        "inspect": inspected,
+        "plans": {"caramel": priorities},
         "metrics": metrics,
-        "observed_orders": [o for r in ranks for o in r["observed_orders"]],
+        "observed_orders": orders,
         "simulation": simulation,
         "exports": {},
     }
-    report["bucket_sweep"] = _bucket_sweep(ranks, fitted, network)
+    report["bucket_sweep"] = sweep
     report["exports"]["control_deps"] = control_deps_document(plans)
     bucket_plan = {"schema": "planner.bucket_plan/1", "ranks": [r["bucket_plan"] for r in done]}
     analysis.add_predictions(bucket_plan, simulation)
     report["exports"]["bucket_plan"] = bucket_plan
-    return report, _label_graphs(done), usage_of(results) + usage_of(replays)
+    return report, _label_graphs(done), usage + usage_of(replays)
 
 
 def _label_graphs(records: Sequence[Mapping[str, Any]]) -> dict[str, OpGraph]:
