@@ -363,7 +363,9 @@ def analyze(
     The simulation replays the traced steps (with the replay error) and compares the
     plans against the random-order baseline; its schedules (`timelines`: the traced
     median step and each plan's median sample) are for the timeline export and the
-    HTML report. `progress` is told the name of each stage as it starts.
+    HTML report: every rank's up to `TIMELINE_RANKS` ranks, above only those of
+    `timeline_ranks` (as `planner.rank_analysis`, the same report per rank). `progress`
+    is told the name of each stage as it starts.
     """
     step = progress or (lambda _stage: None)
     timed = bool(len(job.trace.timings))
