@@ -498,3 +498,21 @@ def test_a_large_job_carries_timelines_of_a_bounded_set(
     assert bounded == full
     joint = analysis.analyze(detect.load([folder]), samples=4)  # one process: the same set
     assert joint["simulation"]["timelines"] == [s for s in full_timelines if s["rank"] in kept]
+
+
+def test_analyze_per_rank_with_a_benchmark_model() -> None:
+    """`analyze --network FILE` per rank: the plan and the bucket sweep use the benchmark
+    model as in one process (the traced job's cap-4 run and its network benchmark)."""
+    from planner import netbench, rank_analysis
+    from planner.export.files import dumps
+
+    run = REPO / "traces" / "torch" / "ddp_mlp24_gloo"
+    network = netbench.read_model(run / "net.csv")
+    ranks, notes = parallel.split_ranks([run / "cap4"])
+    assert ranks is not None and len(ranks) == 2
+    got = rank_analysis.report_ranks(ranks, 2, samples=8, network=network, notes=notes)
+    assert got is not None
+    joint = analysis.analyze(detect.load([run / "cap4"]), samples=8, network=network)
+    assert dumps(got[0]) == dumps(joint)
+    assert joint["bucket_sweep"]["network_source"] == "benchmark"
+    assert joint["bucket_sweep"]["recommended_cap_mb"] is not None
