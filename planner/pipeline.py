@@ -37,44 +37,6 @@ def load_one_rank(paths: Sequence[str | Path]) -> Job:
     return job
 
 
-def load_kept(paths: Sequence[str | Path], keep: str | None = None) -> Job:
-    """`load_one_rank`, or the Job an earlier task of this run kept (`keep_rank`) in the
-    folder `keep`, when this worker sees that folder: a later pass reads a pickle of a
-    few hundred KiB in milliseconds instead of parsing the rank's trace again."""
-    import pickle
-
-    cached = _kept_path(paths, keep)
-    if cached is not None and cached.is_file():
-        with cached.open("rb") as file:
-            return pickle.load(file)  # noqa: S301 (written by this run, in its own folder)
-    return load_one_rank(paths)
-
-
-def keep_rank(job: Job, paths: Sequence[str | Path], keep: str | None) -> None:
-    """Keep a loaded rank for the later passes of this run (`load_kept`), when this
-    worker sees the run's folder `keep` (a worker on another machine of a Dask cluster
-    does not: it reads the rank again)."""
-    import os
-    import pickle
-
-    target = _kept_path(paths, keep)
-    if target is None:
-        return
-    part = target.with_name(f".{target.name}.{os.getpid()}.part")
-    part.write_bytes(pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
-    part.replace(target)
-
-
-def _kept_path(paths: Sequence[str | Path], keep: str | None) -> Path | None:
-    """Where `keep_rank` keeps the rank read from `paths`; None without a run folder here."""
-    import hashlib
-
-    if keep is None or not Path(keep).is_dir():
-        return None
-    key = hashlib.sha256("\0".join(str(p) for p in paths).encode()).hexdigest()[:32]
-    return Path(keep) / f"{key}.pickle"
-
-
 def rank_summary(paths: Sequence[str], plans: bool = False) -> dict[str, Any]:
     """One task: load one rank's input and return its summary (or an error record);
     `plans`: with the terms of the job's Caramel plan (`schedule`, `simulate`).
@@ -520,11 +482,9 @@ def reference_plan(
     rows: Mapping[str, list[Any]],
     channels: int = 1,
     benchmark: Any = None,
-    keep: str | None = None,
 ) -> dict[str, Any]:
     """One task: the job's Caramel plan on the DAG of the reference rank at `paths`
-    (`analysis.caramel_reference_plan`), from the job-level inputs of `caramel_inputs`
-    (`keep`: the run's folder of loaded ranks, `load_kept`);
+    (`analysis.caramel_reference_plan`), from the job-level inputs of `caramel_inputs`;
     ``{"plan": Plan, "network": the fit of the transfers' rows}`` or an error record."""
     import pandas as pd
 
@@ -532,7 +492,7 @@ def reference_plan(
     from planner.schedule import caramel
 
     try:
-        job = load_kept(paths, keep)
+        job = load_one_rank(paths)
     except InputError as exc:
         return {"error": [exc.path, exc.problem]}
     (rank,) = job.ranks

@@ -10,12 +10,13 @@ collective spans, lanes). The parent joins the summaries: the waits and the metr
 transfers' oracle times less the waits for `inspect`, the bucket sweep on the joined
 profile. A second pass replays and compares each rank (`rank_replay.simulation_of`),
 with its bucket-plan entry and, for a bounded set of ranks (`analysis.timeline_ranks`), its
-schedules for the report's timelines.
+schedules for the report's timelines. That pass (and the plan's task) reads its rank
+again: a worker that kept its ranks across the barrier would hold all of them, and the
+package writes no pickle to hand a loaded rank on (`tests/test_safety.py`).
 """
 
 from __future__ import annotations
 
-import tempfile
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from planner.errors import InputError
-from planner.pipeline import keep_rank, load_kept, load_one_rank, summary_of
+from planner.pipeline import load_one_rank, summary_of
 
 if TYPE_CHECKING:
     from planner.buckets import Profile
@@ -36,17 +37,15 @@ if TYPE_CHECKING:
 ONE_RANK_NOTE = "one rank: a collective's wait for its peers cannot be told"
 
 
-def analysis_summary(paths: Sequence[str], keep: str | None = None) -> dict[str, Any]:
+def analysis_summary(paths: Sequence[str]) -> dict[str, Any]:
     """One task of the first pass: the rank's `rank_replay.replay_summary` plus its
     inspection entry, observed transfer order and bucket profile; its oracle computed
-    once. An error record (``{"error": [path, problem]}``) for bad input. `keep`: the
-    run's folder where the loaded rank is kept for the second pass (`pipeline.keep_rank`)."""
+    once. An error record (``{"error": [path, problem]}``) for bad input."""
     from planner import analysis, buckets
     from planner.rank_replay import ready_summary
 
     try:
         job = load_one_rank(paths)
-        keep_rank(job, paths, keep)
         oracle = analysis.oracles(job) if len(job.trace.timings) else {}
         summary = summary_of(job, paths, plans=True, oracle=oracle)
         summary = ready_summary(job, paths, summary)
@@ -74,7 +73,6 @@ def rank_report(
     plan: Plan,
     options: Mapping[str, Any],
     timelines: bool,
-    keep: str | None = None,
 ) -> dict[str, Any]:
     """One task of the second pass: the rank's replay and plan comparison
     (`rank_replay.simulation_of`), its entry of Caramel's bucket plan and, with
@@ -83,7 +81,7 @@ def rank_report(
     from planner.rank_replay import simulation_of
 
     try:
-        job = load_kept(paths, keep)
+        job = load_one_rank(paths)
     except InputError as exc:
         return {"error": [exc.path, exc.problem]}
     record = simulation_of(job, waits, ready, plan, options, timelines)
@@ -141,18 +139,14 @@ def report_ranks(
     from planner.rank_replay import releases
 
     fixed: dict[str, float] = {}
-    with (
-        tempfile.TemporaryDirectory(prefix="planner-ranks-") as keep,
-        rank_mapper(workers, dask_address, len(rank_inputs)) as mapper,
-    ):
-        task = partial(analysis_summary, keep=keep)
-        results = mapper(task, rank_inputs, pipeline.fold_times(fixed))
+    with rank_mapper(workers, dask_address, len(rank_inputs)) as mapper:
+        results = mapper(analysis_summary, rank_inputs, pipeline.fold_times(fixed))
         ranks = pipeline.checked(results)
         if not ranks or any(r["recvs"] or r["caramel"] is None for r in ranks):
             return None
         metrics = pipeline.job_metrics(ranks)
         planned, inputs = pipeline.caramel_inputs(ranks, fixed)
-        task = partial(pipeline.reference_plan, **inputs, benchmark=network, keep=keep)
+        task = partial(pipeline.reference_plan, **inputs, benchmark=network)
         (reference,) = mapper(task, [planned[0]["inputs"]], None)
         if "error" in reference:
             raise InputError(*reference["error"])
@@ -180,8 +174,7 @@ def report_ranks(
             for rank, _ in names
         ]
         del waited, ready
-        task = partial(rank_report, keep=keep)
-        replays = mapper(task, [paths for _, paths in names], None, args)
+        replays = mapper(rank_report, [paths for _, paths in names], None, args)
     from planner.export.caramel_files import control_deps_document
     from planner.rank_replay import job_simulation
 
