@@ -1,5 +1,5 @@
-"""`planner metrics` / `schedule -a caramel` on jobs of 8 / 64 / 256 / 1,024 ranks:
-one process vs -j 1, -j 2, Dask.
+"""`planner metrics` / `schedule -a caramel` / `simulate` / `analyze` on jobs of 8 / 64 /
+256 / 1,024 ranks: one process vs -j 1, -j 2, Dask.
 
 Input: the 2 real Kineto rank traces of ../shared/traces/generated/torch/transformer_ddp
 (gloo DDP), copied to N ranks: rank r is a copy of the real rank r % 2 with
@@ -12,10 +12,11 @@ Each configuration runs as a whole process (interpreter start-up and imports inc
 what a user waits for), interleaved over --repeat rounds; figures are medians.
 ``one process`` is the joint path (`detect.load` of every rank into one Job, then
 `analysis.metrics`; `analysis.schedule(job, "caramel")` with ``--command schedule``;
-`simulate.simulation` of the Caramel plan, 100 samples, with ``--command simulate``);
+`simulate.simulation` of the Caramel plan, 100 samples, with ``--command simulate``;
+`analysis.analyze`, the whole report, with ``--command analyze``);
 ``-j 1``, ``-j 2`` and ``dask`` (a LocalCluster of 2 worker processes, started inside
 the timed process) run `planner.parallel.metrics_ranks` / `schedule_ranks` /
-`simulate_ranks`, whose
+`simulate_ranks` / `planner.rank_analysis.report_ranks`, whose
 document is checked byte-identical to the one-process document where both ran.
 Parent RSS: the timed process's peak; worker RSS: the largest peak of the processes that
 ran the rank tasks (ru_maxrss, MiB); ``x file``: worker peak / the largest rank file
@@ -26,7 +27,7 @@ inflated (its JSON text), the factor by which a worker's memory follows the rank
 worker MiB is the largest of its parsing subprocesses.
 
 Usage: nice python bench/bench_ranks.py [--sizes 8 64] [--repeat 3] [--modes ...]
-                                        [--command metrics|schedule|simulate]
+                                        [--command metrics|schedule|simulate|analyze]
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ if mode == "one process":
     if command == "schedule":
         plans = analysis.schedule(job, "caramel")
         document, usage = analysis.plan_document(plans, job.graphs, job.meta), []
+    elif command == "analyze":
+        document, usage = analysis.analyze(job), []
     elif command == "simulate":
         from planner import simulate
         plans = {"caramel": analysis.schedule(job, "caramel")}
@@ -85,12 +88,15 @@ if mode == "one process":
     else:
         document, usage = analysis.metrics(job), []
 else:
-    from planner import parallel
+    from planner import parallel, rank_analysis
     ranks = parallel.rank_inputs(files)
     workers, dask = (2, "local") if mode == "dask" else (int(mode.split()[-1]), None)
-    run = {"schedule": parallel.schedule_ranks, "simulate": parallel.simulate_ranks}.get(
-        command, parallel.metrics_ranks)
-    document, usage = run(ranks, workers=workers, dask_address=dask)
+    if command == "analyze":
+        document, _, usage = rank_analysis.report_ranks(ranks, workers, dask)
+    else:
+        run = {"schedule": parallel.schedule_ranks, "simulate": parallel.simulate_ranks}.get(
+            command, parallel.metrics_ranks)
+        document, usage = run(ranks, workers=workers, dask_address=dask)
 text = dumps(document)
 parent = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps({
@@ -188,11 +194,13 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[8, 64])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=[*MODES, HTA])
-    parser.add_argument("--command", choices=["metrics", "schedule", "simulate"], default="metrics")
+    parser.add_argument(
+        "--command", choices=["metrics", "schedule", "simulate", "analyze"], default="metrics"
+    )
     args = parser.parse_args()
     print(
         f"planner {args.command}{' -a caramel' if args.command == 'schedule' else ''}"
-        f"{' (Caramel plan, 100 samples)' if args.command == 'simulate' else ''}; "
+        f"{' (Caramel plan, 100 samples)' if args.command in ('simulate', 'analyze') else ''}; "
         f"source: {SOURCE} (2 real ranks), copies jittered; medians of {args.repeat} runs"
     )
     print(

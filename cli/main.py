@@ -273,6 +273,7 @@ def metrics_command(
 @click.option("--force", is_flag=True, help="Replace the earlier results in the -o directory.")
 @rank_option
 @network_option
+@parallel_commands.parallel_options
 @json_option
 @each_option(output_dir=True)
 def analyze_command(
@@ -281,6 +282,8 @@ def analyze_command(
     force: bool,
     rank: str | None,
     network: Any,
+    workers: int | None,
+    dask_address: str | None,
     as_json: bool,
 ) -> None:
     """Inspect, plan (TIC/TAC or Caramel), metrics and simulation; no PATH: the demo.
@@ -289,19 +292,37 @@ def analyze_command(
     Caramel's control dependencies and bucket plan, and timeline.json (Chrome trace of
     the traced step and the best plan's predicted schedule, per rank), written as one
     set: all of them or, on any failure, none (an earlier set needs --force).
+
+    The PyTorch traces of several all-reduce ranks are read one rank per process (-j,
+    --dask); the report is the same as in one process (above 16 ranks its timelines
+    are those of the slowest, the fastest and the last-arriving rank: docs/parallel.md).
     """
-    from planner import analysis
+    from planner import analysis, parallel, rank_analysis
     from planner.export.files import check_set_target, write_set
     from planner.ingest import detect
     from planner.report.outputs import analysis_files
 
     if output is not None:
         check_set_target(output, force)
-    job = select_ranks(load(paths or (detect.demo_trace(),), as_json), rank)
-    with render.progress(enabled=not as_json, what="analysing") as advance:
-        report = analysis.analyze(job, progress=advance, network=network)
+    ranks, skipped = parallel.split_ranks(resolve(paths)) if paths and rank is None else (None, [])
+    done = None
+    if ranks is not None:
+        with render.progress(enabled=not as_json, what="analysing") as advance:
+            advance(f"{len(ranks)} ranks, one per task")
+            done = rank_analysis.report_ranks(
+                ranks, workers, dask_address, network=network, notes=skipped
+            )
+    if done is not None:
+        report, graphs, _ = done
+    else:
+        if dask_address is not None:
+            render.note("--dask: one rank, not PyTorch all-reduce: read in this process", as_json)
+        job = select_ranks(load(paths or (detect.demo_trace(),), as_json), rank)
+        with render.progress(enabled=not as_json, what="analysing") as advance:
+            report = analysis.analyze(job, progress=advance, network=network)
+        graphs = job.graphs
     network_notes(report["plans"].get("caramel", {}), as_json)
-    files = analysis_files(report, job, output) if output is not None else {}
+    files = analysis_files(report, graphs, output) if output is not None else {}
     if output is not None:
         write_set(output, {path.name: text for path, text in files.items()}, force=force)
     render.emit(report, as_json, render.analyze_view)

@@ -6,7 +6,8 @@ sizes bytes. The CLI only renders these.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,10 @@ if TYPE_CHECKING:
     import pandas as pd
 
 ALGORITHMS = ("tic", "tac", "caramel")
+
+TIMELINE_RANKS = 16
+"""Up to this many ranks a report carries every rank's schedules (`timelines`); above,
+only those of the slowest, the fastest and the most often last-arriving rank."""
 
 
 def _first_source(job: Job) -> str | None:
@@ -358,7 +363,9 @@ def analyze(
     The simulation replays the traced steps (with the replay error) and compares the
     plans against the random-order baseline; its schedules (`timelines`: the traced
     median step and each plan's median sample) are for the timeline export and the
-    HTML report. `progress` is told the name of each stage as it starts.
+    HTML report: every rank's up to `TIMELINE_RANKS` ranks, above only those of
+    `timeline_ranks` (as `planner.rank_analysis`, the same report per rank). `progress`
+    is told the name of each stage as it starts.
     """
     step = progress or (lambda _stage: None)
     timed = bool(len(job.trace.timings))
@@ -386,13 +393,43 @@ def analyze(
         report["simulation"] = simulate.simulation(
             job, plans, samples=samples, seed=seed, timelines=True
         )
+        if report["metrics"] is not None and len(job.ranks) > TIMELINE_RANKS:
+            kept = timeline_ranks(job.ranks, report["metrics"])
+            timelines = report["simulation"]["timelines"]
+            report["simulation"]["timelines"] = [s for s in timelines if s["rank"] in kept]
     report["bucket_sweep"] = bucket_sweep(job, network) if "caramel" in plans else None
     if "caramel" in plans:
         report["exports"]["control_deps"] = control_deps_document(plans["caramel"])
         bucket_plan = bucket_plan_document(plans["caramel"], job.graphs, job.meta)
-        _add_predictions(bucket_plan, report["simulation"])
+        add_predictions(bucket_plan, report["simulation"])
         report["exports"]["bucket_plan"] = bucket_plan
     return report
+
+
+def timeline_ranks(ranks: Sequence[str], metrics: Mapping[str, Any]) -> set[str]:
+    """The ranks whose schedules a report carries: all up to `TIMELINE_RANKS`; above,
+    the slowest and the fastest (mean makespan, `metrics`: the job's
+    `planner.metrics/1`) and the one most often last to arrive at a step's collectives
+    (the straggler of `planner.waits`). Bounds the report of a job of 1,000+ ranks."""
+    if len(ranks) <= TIMELINE_RANKS:
+        return set(ranks)
+    makespan = {
+        e["rank"]: e["makespan_mean"]
+        for e in metrics["ranks"]
+        if e.get("makespan_mean") is not None
+    }
+    chosen = set()
+    if makespan:
+        chosen.add(max(makespan, key=lambda r: (makespan[r], r)))
+        chosen.add(min(makespan, key=lambda r: (makespan[r], r)))
+    last = Counter(
+        s["slowest_rank"]
+        for s in (metrics.get("allreduce") or {}).get("stragglers", [])
+        if s.get("slowest_rank") is not None
+    )
+    if last:
+        chosen.add(min(last, key=lambda r: (-last[r], r)))
+    return chosen or {ranks[0]}
 
 
 def bucket_sweep(job: Job, network: NetworkModel | None = None) -> dict[str, Any] | None:
@@ -404,32 +441,42 @@ def bucket_sweep(job: Job, network: NetworkModel | None = None) -> dict[str, Any
     fitted = caramel.trace_network_model(job.graphs[ranks[0]], job.trace.timings)
     model = network or fitted
     if model is None:
-        if buckets.profile(job) is None:
-            return None
-        return {
-            "schema": "planner.bucket_sweep/1",
-            "caps": [],
-            "replay_error": None,
-            "recommended_cap_mb": None,
-            "reason": "no network model: the trace's transfers cannot be fitted (fewer than "
-            "2 sizes); give a benchmark model (--network) for bucket advice",
-        }
+        return None if buckets.profile(job) is None else no_network_sweep()
     document = buckets.sweep(job, model)
-    if document is not None:
-        problem = caramel.network_problem(fitted) if network is None else None
-        document["network_source"] = "benchmark" if network is not None else "trace"
-        document["network_note"] = None
-        if problem:
-            document["network_note"] = (
-                f"the trace's network fit does not hold ({problem}): the predictions are "
-                "rough; give a benchmark model (--network)"
-            )
-            document["recommended_cap_mb"] = None
-            document["reason"] = "no recommendation without a network model that holds"
+    return None if document is None else sweep_notes(document, fitted, network)
+
+
+def no_network_sweep() -> dict[str, Any]:
+    """The bucket advice of a job whose transfers cannot be fitted and no benchmark given."""
+    return {
+        "schema": "planner.bucket_sweep/1",
+        "caps": [],
+        "replay_error": None,
+        "recommended_cap_mb": None,
+        "reason": "no network model: the trace's transfers cannot be fitted (fewer than "
+        "2 sizes); give a benchmark model (--network) for bucket advice",
+    }
+
+
+def sweep_notes(
+    document: dict[str, Any], fitted: NetworkModel | None, network: NetworkModel | None
+) -> dict[str, Any]:
+    """A `buckets.sweep` `document` with the model it used (the benchmark `network` or
+    the trace's `fitted` one) and, when that fit does not hold, no recommendation."""
+    problem = caramel.network_problem(fitted) if network is None else None
+    document["network_source"] = "benchmark" if network is not None else "trace"
+    document["network_note"] = None
+    if problem:
+        document["network_note"] = (
+            f"the trace's network fit does not hold ({problem}): the predictions are "
+            "rough; give a benchmark model (--network)"
+        )
+        document["recommended_cap_mb"] = None
+        document["reason"] = "no recommendation without a network model that holds"
     return document
 
 
-def _add_predictions(bucket_plan: dict[str, Any], simulation: Mapping[str, Any] | None) -> None:
+def add_predictions(bucket_plan: dict[str, Any], simulation: Mapping[str, Any] | None) -> None:
     """Each rank's predicted iteration time of the Caramel plan, the simulator's (the
     figure `planner simulate` prints), with the replay error of the observed order."""
     by_rank = {r["rank"]: r for r in (simulation or {}).get("comparison", {}).get("ranks", [])}

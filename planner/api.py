@@ -353,7 +353,7 @@ def report(job: Job, out: str | Path, *, samples: int = 100, seed: int = 0) -> R
     from planner.report.outputs import analysis_files
 
     document = analysis.analyze(job, samples=samples, seed=seed)
-    files = analysis_files(document, job, Path(out))
+    files = analysis_files(document, job.graphs, Path(out))
     for path, text in files.items():
         write_atomic(path, text)
     return Report(document, tuple(files))

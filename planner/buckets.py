@@ -367,8 +367,13 @@ def sweep(
     pass) every cap is predicted at both ends of `KAPPA_RANGE`, and a cap is recommended
     only when it wins at both."""
     p = profile(job)
-    if p is None:
-        return None
+    return None if p is None else sweep_profile(p, network, caps_mb)
+
+
+def sweep_profile(
+    p: Profile, network: NetworkModel, caps_mb: Sequence[float] = DEFAULT_CAPS_MB
+) -> dict[str, Any]:
+    """`sweep` of a job's `profile` (its ranks' profiles joined, `planner.rank_analysis`)."""
     observed = _observed_assignment(p)
     if observed is None:
         reason = "the traced buckets do not split the gradients in ready order: no replay"
@@ -439,7 +444,11 @@ def _document(
         "steps": len(p.steps),
         "measured_step_time": p.measured,
         "observed_buckets": p.observed_buckets.astype(int).tolist(),
-        "network": {"a": network.a, "b": network.b, "r2": network.r2},
+        "network": {
+            "a": network.a,
+            "b": network.b,
+            "r2": network.r2 if np.isfinite(network.r2) else None,
+        },
         "caps": rows,
         **empty,
         **fields,

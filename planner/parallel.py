@@ -148,28 +148,36 @@ def rank_inputs(paths: Sequence[Path]) -> list[list[Path]] | None:
     Files are listed as `detect.load` lists them, and files it skips (a folder's
     meta.json) are skipped here too.
     """
+    return split_ranks(paths)[0]
+
+
+def split_ranks(paths: Sequence[Path]) -> tuple[list[list[Path]] | None, list[str]]:
+    """(`rank_inputs`, the notes `detect.load` gives on the files it skips in a folder)."""
     from planner.ingest import detect
 
     kineto: list[Path] = []
     traces: dict[tuple[Path, str], Path] = {}
+    notes: list[str] = []
     try:
-        for path, _ in detect.expand(paths):
+        for path, explicit in detect.expand(paths):
             found = detect.sniff(path).format
             if found == "kineto":
                 kineto.append(path)
             elif found == "execution_trace":
                 traces[(path.parent, path.name)] = path
-            elif found != "unknown_json":
-                return None
+            elif found == "unknown_json" and not explicit:
+                notes.append(f"skipped {path}: not a trace")
+            else:
+                return None, []
     except InputError:
-        return None
+        return None, []
     ranks = [
         [p, *([traces[(p.parent, "et_" + p.name)]] if (p.parent, "et_" + p.name) in traces else [])]
         for p in kineto
     ]
     if len(kineto) < 2 or sum(len(r) for r in ranks) != len(kineto) + len(traces):
-        return None
-    return ranks
+        return None, []
+    return ranks, notes
 
 
 def analyze_ranks(

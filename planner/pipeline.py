@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from planner.errors import InputError
 
 if TYPE_CHECKING:
+    from planner.oracle import TimeOracle
     from planner.trace import Job
 
 
@@ -49,13 +50,20 @@ def rank_summary(paths: Sequence[str], plans: bool = False) -> dict[str, Any]:
         return {"error": [exc.path, exc.problem]}
 
 
-def summary_of(job: Job, paths: Sequence[str], plans: bool = False) -> dict[str, Any]:
+def summary_of(
+    job: Job,
+    paths: Sequence[str],
+    plans: bool = False,
+    oracle: Mapping[str, TimeOracle] | None = None,
+) -> dict[str, Any]:
     """The summary of one rank's `job` (read from `paths`): its metrics, collectives, the
     terms of its oracle bounds and, with `plans` and collectives, of the job's Caramel
-    plan (else ``"caramel"`` is None)."""
+    plan (else ``"caramel"`` is None). `oracle`: the rank's `analysis.oracles`, when the
+    caller has it (computed once, handed on)."""
     from planner import analysis
 
-    oracle = analysis.oracles(job) if len(job.trace.timings) else {}
+    if oracle is None:
+        oracle = analysis.oracles(job) if len(job.trace.timings) else {}
     document = analysis.metrics(job, oracle)
     (rank,) = job.ranks
     graph = job.graphs[rank]
@@ -477,10 +485,11 @@ def reference_plan(
 ) -> dict[str, Any]:
     """One task: the job's Caramel plan on the DAG of the reference rank at `paths`
     (`analysis.caramel_reference_plan`), from the job-level inputs of `caramel_inputs`;
-    ``{"plan": Plan}`` or an error record."""
+    ``{"plan": Plan, "network": the fit of the transfers' rows}`` or an error record."""
     import pandas as pd
 
     from planner import analysis
+    from planner.schedule import caramel
 
     try:
         job = load_one_rank(paths)
@@ -500,7 +509,7 @@ def reference_plan(
     )
     own = {name: times[name] for name in graph.ops}
     plan = analysis.caramel_reference_plan(graph, rank, own, frame, channels, benchmark)
-    return {"rank": rank, "plan": plan}
+    return {"rank": rank, "plan": plan, "network": caramel.trace_network_model(graph, frame)}
 
 
 def job_priorities(planned: Sequence[dict[str, Any]], plan: Any) -> dict[str, Any]:

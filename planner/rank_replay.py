@@ -29,14 +29,19 @@ if TYPE_CHECKING:
 def replay_summary(paths: Sequence[str]) -> dict[str, Any]:
     """One task of the first pass: `pipeline.summary_of` the rank plus ``ready``: step ->
     transfer -> the time (epoch ns) the rank was ready for it (`simulate.peer_releases`)."""
-    from planner import simulate as sim
-
     try:
         job = load_one_rank(paths)
-        summary = summary_of(job, paths, plans=True)
-        sim.require_timings(job)
+        return ready_summary(job, paths, summary_of(job, paths, plans=True))
     except InputError as exc:
         return {"error": [exc.path, exc.problem]}
+
+
+def ready_summary(job: Job, paths: Sequence[str], summary: dict[str, Any]) -> dict[str, Any]:
+    """`summary` (the `summary_of` one-rank `job`) plus its ``ready`` times (see
+    `replay_summary`); InputError when the rank has no timings."""
+    from planner import simulate as sim
+
+    sim.require_timings(job)
     (rank,) = job.ranks
     graph = job.graphs[rank]
     frame = sim._frame(job)
@@ -110,14 +115,28 @@ def rank_simulation(
     `simulate.simulation` does on the whole job, with the job's `waits` for this rank,
     its peers' `ready` times (`releases`) and the job's Caramel `plan` (None: no plan).
     `options`: samples, seed, sweep_knob, sweep_values and the knobs."""
-    import numpy as np
-
-    from planner import simulate as sim
-
     try:
         job = load_one_rank(paths)
     except InputError as exc:
         return {"error": [exc.path, exc.problem]}
+    return simulation_of(job, waits, ready, plan, options)
+
+
+def simulation_of(
+    job: Job,
+    waits: Mapping[tuple[int, str], int],
+    ready: Mapping[int, Mapping[str, int]],
+    plan: Plan | None,
+    options: Mapping[str, Any],
+    timelines: bool = False,
+) -> dict[str, Any]:
+    """`rank_simulation` of a loaded one-rank `job`; with `timelines`, the record's
+    ``timelines`` holds the rank's schedules as `simulate.timelines_of` gives them
+    (the traced median step and each plan's median sample)."""
+    import numpy as np
+
+    from planner import simulate as sim
+
     (rank,) = job.ranks
     job = with_waits(job, waits)
     graph = job.graphs[rank]
@@ -145,7 +164,9 @@ def rank_simulation(
         plans = {"caramel": {rank: planned}}
     knobs = options["knobs"]
     shared = {"samples": samples, "seed": seed, "oracles": {rank: oracle}, "frame": frame}
-    comparison = sim.compare(job, plans, replayed={rank: steps}, **shared, **knobs)
+    comparison = sim.compare(
+        job, plans, replayed={rank: steps}, timelines=timelines, **shared, **knobs
+    )
     sweep = None
     if options["sweep_knob"] is not None:
         sweep = sim.sweep(
@@ -155,6 +176,7 @@ def rank_simulation(
     return {
         "rank": rank,
         "sources": list(job.sources),
+        "timelines": sim.timelines_of(job, comparison) if timelines else None,
         "replay": {"rank": rank, **sim._error_summary(steps), "steps": steps},
         "comparison": comparison,
         "sweep": sweep,

@@ -143,3 +143,15 @@ def test_one_transfer_size_and_no_benchmark_says_why():
     sweep = analysis.bucket_sweep(_job("4"))
     assert sweep["caps"] == [] and sweep["recommended_cap_mb"] is None
     assert "--network" in sweep["reason"]
+
+
+def test_a_flat_network_fit_has_no_r2_and_the_sweep_is_valid_json():
+    """A fit whose points all took the same time has no R² (`fit_network_model`: NaN);
+    the sweep reports null, so that its report is valid JSON (the jittered copies of the
+    transformer ranks in bench_ranks hit this)."""
+    from planner.export.files import dumps
+
+    flat = NetworkModel(a=NETWORK.a, b=0.0, r2=float("nan"))
+    sweep = buckets.sweep(_job("4"), flat)
+    assert sweep["network"]["r2"] is None
+    assert json.loads(dumps(sweep))["caps"]

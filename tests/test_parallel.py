@@ -316,6 +316,10 @@ def test_a_truncated_rank_fails_as_in_one_process(
         code, out, err = run_cli(["simulate", tmp_path, "-j", workers, "--json"], capsys)
         assert code == 2 and out == "" and len(err.splitlines()) == 1, err
         assert "rank1.json.gz" in err
+        report_dir = tmp_path / "report"
+        code, out, err = run_cli(["analyze", tmp_path, "-j", workers, "-o", report_dir], capsys)
+        assert code == 2 and out == "" and len(err.splitlines()) == 1, err
+        assert "rank1.json.gz" in err and not report_dir.exists()
         assert code == 2 and out == "" and len(err.splitlines()) == 1, err
         assert "rank1.json.gz" in err and not out_file.exists()
     with pytest.raises(InputError) as joint:
@@ -380,3 +384,135 @@ def test_a_summary_is_small_beside_its_rank() -> None:
     pipeline.fold_times(fixed)(summary)
     trace = len(gzip.decompress(rank.read_bytes()))
     assert fixed and len(pickle.dumps(summary)) * 100 < trace
+
+
+# ---------------------------------------------------------------------------------------
+# `planner analyze` on several ranks: one rank per task, the same report byte for byte
+
+ANALYZE_JOBS = {
+    "resnet_ddp": RESNET,
+    "transformer_ddp": JOBS["transformer_ddp"],
+    "dlrm_8_ranks": DLRM,
+}
+
+
+def _one_process_report(folder: Path, out: Path) -> tuple[str, dict[str, str]]:
+    """(`planner analyze FOLDER --json -o OUT`, the files of `-o OUT`) as one process
+    computes them on the joint load (with -o, the report names the files' rank parts)."""
+    from planner.export.files import dumps
+    from planner.report.outputs import analysis_files
+
+    job = detect.load([folder])
+    report = analysis.analyze(job)
+    files = analysis_files(report, job.graphs, out)
+    return dumps(report), {path.name: body for path, body in files.items()}
+
+
+def _written(folder: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(folder.iterdir())}
+
+
+@pytest.mark.parametrize("name", sorted(ANALYZE_JOBS))
+def test_analyze_per_rank_is_byte_identical(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = need(ANALYZE_JOBS[name])
+    expected, files = _one_process_report(folder, tmp_path / "joint")
+    for workers in ("1", "2"):
+        target = tmp_path / f"j{workers}"
+        command = ["analyze", folder, "--json", "-j", workers, "-o", target]
+        code, out, err = run_cli(command, capsys)
+        assert code == 0, err
+        assert out == expected and _written(target) == files
+    report = json.loads(expected)
+    validate(report)
+    assert report["bucket_sweep"] is not None and report["simulation"]["timelines"]
+    assert report["inspect"]["clock_alignment"] is not None  # the cross-rank parts are there
+    assert any(t["wait_mean"] > 0 for r in report["inspect"]["ranks"] for t in r["transfers"])
+
+
+def test_analyze_on_a_dask_local_cluster(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("distributed", reason="the dask extra is not installed")
+    folder = need(ANALYZE_JOBS["dlrm_8_ranks"])
+    expected, files = _one_process_report(folder, tmp_path / "joint")
+    target = tmp_path / "dask"
+    command = ["analyze", folder, "--dask", "local", "-j", "2", "--json", "-o", target]
+    code, out, err = run_cli(command, capsys)
+    assert code == 0, err
+    assert out == expected and _written(target) == files
+
+
+def test_analyze_reads_each_rank_with_one_oracle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank's oracle is computed once in the first pass and handed on to its
+    inspection, metrics and Caramel terms; the parent holds no trace."""
+    from planner import rank_analysis
+
+    folder = need(ANALYZE_JOBS["dlrm_8_ranks"])
+    calls = {"oracles": 0}
+    real = analysis.oracles
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls["oracles"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(analysis, "oracles", counted)
+    ranks, notes = parallel.split_ranks([folder])
+    report, graphs, usage = rank_analysis.report_ranks(ranks, workers=1, samples=4, notes=notes)
+    assert calls["oracles"] == len(ranks) == 8
+    assert sorted(graphs) == [r["rank"] for r in report["metrics"]["ranks"]]
+    assert len(usage) == 16  # two passes, one record per rank each
+
+
+def test_a_large_job_carries_timelines_of_a_bounded_set(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Above `analysis.TIMELINE_RANKS` the report keeps every rank's rows and only the
+    schedules of the slowest, the fastest and the most often last-arriving rank, per rank
+    and in one process alike; the rest of the report does not change."""
+    from planner import rank_analysis
+    from planner.report.outputs import analysis_files
+
+    folder = need(ANALYZE_JOBS["dlrm_8_ranks"])
+    ranks, notes = parallel.split_ranks([folder])
+    full, _, _ = rank_analysis.report_ranks(ranks, workers=1, samples=4, notes=notes)
+    full_timelines = full["simulation"]["timelines"]
+    monkeypatch.setattr(analysis, "TIMELINE_RANKS", 4)
+    bounded, graphs, _ = rank_analysis.report_ranks(ranks, workers=1, samples=4, notes=notes)
+    kept = {s["rank"] for s in bounded["simulation"]["timelines"]}
+    spans = {e["rank"]: e["makespan_mean"] for e in full["metrics"]["ranks"]}
+    last = [s["slowest_rank"] for s in full["metrics"]["allreduce"]["stragglers"]]
+    expected = {max(spans, key=spans.get), min(spans, key=spans.get)}  # type: ignore[arg-type]
+    expected.add(max(sorted(set(last)), key=last.count))
+    assert kept == expected and 1 < len(kept) <= 3 and set(graphs) == kept
+    assert bounded["simulation"]["timelines"] == [
+        s for s in full["simulation"]["timelines"] if s["rank"] in kept
+    ]
+    files = analysis_files(bounded, graphs, tmp_path)
+    timeline = json.loads(files[tmp_path / "timeline.json"])
+    named = {e["args"]["name"] for e in timeline["traceEvents"] if e["name"] == "process_name"}
+    assert named and all(any(rank in n for rank in kept) for n in named)
+    del full["simulation"]["timelines"], bounded["simulation"]["timelines"]
+    del bounded["file_names"]  # analysis_files records them
+    assert bounded == full
+    joint = analysis.analyze(detect.load([folder]), samples=4)  # one process: the same set
+    assert joint["simulation"]["timelines"] == [s for s in full_timelines if s["rank"] in kept]
+
+
+def test_analyze_per_rank_with_a_benchmark_model() -> None:
+    """`analyze --network FILE` per rank: the plan and the bucket sweep use the benchmark
+    model as in one process (the traced job's cap-4 run and its network benchmark)."""
+    from planner import netbench, rank_analysis
+    from planner.export.files import dumps
+
+    run = REPO / "traces" / "torch" / "ddp_mlp24_gloo"
+    network = netbench.read_model(run / "net.csv")
+    ranks, notes = parallel.split_ranks([run / "cap4"])
+    assert ranks is not None and len(ranks) == 2
+    got = rank_analysis.report_ranks(ranks, 2, samples=8, network=network, notes=notes)
+    assert got is not None
+    joint = analysis.analyze(detect.load([run / "cap4"]), samples=8, network=network)
+    assert dumps(got[0]) == dumps(joint)
+    assert joint["bucket_sweep"]["network_source"] == "benchmark"
+    assert joint["bucket_sweep"]["recommended_cap_mb"] is not None

@@ -9,13 +9,17 @@ from typing import TYPE_CHECKING, Any
 from planner.export.files import dumps
 
 if TYPE_CHECKING:
-    from planner.trace import Job
+    from collections.abc import Mapping
+
+    from planner.graph import OpGraph
 
 
-def analysis_files(report: dict[str, Any], job: Job, output: Path) -> dict[Path, str]:
+def analysis_files(
+    report: dict[str, Any], graphs: Mapping[str, OpGraph], output: Path
+) -> dict[Path, str]:
     """Path -> text of every file: report.json and report.html, the priority files of
     every plan, Caramel's exports, and timeline.json (the traced step and the best plan's
-    predicted schedule, per rank).
+    predicted schedule, per rank; `graphs`: rank -> its DAG, for the events' labels).
 
     Rank names come from the inputs: the file name part made of each
     (`planner.export.files.file_names`) is recorded in the report as ``file_names``.
@@ -42,7 +46,7 @@ def analysis_files(report: dict[str, Any], job: Job, output: Path) -> dict[Path,
         # the fastest plan of each rank, never the random-order baseline (see the report)
         best = {r["rank"]: recommendation(r)["plan"] for r in simulation["comparison"]["ranks"]}
         chosen = [
-            {**s, "graph": job.graphs[s["rank"]]}
+            {**s, "graph": graphs[s["rank"]]}
             for s in simulation["timelines"]
             if s["plan"] in ("measured", best.get(s["rank"]))
         ]

@@ -1,0 +1,279 @@
+"""`planner analyze` of a multi-rank job, one rank per task: the same `planner.report/1`
+as `analysis.analyze` on the whole job.
+
+A worker reads one rank, computes its time oracle once and hands it on to the rank's
+inspection, metrics and Caramel terms (`pipeline.summary_of`), its ready times for the
+replay (`rank_replay.ready_summary`), its observed transfer order and the per-rank part
+of the DDP bucket profile (`buckets.profile` of the rank: per-gradient ready times,
+collective spans, lanes). The parent joins the summaries: the waits and the metrics
+(`pipeline.job_metrics`), the job's Caramel plan (one task on the reference rank), the
+transfers' oracle times less the waits for `inspect`, the bucket sweep on the joined
+profile. A second pass replays and compares each rank (`rank_replay.simulation_of`),
+with its bucket-plan entry and, for a bounded set of ranks (`analysis.timeline_ranks`), its
+schedules for the report's timelines. That pass (and the plan's task) reads its rank
+again: a worker that kept its ranks across the barrier would hold all of them, and the
+package writes no pickle to hand a loaded rank on (`tests/test_safety.py`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from planner.errors import InputError
+from planner.pipeline import load_one_rank, summary_of
+
+if TYPE_CHECKING:
+    from planner.buckets import Profile
+    from planner.graph import OpGraph
+    from planner.oracle import NetworkModel
+    from planner.plan import Plan
+
+ONE_RANK_NOTE = "one rank: a collective's wait for its peers cannot be told"
+
+
+def analysis_summary(paths: Sequence[str]) -> dict[str, Any]:
+    """One task of the first pass: the rank's `rank_replay.replay_summary` plus its
+    inspection entry, observed transfer order and bucket profile; its oracle computed
+    once. An error record (``{"error": [path, problem]}``) for bad input."""
+    from planner import analysis, buckets
+    from planner.rank_replay import ready_summary
+
+    try:
+        job = load_one_rank(paths)
+        oracle = analysis.oracles(job) if len(job.trace.timings) else {}
+        summary = summary_of(job, paths, plans=True, oracle=oracle)
+        summary = ready_summary(job, paths, summary)
+    except InputError as exc:
+        return {"error": [exc.path, exc.problem]}
+    (rank,) = job.ranks
+    graph = job.graphs[rank]
+    inspected = analysis.inspect(job, oracle)
+    summary["inspect"] = inspected["ranks"][0]
+    summary["notes"] = [n for n in inspected["notes"] if not n.startswith(ONE_RANK_NOTE)]
+    summary["observed_orders"] = analysis.observed_orders(job)
+    summary["recvs"] = bool(graph.recvs)
+    summary["profile"] = buckets.profile(job)
+    summary["gradient_ready"] = bool(
+        ((job.meta.get("ranks") or {}).get(rank) or {}).get("gradient_ready")
+    )
+    summary["cpu"] = not any(op.resource.startswith("gpu") for op in graph.ops.values())
+    return summary
+
+
+def rank_report(
+    paths: Sequence[str],
+    waits: Mapping[tuple[int, str], int],
+    ready: Mapping[int, Mapping[str, int]],
+    plan: Plan,
+    options: Mapping[str, Any],
+    timelines: bool,
+) -> dict[str, Any]:
+    """One task of the second pass: the rank's replay and plan comparison
+    (`rank_replay.simulation_of`), its entry of Caramel's bucket plan and, with
+    `timelines`, its schedules and the ops they name (for timeline.json's labels)."""
+    from planner.export.caramel_files import bucket_plan_document
+    from planner.rank_replay import simulation_of
+
+    try:
+        job = load_one_rank(paths)
+    except InputError as exc:
+        return {"error": [exc.path, exc.problem]}
+    record = simulation_of(job, waits, ready, plan, options, timelines)
+    (rank,) = job.ranks
+    graph = job.graphs[rank]
+    planned = replace(plan, rank=rank, inputs={**plan.inputs, "planned_on": plan.rank})
+    (record["bucket_plan"],) = bucket_plan_document({rank: planned}, job.graphs, job.meta)["ranks"]
+    if timelines:
+        named = {op for s in record["timelines"] for op in s["timeline"]["op"]}
+        record["ops"] = {name: graph.ops[name] for name in sorted(named) if name in graph.ops}
+    return record
+
+
+def joined_profile(ranks: Sequence[Mapping[str, Any]]) -> Profile | None:
+    """The job's `buckets.profile` from its ranks' own: their steps side by side, the
+    most collectives in flight over the ranks; None when a rank's gradients disagree
+    with another's (no one ready order) or no rank has gradient-ready times."""
+    from planner.buckets import Profile
+
+    with_ready = [r for r in ranks if r["gradient_ready"]]
+    if not with_ready or any(r["profile"] is None for r in with_ready):
+        return None
+    first = with_ready[0]["profile"]
+    by_step: dict[int, list[Any]] = {}
+    lanes = 1
+    for r in with_ready:
+        p = r["profile"]
+        if not np.array_equal(p.sizes, first.sizes):
+            return None
+        for step, steps in p.steps.items():
+            by_step.setdefault(step, []).extend(steps)
+        lanes = max(lanes, p.lanes)
+    cpu = all(r["cpu"] for r in ranks)
+    return Profile(by_step, first.sizes, first.observed_buckets, cpu, lanes)
+
+
+def report_ranks(
+    rank_inputs: Sequence[Sequence[str]],
+    workers: int | None = None,
+    dask_address: str | None = None,
+    *,
+    samples: int = 100,
+    seed: int = 0,
+    network: NetworkModel | None = None,
+    notes: Sequence[str] = (),
+) -> tuple[dict[str, Any], dict[str, OpGraph], list[dict[str, Any]]] | None:
+    """(`planner.report/1`, rank -> the ops its timelines name (an `OpGraph` without
+    edges, for `report.outputs.analysis_files`), per-worker usage) of a
+    job of PyTorch all-reduce ranks, one rank per task (`parallel.rank_mapper`); None
+    when the job is not one (a rank with parameter-server transfers or without
+    collectives): one process analyses it (`analysis.analyze`). `notes`: the job's
+    notes on skipped files (`parallel.split_ranks`)."""
+    from planner import __version__, analysis, pipeline
+    from planner.parallel import rank_mapper, usage_of
+    from planner.rank_replay import releases
+
+    fixed: dict[str, float] = {}
+    with rank_mapper(workers, dask_address, len(rank_inputs)) as mapper:
+        results = mapper(analysis_summary, rank_inputs, pipeline.fold_times(fixed))
+        ranks = pipeline.checked(results)
+        if not ranks or any(r["recvs"] or r["caramel"] is None for r in ranks):
+            return None
+        metrics = pipeline.job_metrics(ranks)
+        planned, inputs = pipeline.caramel_inputs(ranks, fixed)
+        task = partial(pipeline.reference_plan, **inputs, benchmark=network)
+        (reference,) = mapper(task, [planned[0]["inputs"]], None)
+        if "error" in reference:
+            raise InputError(*reference["error"])
+        plan, fitted = reference["plan"], reference["network"]
+        frame, waited, alignment = pipeline.job_waits(ranks)
+        ready = releases(ranks)
+        chosen = analysis.timeline_ranks([r["rank"] for r in ranks], metrics)
+        # what needs the summaries, before the second pass; then only names stay
+        sources = [r["sources"][0] for r in ranks] + [s for r in ranks for s in r["sources"][1:]]
+        framework = ranks[0]["framework"]
+        inspected = _inspect(ranks, frame, waited, alignment, sources, notes)
+        orders = [o for r in ranks for o in r["observed_orders"]]
+        sweep = _bucket_sweep(ranks, fitted, network)
+        ops_of = {r["rank"]: r["caramel"]["material"]["ops"] for r in planned}
+        plans = analysis.caramel_rank_plans(plan, ops_of, planned[0]["sources"][0])
+        material = {r["rank"]: r["caramel"]["material"] for r in planned}
+        priorities = analysis.plans_document(plans, material)
+        usage = usage_of(results)
+        names = [(r["rank"], r["inputs"]) for r in ranks]
+        del results, ranks, planned, material, ops_of, frame
+        options = {"samples": samples, "seed": seed, "sweep_knob": None, "sweep_values": [],
+                   "knobs": {}}  # fmt: skip
+        args = [
+            (waited.get(rank, {}), ready.get(rank, {}), plan, options, rank in chosen)
+            for rank, _ in names
+        ]
+        del waited, ready
+        replays = mapper(rank_report, [paths for _, paths in names], None, args)
+    from planner.export.caramel_files import control_deps_document
+    from planner.rank_replay import job_simulation
+
+    simulation = job_simulation(replays, framework, sources)
+    done = sorted((r for r in replays if "error" not in r), key=lambda r: r["rank"])
+    simulation["timelines"] = [s for r in done if r["timelines"] for s in r["timelines"]]
+    report: dict[str, Any] = {
+        "schema": "planner.report/1",
+        "planner_version": __version__,
+        "inspect": inspected,
+        "plans": {"caramel": priorities},
+        "metrics": metrics,
+        "observed_orders": orders,
+        "simulation": simulation,
+        "exports": {},
+    }
+    report["bucket_sweep"] = sweep
+    report["exports"]["control_deps"] = control_deps_document(plans)
+    bucket_plan = {"schema": "planner.bucket_plan/1", "ranks": [r["bucket_plan"] for r in done]}
+    analysis.add_predictions(bucket_plan, simulation)
+    report["exports"]["bucket_plan"] = bucket_plan
+    return report, _label_graphs(done), usage + usage_of(replays)
+
+
+def _label_graphs(records: Sequence[Mapping[str, Any]]) -> dict[str, OpGraph]:
+    """Rank -> a graph of the ops its timelines name, without edges: what timeline.json
+    reads of a rank's DAG (each op's kind, phase, parameter and bytes)."""
+    from planner.graph import OpGraph
+
+    empty = np.zeros(0, dtype=np.int64)
+    return {
+        r["rank"]: OpGraph(ops=r["ops"], src=empty, dst=empty, control=np.zeros(0, dtype=bool))
+        for r in records
+        if "ops" in r
+    }
+
+
+def _inspect(
+    ranks: Sequence[Mapping[str, Any]],
+    frame: Any,
+    waited: Mapping[str, Mapping[tuple[int, str], int]],
+    alignment: Any,
+    sources: list[str],
+    notes: Sequence[str],
+) -> dict[str, Any]:
+    """`planner.inspect/1` of the job from the ranks' entries: each transfer's oracle
+    time with the waits cut out (`pipeline._open_times`) and its mean wait for peers."""
+    from planner.pipeline import _open_times
+
+    waits = frame[frame["wait"] > 0]
+    total: dict[tuple[str, str], int] = {}
+    count: Counter[tuple[str, str]] = Counter()
+    for key, wait in zip(
+        zip(waits["rank"].tolist(), waits["op"].tolist(), strict=True),
+        waits["wait"].tolist(),
+        strict=True,
+    ):
+        total[key] = total.get(key, 0) + wait
+        count[key] += 1
+    entries = []
+    for r in ranks:
+        entry = dict(r["inspect"])
+        times = _open_times(r["bounds"], r["caramel"], waited.get(r["rank"], {}))
+        entry["transfers"] = [
+            {
+                **t,
+                "time": times.get(t["name"], 0.0) if t["time"] is not None else None,
+                "wait_mean": float(
+                    total[(r["rank"], t["name"])] / count[(r["rank"], t["name"])] / 1e9
+                    if (r["rank"], t["name"]) in total
+                    else 0.0
+                ),
+            }
+            for t in entry["transfers"]
+        ]
+        entries.append(entry)
+    return {
+        "schema": "planner.inspect/1",
+        "framework": ranks[0]["framework"],
+        "sources": sources,
+        "notes": [n for r in ranks for n in r["notes"]] + list(notes),
+        "ranks": entries,
+        "clock_alignment": alignment.to_dict() if alignment is not None else None,
+    }
+
+
+def _bucket_sweep(
+    ranks: Sequence[Mapping[str, Any]],
+    fitted: NetworkModel | None,
+    network: NetworkModel | None,
+) -> dict[str, Any] | None:
+    """`analysis.bucket_sweep` on the joined profile (`joined_profile`) with the
+    benchmark model when given, else the trace's fit of every rank's transfers."""
+    from planner import analysis, buckets
+
+    profile = joined_profile(ranks)
+    model = network or fitted
+    if model is None:
+        return None if profile is None else analysis.no_network_sweep()
+    if profile is None:
+        return None
+    return analysis.sweep_notes(buckets.sweep_profile(profile, model), fitted, network)
