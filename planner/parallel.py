@@ -12,6 +12,7 @@ the Dask workers (a shared file system).
 from __future__ import annotations
 
 import os
+import re
 import resource
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -172,12 +173,35 @@ def split_ranks(paths: Sequence[Path]) -> tuple[list[list[Path]] | None, list[st
     except InputError:
         return None, []
     ranks = [
-        [p, *([traces[(p.parent, "et_" + p.name)]] if (p.parent, "et_" + p.name) in traces else [])]
-        for p in kineto
-    ]
-    if len(kineto) < 2 or sum(len(r) for r in ranks) != len(kineto) + len(traces):
+        [*group, *(traces[(p.parent, "et_" + p.name)] for p in group
+                   if (p.parent, "et_" + p.name) in traces)]
+        for group in _windows(kineto)
+    ]  # fmt: skip
+    if len(ranks) < 2 or sum(len(r) for r in ranks) != len(kineto) + len(traces):
         return None, []
     return ranks, notes
+
+
+_HEAD_RANK = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
+
+
+def _windows(kineto: Sequence[Path]) -> list[list[Path]]:
+    """The Kineto files grouped per rank: adjacent files whose header names one rank are
+    windows of one profiling session (`planner.ingest.kineto_windows`), read by one task
+    and joined there, which also refuses files that are not."""
+    from planner.ingest.files import read_head
+
+    groups: list[list[Path]] = []
+    last: int | None = None
+    for path in kineto:
+        found = _HEAD_RANK.search(read_head(path))
+        rank = int(found.group(1)) if found else None
+        if groups and rank is not None and rank == last:
+            groups[-1].append(path)
+        else:
+            groups.append([path])
+        last = rank
+    return groups
 
 
 def analyze_ranks(
@@ -297,7 +321,7 @@ def simulate_ranks(
             for r in ranks
         ]
         replays = mapper(rank_replay.rank_simulation, [r["inputs"] for r in ranks], None, args)
-    sources = [r["sources"][0] for r in results] + [s for r in results for s in r["sources"][1:]]
+    sources = pipeline.joint_sources(results)
     document = rank_replay.job_simulation(replays, ranks[0]["framework"], sources)
     return document, usage_of(results) + usage_of(replays)
 

@@ -199,6 +199,19 @@ def fold_times(into: dict[str, float]) -> Callable[[dict[str, Any]], dict[str, A
     return fold
 
 
+def joint_sources(ranks: Sequence[dict[str, Any]]) -> list[str]:
+    """The job's sources in the joint load's order: every rank's traces (its windows, in
+    order), then every Execution Trace (``et_<trace>`` beside its trace, as
+    `parallel.rank_inputs` pairs them)."""
+
+    def is_et(source: str, mine: Sequence[str]) -> bool:
+        name = Path(source).name
+        return name.startswith("et_") and any(Path(s).name == name[3:] for s in mine)
+
+    traces = [s for r in ranks for s in r["sources"] if not is_et(s, r["sources"])]
+    return traces + [s for r in ranks for s in r["sources"] if is_et(s, r["sources"])]
+
+
 def checked(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The summaries in rank order; InputError for the first failed rank, a rank given
     twice or ranks of different frameworks."""

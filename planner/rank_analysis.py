@@ -155,7 +155,7 @@ def report_ranks(
         ready = releases(ranks)
         chosen = analysis.timeline_ranks([r["rank"] for r in ranks], metrics)
         # what needs the summaries, before the second pass; then only names stay
-        sources = [r["sources"][0] for r in ranks] + [s for r in ranks for s in r["sources"][1:]]
+        sources = pipeline.joint_sources(ranks)
         framework = ranks[0]["framework"]
         inspected = _inspect(ranks, frame, waited, alignment, sources, notes)
         orders = [o for r in ranks for o in r["observed_orders"]]

@@ -516,3 +516,27 @@ def test_analyze_per_rank_with_a_benchmark_model() -> None:
     assert dumps(got[0]) == dumps(joint)
     assert joint["bucket_sweep"]["network_source"] == "benchmark"
     assert joint["bucket_sweep"]["recommended_cap_mb"] is not None
+
+
+def test_a_ranks_windows_are_one_task_and_read_as_in_one_process(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rank traced in windows (a file per window of one profiling session) is one task:
+    metrics and analyze per rank give the joint load's documents byte for byte."""
+    folder = REPO / "traces" / "torch" / "ddp_windows"
+    ranks = parallel.rank_inputs([folder])
+    assert [[p.name for p in r] for r in ranks] == [
+        [f"rank{r}.w{k}.json.gz" for k in range(3)] for r in range(2)
+    ]
+    assert parallel.rank_inputs(sorted(folder.glob("rank0.*.json.gz"))) is None  # one rank
+    expected_metrics = _one_process(folder)
+    expected, files = _one_process_report(folder, tmp_path / "joint")
+    for workers in ("1", "2"):
+        code, out, err = run_cli(["metrics", folder, "--json", "-j", workers], capsys)
+        assert code == 0 and out == expected_metrics, err
+        target = tmp_path / f"j{workers}"
+        code, out, err = run_cli(["analyze", folder, "--json", "-j", workers, "-o", target], capsys)
+        assert code == 0, err
+        assert out == expected and _written(target) == files
+    notes = json.loads(expected)["inspect"]["notes"]
+    assert notes == [f"rank{r}: 3 windows of one profiling session joined" for r in range(2)]
