@@ -5,13 +5,14 @@
 2. Trains the repo's CPU DDP example model (`examples/train_ddp.make_model`, an MLP of
    `--layers` Linear layers of width `--width`; gloo, 2 ranks on 127.0.0.1) at every cap
    of the sweep and with `bucket_cap_mb` unset (DDP's default: 25 MiB after a 1 MiB
-   first bucket), interleaved: `--rounds` rounds of `--steps` timed steps per cap, a new
-   DDP wrapper each time, the first steps after each wrap dropped (DDP rebuilds its
-   buckets after its first iteration). In every round the job at `--trace-cap` is also
-   traced for `--window` steps (torch.profiler, record_shapes): one profiling session
-   over the whole run whose schedule has ``repeat`` = rounds, idle while the other caps
-   run, writing a file per window and rank; planner joins a rank's windows. Those steps
-   are timed too (the profiler's own cost against the same cap untraced).
+   first bucket), interleaved: `--rounds` rounds (each in a new order) of `--steps`
+   timed steps per cap, a new DDP wrapper each time, the first steps after each wrap
+   dropped (DDP rebuilds its buckets after its first iteration). In every round the job
+   at `--trace-cap` is also traced for `--window` steps (torch.profiler, record_shapes):
+   one profiling session over the whole run whose schedule has ``repeat`` = rounds,
+   idle while the other caps run, writing a file per window and rank; planner joins a
+   rank's windows. Those steps are timed too (the profiler's own cost against the same
+   cap untraced).
 3. `planner.analysis.bucket_sweep` on that trace alone predicts the step time of every
    cap. The bench takes the recommended cap (else the best predicted), the default and
    the worst predicted cap, and prints the median measured step time beside each
@@ -36,6 +37,7 @@ import argparse
 import itertools
 import json
 import os
+import random
 import socket
 import statistics
 import sys
@@ -95,8 +97,12 @@ def _worker(
         record_shapes=True,
     )
     with prof:
-        for _ in range(rounds):
-            for cap, traced in [*((c, False) for c in caps), (trace_cap, True)]:
+        for number in range(rounds):
+            # a new order each round, the same on both ranks: no cap keeps the slot after
+            # the profiler's export or any other fixed neighbour
+            order = [*((c, False) for c in caps), (trace_cap, True)]
+            random.Random(number).shuffle(order)
+            for cap, traced in order:
                 ddp = _wrap(model, cap)
                 opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
                 key = f"{cap}/profiled" if traced else str(cap)
