@@ -225,45 +225,52 @@ def step_times(
 
 def profile(job: Job) -> Profile | None:
     """The sweep's inputs from a Kineto DDP job (None without gradient-ready events)."""
+    ranks = job.meta.get("ranks") or {}
+    with_ready = [r for r, m in ranks.items() if m.get("gradient_ready")]
+    cpu = not any(
+        op.resource.startswith("gpu") for g in job.graphs.values() for op in g.ops.values()
+    )
+    return join([rank_profile(job, r) for r in with_ready], cpu)
+
+
+def rank_profile(job: Job, rank: str) -> Profile | None:
+    """One rank's part of `profile` (its traced steps only; ``cpu`` its own); None without
+    gradient-ready events or when its steps disagree on the gradients."""
     from planner import simulate
 
-    ranks = job.meta.get("ranks") or {}
-    per_rank = {r: m.get("gradient_ready") for r, m in ranks.items() if m.get("gradient_ready")}
-    if not per_rank:
+    steps = ((job.meta.get("ranks") or {}).get(rank) or {}).get("gradient_ready")
+    if not steps:
         return None
     spans = job.trace.spans.set_index(["rank", "iteration"])
     t = job.trace.timings
-    t = t[t["op"].str.contains("all_reduce", regex=False)]
+    t = t[t["op"].str.contains("all_reduce", regex=False) & (t["rank"] == rank)]
     by_step: dict[int, list[Step]] = {}
     sizes: list[int] | None = None
     lanes = 1
-    for rank, steps in per_rank.items():
-        for step, grads in steps.items():
-            if (rank, int(step)) not in spans.index:
-                continue
-            if sizes is None:
-                sizes = [g[1] for g in grads]
-            if [g[1] for g in grads] != sizes:
-                return None  # steps or ranks disagree on the gradients: no one ready order
-            start, end = spans.loc[(rank, int(step))][["start", "end"]].tolist()
-            times = np.array([g[0] for g in grads], dtype=np.float64)
-            c = t[(t["rank"] == rank) & (t["iteration"] == int(step))]
-            ends = (c["start"] + c["duration"]).to_numpy(dtype=np.float64)
-            last = max(times.max(), float(ends.max()) if len(c) else 0.0)
-            busy = _union(
-                [((a - start) / 1e9, (b - start) / 1e9)
-                 for a, b in zip(c["start"].to_numpy(dtype=np.float64), ends, strict=True)]
-            )  # fmt: skip
-            starts = c["start"].to_numpy(dtype=np.float64)
-            if len(starts):  # the most in flight at once: greedy interval partitioning
-                lane = simulate.lanes(np.zeros(len(starts)), starts, ends - starts)
-                lanes = max(lanes, int(lane.max()) + 1)
-            by_step.setdefault(int(step), []).append(
-                Step((times - start) / 1e9, busy, (end - last) / 1e9, (end - start) / 1e9)
-            )
-    if not by_step or sizes is None:
-        return None
-    graph = job.graphs[next(iter(per_rank))]
+    for step, grads in steps.items():
+        if (rank, int(step)) not in spans.index:
+            continue
+        if sizes is None:
+            sizes = [g[1] for g in grads]
+        if [g[1] for g in grads] != sizes:
+            return None  # steps disagree on the gradients: no one ready order
+        start, end = spans.loc[(rank, int(step))][["start", "end"]].tolist()
+        times = np.array([g[0] for g in grads], dtype=np.float64)
+        c = t[t["iteration"] == int(step)]
+        ends = (c["start"] + c["duration"]).to_numpy(dtype=np.float64)
+        last = max(times.max(), float(ends.max()) if len(c) else 0.0)
+        busy = _union(
+            [((a - start) / 1e9, (b - start) / 1e9)
+             for a, b in zip(c["start"].to_numpy(dtype=np.float64), ends, strict=True)]
+        )  # fmt: skip
+        starts = c["start"].to_numpy(dtype=np.float64)
+        if len(starts):  # the most in flight at once: greedy interval partitioning
+            lane = simulate.lanes(np.zeros(len(starts)), starts, ends - starts)
+            lanes = max(lanes, int(lane.max()) + 1)
+        by_step.setdefault(int(step), []).append(
+            Step((times - start) / 1e9, busy, (end - last) / 1e9, (end - start) / 1e9)
+        )
+    graph = job.graphs[rank]
     observed = sorted(
         (_bucket_index(op.param), op.nbytes)
         for op in graph.ops.values()
@@ -275,11 +282,30 @@ def profile(job: Job) -> Profile | None:
             for op in graph.ops.values()
             if op.kind == "collective" and op.name.startswith("net/all_reduce#")
         )
-    cpu = not any(
-        op.resource.startswith("gpu") for g in job.graphs.values() for op in g.ops.values()
-    )
-    return Profile(by_step, np.array(sizes, dtype=np.float64),
+    cpu = not any(op.resource.startswith("gpu") for op in graph.ops.values())
+    return Profile(by_step, np.array(sizes or [], dtype=np.float64),
                    np.array([n for _, n in observed], dtype=np.float64), cpu, lanes)  # fmt: skip
+
+
+def join(profiles: Sequence[Profile | None], cpu: bool) -> Profile | None:
+    """The job's profile from its gradient-ready ranks' `rank_profile`s: their steps side
+    by side, the most collectives in flight over them, the first traced rank's buckets;
+    None when a rank's steps, or two ranks, disagree on the gradients (no one ready
+    order) or no rank has a traced step. `cpu`: no rank of the job runs on a GPU."""
+    if any(p is None for p in profiles):
+        return None
+    traced = [p for p in profiles if p is not None and p.steps]
+    if not traced:
+        return None
+    first = traced[0]
+    by_step: dict[int, list[Step]] = {}
+    for p in traced:
+        if not np.array_equal(p.sizes, first.sizes):
+            return None
+        for step, steps in p.steps.items():
+            by_step.setdefault(step, []).extend(steps)
+    lanes = max(p.lanes for p in traced)
+    return Profile(by_step, first.sizes, first.observed_buckets, cpu, lanes)
 
 
 def _bucket_index(param: str | None) -> int:

@@ -40,12 +40,17 @@ def mean_waits(job: Job) -> dict[tuple[str, str], float]:
     table = job.trace.table
     if "wait" not in table:
         return {}
-    waited = np.flatnonzero(table["wait"] > 0)
+    return waits_by_op(table["rank"], table["op"], table["wait"])
+
+
+def waits_by_op(ranks: Any, ops: Any, waits: Any) -> dict[tuple[str, str], float]:
+    """(rank, op) -> the mean of `waits` (ns, per row) over the rows that waited, in s."""
+    waited = np.flatnonzero(np.asarray(waits) > 0)
     total: dict[tuple[str, str], int] = {}
     count: Counter[tuple[str, str]] = Counter()
     for key, wait in zip(
-        zip(table["rank"][waited].tolist(), table["op"][waited].tolist(), strict=True),
-        table["wait"][waited].tolist(),
+        zip(np.asarray(ranks)[waited].tolist(), np.asarray(ops)[waited].tolist(), strict=True),
+        np.asarray(waits)[waited].tolist(),
         strict=True,
     ):
         total[key] = total.get(key, 0) + wait

@@ -17,7 +17,6 @@ package writes no pickle to hand a loaded rank on (`tests/test_safety.py`).
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import partial
@@ -58,7 +57,7 @@ def analysis_summary(paths: Sequence[str]) -> dict[str, Any]:
     summary["notes"] = [n for n in inspected["notes"] if not n.startswith(ONE_RANK_NOTE)]
     summary["observed_orders"] = analysis.observed_orders(job)
     summary["recvs"] = bool(graph.recvs)
-    summary["profile"] = buckets.profile(job)
+    summary["profile"] = buckets.rank_profile(job, rank)
     summary["gradient_ready"] = bool(
         ((job.meta.get("ranks") or {}).get(rank) or {}).get("gradient_ready")
     )
@@ -96,26 +95,11 @@ def rank_report(
 
 
 def joined_profile(ranks: Sequence[Mapping[str, Any]]) -> Profile | None:
-    """The job's `buckets.profile` from its ranks' own: their steps side by side, the
-    most collectives in flight over the ranks; None when a rank's gradients disagree
-    with another's (no one ready order) or no rank has gradient-ready times."""
-    from planner.buckets import Profile
+    """The job's `buckets.profile` from its ranks' own (`buckets.join`)."""
+    from planner import buckets
 
-    with_ready = [r for r in ranks if r["gradient_ready"]]
-    if not with_ready or any(r["profile"] is None for r in with_ready):
-        return None
-    first = with_ready[0]["profile"]
-    by_step: dict[int, list[Any]] = {}
-    lanes = 1
-    for r in with_ready:
-        p = r["profile"]
-        if not np.array_equal(p.sizes, first.sizes):
-            return None
-        for step, steps in p.steps.items():
-            by_step.setdefault(step, []).extend(steps)
-        lanes = max(lanes, p.lanes)
-    cpu = all(r["cpu"] for r in ranks)
-    return Profile(by_step, first.sizes, first.observed_buckets, cpu, lanes)
+    with_ready = [r["profile"] for r in ranks if r["gradient_ready"]]
+    return buckets.join(with_ready, all(r["cpu"] for r in ranks))
 
 
 def report_ranks(
@@ -222,18 +206,10 @@ def _inspect(
 ) -> dict[str, Any]:
     """`planner.inspect/1` of the job from the ranks' entries: each transfer's oracle
     time with the waits cut out (`pipeline._open_times`) and its mean wait for peers."""
+    from planner.inspection import waits_by_op
     from planner.pipeline import _open_times
 
-    waits = frame[frame["wait"] > 0]
-    total: dict[tuple[str, str], int] = {}
-    count: Counter[tuple[str, str]] = Counter()
-    for key, wait in zip(
-        zip(waits["rank"].tolist(), waits["op"].tolist(), strict=True),
-        waits["wait"].tolist(),
-        strict=True,
-    ):
-        total[key] = total.get(key, 0) + wait
-        count[key] += 1
+    mean_wait = waits_by_op(frame["rank"], frame["op"], frame["wait"])
     entries = []
     for r in ranks:
         entry = dict(r["inspect"])
@@ -242,11 +218,7 @@ def _inspect(
             {
                 **t,
                 "time": times.get(t["name"], 0.0) if t["time"] is not None else None,
-                "wait_mean": float(
-                    total[(r["rank"], t["name"])] / count[(r["rank"], t["name"])] / 1e9
-                    if (r["rank"], t["name"]) in total
-                    else 0.0
-                ),
+                "wait_mean": float(mean_wait.get((r["rank"], t["name"]), 0.0)),
             }
             for t in entry["transfers"]
         ]
