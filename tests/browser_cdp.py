@@ -106,7 +106,11 @@ def open_page(page: Path, width: int = 1280, height: int = 900) -> PageResult:
     binary = chromium()
     if binary is None:
         raise FileNotFoundError("chromium is not installed")
-    with tempfile.TemporaryDirectory(prefix="planner-chromium-") as profile:
+    # chromium's helper processes may still write the profile as the browser exits:
+    # the scratch profile is left behind rather than failing the check on its cleanup
+    with tempfile.TemporaryDirectory(
+        prefix="planner-chromium-", ignore_cleanup_errors=True
+    ) as profile:
         process = subprocess.Popen(
             [binary, *FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}",
              "about:blank"],
