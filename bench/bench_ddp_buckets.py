@@ -5,14 +5,16 @@
 2. Trains the repo's CPU DDP example model (`examples/train_ddp.make_model`, an MLP of
    `--layers` Linear layers of width `--width`; gloo, 2 ranks on 127.0.0.1) at every cap
    of the sweep and with `bucket_cap_mb` unset (DDP's default: 25 MiB after a 1 MiB
-   first bucket), interleaved: `--rounds` rounds (each in a new order) of `--steps`
-   timed steps per cap, a new DDP wrapper each time, the first steps after each wrap
-   dropped (DDP rebuilds its buckets after its first iteration). In every round the job
-   at `--trace-cap` is also traced for `--window` steps (torch.profiler, record_shapes):
-   one profiling session over the whole run whose schedule has ``repeat`` = rounds,
-   idle while the other caps run, writing a file per window and rank; planner joins a
-   rank's windows. Those steps are timed too (the profiler's own cost against the same
-   cap untraced).
+   first bucket), interleaved: each cap has its own copy of the model; every round wraps
+   each copy in a new DDP wrapper and runs its first `DROP` steps untimed (DDP rebuilds
+   its buckets after its first iteration), then runs blocks of `--block` timed steps of
+   every cap (`--steps` per cap and round) and one traced window, in a new order each
+   round (the same on both ranks). The traced window runs the job at `--trace-cap` for
+   `--window` recorded steps (torch.profiler, record_shapes), one step waited and one
+   warmed up first: one profiling session over the whole run whose schedule has
+   ``repeat`` = rounds, idle while the other caps run, writing a file per window and
+   rank; planner joins a rank's windows. Those steps are timed too (the profiler's own
+   cost against the same cap untraced).
 3. `planner.analysis.bucket_sweep` on that trace alone predicts the step time of every
    cap. The bench takes the recommended cap (else the best predicted), the default and
    the worst predicted cap, and prints the median measured step time beside each
@@ -20,13 +22,15 @@
    predictions differ by less than `TIE` are a tie (no order is claimed); every other
    pair must be measured in the predicted order. The strict order is printed too.
 
-Tracing a window in every round, not one stretch, makes the traced steps sample the
-machine's states (its load, other VMs on the host) as the measured ones do: on this
-2-core VM a single 5-step stretch ran up to 29% off the same cap's measured steps. The
-default traced cap is 1 MB: its 24 buckets overlap the backward pass enough for the
-contention factor `kappa` to be calibrated (a 4 MB trace often cannot tell it).
+Short blocks of every cap in a shuffled order, not a long stretch of each, make every
+cap and the traced steps sample the machine's states (its load, other VMs on the host)
+alike: on this 2-core VM stretches of 10 steps measured caps with the same buckets up to
+20% apart, and a single 5-step traced stretch ran up to 29% off the same cap's measured
+steps. The default traced cap is 1 MB: its 24 buckets overlap the backward pass enough
+for the contention factor `kappa` to be calibrated (a 4 MB trace often cannot tell it).
 
-    python bench/bench_ddp_buckets.py [--rounds 5] [--steps 10] [--trace-cap 1] [--window 2]
+    python bench/bench_ddp_buckets.py [--rounds 5] [--steps 10] [--block 2]
+                                       [--trace-cap 1] [--window 2]
 
 Needs torch (CPU is enough). Figures depend on the machine's load: run it on a quiet one.
 """
@@ -78,11 +82,13 @@ def _wrap(model: nn.Module, cap: float | str) -> nn.Module:
 def _worker(
     rank: int, port: int, out: str, shape: dict, caps: list, trace_cap: float, runs: tuple
 ) -> None:
-    rounds, steps, window = runs
+    rounds, steps, window, block = runs
     warnings.filterwarnings("ignore", ".*Profiler clears events")  # one file per window: wanted
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    model = make_model(shape["width"], shape["layers"])
+    traced_key = f"{trace_cap}/profiled"
+    keys = [str(c) for c in caps] + [traced_key]
+    models = {key: make_model(shape["width"], shape["layers"]) for key in keys}
     x, y = torch.randn(shape["batch"], shape["width"]), torch.randn(shape["batch"], shape["width"])
     times: dict[str, list[float]] = {}
     cycles = itertools.count()
@@ -98,24 +104,35 @@ def _worker(
     )
     with prof:
         for number in range(rounds):
-            # a new order each round, the same on both ranks: no cap keeps the slot after
-            # the profiler's export or any other fixed neighbour
-            order = [*((c, False) for c in caps), (trace_cap, True)]
-            random.Random(number).shuffle(order)
-            for cap, traced in order:
-                ddp = _wrap(model, cap)
+            # a new DDP wrapper per cap and round, each warmed up (DDP rebuilds its buckets
+            # after its first iteration); then blocks of `block` steps of every cap and one
+            # traced window, in a new order each round, the same on both ranks: every cap
+            # samples the machine's states alike, none keeps a fixed neighbour
+            wrapped = {}
+            for key, cap in zip(keys, [*caps, trace_cap], strict=True):
+                ddp = _wrap(models[key], cap)
                 opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-                key = f"{cap}/profiled" if traced else str(cap)
-                for i in range(DROP + (window + 2 if traced else steps)):
-                    if not (traced and i >= DROP):  # a traced step runs as in training:
-                        dist.barrier()  # no barrier inside the profiler's step ranges
+                for _ in range(DROP):
+                    dist.barrier()
+                    _step(ddp, opt, x, y)
+                wrapped[key] = (ddp, opt)
+            order = [k for k in keys[:-1] for _ in range(steps // block)] + [traced_key]
+            random.Random(number).shuffle(order)
+            for key in order:
+                ddp, opt = wrapped[key]
+                traced = key == traced_key
+                dist.barrier()
+                for i in range(window + 2 if traced else block):
+                    if not traced:
+                        dist.barrier()  # a traced step runs as in training: no barrier
                     t0 = time.perf_counter()
                     _step(ddp, opt, x, y)
                     elapsed = time.perf_counter() - t0
-                    if traced and i >= DROP:
+                    if traced:
                         prof.step()
-                    if i >= DROP + (2 if traced else 0):  # traced: the recorded steps only
+                    if not traced or i >= 2:  # traced: the recorded steps only
                         times.setdefault(key, []).append(elapsed)
+            del wrapped, ddp, opt
     if rank == 0:
         Path(out, "times.json").write_text(json.dumps(times))
     dist.destroy_process_group()
@@ -127,7 +144,7 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def _run(out: str, shape: dict, caps: list, trace_cap: float, runs: tuple[int, int, int]) -> None:
+def _run(out: str, shape: dict, caps: list, trace_cap: float, runs: tuple[int, ...]) -> None:
     mp.spawn(_worker, args=(_port(), out, shape, caps, trace_cap, runs), nprocs=2, join=True)
 
 
@@ -140,7 +157,7 @@ def _network(path: Path | None, out: str, shape: dict):
     layer = shape["width"] * (shape["width"] + 1) * 4
     total = layer * shape["layers"]
     sizes = sorted({2048, 65536, layer, 4 * layer, total})
-    rows = netbench.bench_allreduce(sizes, repeats=10)
+    rows = netbench.bench_allreduce(sizes, repeats=30)
     csv_path = Path(out, "net.csv")
     csv_path.write_text(netbench.to_csv(rows))
     return netbench.read_model(csv_path), f"bench-network now ({len(sizes)} sizes)"
@@ -170,6 +187,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--trace-cap", type=float, default=1.0, help="bucket_cap_mb traced")
     parser.add_argument("--window", type=int, default=2, help="steps traced in every round")
+    parser.add_argument("--block", type=int, default=2, help="consecutive steps of one cap")
     parser.add_argument("--keep", type=Path, help="copy the traces and step times here")
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--layers", type=int, default=24)
@@ -183,7 +201,7 @@ def main() -> int:
     caps = [float(c) for c in buckets.DEFAULT_CAPS_MB] + [DEFAULT]
     with tempfile.TemporaryDirectory() as out:
         network, source = _network(args.network, out, shape)
-        _run(out, shape, caps, args.trace_cap, (args.rounds, args.steps, args.window))
+        _run(out, shape, caps, args.trace_cap, (args.rounds, args.steps, args.window, args.block))
         times = json.loads((Path(out) / "times.json").read_text())
         job = load_kineto(sorted(Path(out).glob("rank*.w*.json")))  # windows, rank by rank
         if args.keep:
@@ -235,6 +253,11 @@ def main() -> int:
             f"{cap:>8} {row['buckets']:>7} {role:>16} {p * 1e3:8.1f}ms {m * 1e3:8.1f}ms "
             f"{p / m - 1:+7.1%}"
         )
+    groups: dict[int, list[float]] = {}
+    for row in sweep["caps"]:  # explicit caps with as many buckets hold the same buckets
+        groups.setdefault(row["buckets"], []).append(measured[f"{row['bucket_cap_mb']:g}"])
+    spread = max((max(v) / min(v) - 1 for v in groups.values() if len(v) > 1), default=0.0)
+    print(f"noise floor: caps with the same buckets measured up to {spread:.1%} apart")
     chosen = list(roles)
     ok, lines = _ranking(chosen, predicted, measured)
     print(f"ranking of {', '.join(chosen)} by prediction vs measurement: "

@@ -2,7 +2,8 @@
 
 `world_size` processes join a gloo process group on 127.0.0.1 and all-reduce float32
 tensors of each size `repeats` times, one after another (sequential aggregation
-transfers, as the paper measures). Rank 0 times each call (barrier before it) and
+transfers, as the paper measures), the sizes taken in turn so that a busy spell of the
+machine falls on all of them alike. Rank 0 times each call (barrier before it) and
 returns one row per size. torch is imported inside the worker only: it is optional.
 """
 
@@ -54,18 +55,20 @@ def _worker(
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
         )
         torch.set_num_threads(1)
-        rows = []
-        for nbytes in sizes:
-            tensor = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
-            samples = []
-            for k in range(warmup + repeats):
+        tensors = [torch.ones(max(1, nbytes // 4), dtype=torch.float32) for nbytes in sizes]
+        samples: list[list[float]] = [[] for _ in sizes]
+        # the sizes interleaved, each round in turn: every size samples the machine's
+        # states alike (one size after another put a busy spell into one size's median)
+        for k in range(warmup + repeats):
+            for i in range(len(sizes)):
+                index = (i + k) % len(sizes)
                 dist.barrier()
                 start = time.perf_counter()
-                dist.all_reduce(tensor)
+                dist.all_reduce(tensors[index])
                 elapsed = time.perf_counter() - start
                 if k >= warmup:
-                    samples.append(elapsed)
-            rows.append((int(tensor.numel() * 4), samples))
+                    samples[index].append(elapsed)
+        rows = [(int(t.numel() * 4), s) for t, s in zip(tensors, samples, strict=True)]
         dist.barrier()
         dist.destroy_process_group()
         if rank == 0:
