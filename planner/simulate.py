@@ -568,6 +568,17 @@ def step_model(
 MIN_COVER = 0.5  # a step whose records cover less of its wall-clock time is untypical
 
 
+def _others(lending: np.ndarray, row: int) -> np.ndarray:
+    """The rows a step's replay takes typical values from: the lending steps other than
+    `row`, or every other step when none of them lends (leave one out)."""
+    mask = lending.copy()
+    mask[row] = False
+    if not mask.any():
+        mask = np.ones(len(lending), dtype=bool)
+        mask[row] = False
+    return mask
+
+
 def typical_overheads(
     models: Mapping[int, StepModel], lenders: Collection[int] | None = None
 ) -> dict[int, np.ndarray]:
@@ -587,12 +598,7 @@ def typical_overheads(
     lending = np.array([lenders is None or i in lenders for i in items])
     out = {}
     for row, it in enumerate(items):
-        mask = lending.copy()
-        mask[row] = False
-        if not mask.any():
-            mask = np.ones(len(items), dtype=bool)
-            mask[row] = False
-        others = table[mask]
+        others = table[_others(lending, row)]
         typical = np.full(table.shape[1], np.nan)
         seen = (~np.isnan(others)).any(axis=0) if len(others) else np.zeros(len(typical), bool)
         if seen.any():
@@ -629,12 +635,7 @@ def thread_speedups(
     thread = np.array([not r.startswith(("gpu", "net")) for r in compiled.resources])
     on_thread = thread[compiled.res[:n]] & ~compiled.transfer[:n]
     for row, it in enumerate(items):
-        mask = lending.copy()
-        mask[row] = False
-        if not mask.any():
-            mask = np.ones(len(items), dtype=bool)
-            mask[row] = False
-        others = table[mask]
+        others = table[_others(lending, row)]
         seen = on_thread & ~np.isnan(table[row]) & (~np.isnan(others)).any(axis=0)
         if not seen.any():
             continue
