@@ -10,13 +10,16 @@ collective spans, lanes). The parent joins the summaries: the waits and the metr
 transfers' oracle times less the waits for `inspect`, the bucket sweep on the joined
 profile. A second pass replays and compares each rank (`rank_replay.simulation_of`),
 with its bucket-plan entry and, for a bounded set of ranks (`analysis.timeline_ranks`), its
-schedules for the report's timelines. That pass (and the plan's task) reads its rank
-again: a worker that kept its ranks across the barrier would hold all of them, and the
-package writes no pickle to hand a loaded rank on (`tests/test_safety.py`).
+schedules for the report's timelines. The first pass keeps each loaded rank on disk as
+numpy columns (`rank_store`) and the second reads it from there, not from its trace: a
+worker that kept its ranks in memory across the barrier would hold all of them, and the
+package writes no pickle (`tests/test_safety.py`). Where the store is not there (a Dask
+worker on another machine) the second pass reads the trace again, to the same answer.
 """
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import partial
@@ -36,11 +39,12 @@ if TYPE_CHECKING:
 ONE_RANK_NOTE = "one rank: a collective's wait for its peers cannot be told"
 
 
-def analysis_summary(paths: Sequence[str]) -> dict[str, Any]:
+def analysis_summary(paths: Sequence[str], store: str | None = None) -> dict[str, Any]:
     """One task of the first pass: the rank's `rank_replay.replay_summary` plus its
     inspection entry, observed transfer order and bucket profile; its oracle computed
-    once. An error record (``{"error": [path, problem]}``) for bad input."""
-    from planner import analysis, buckets
+    once. An error record (``{"error": [path, problem]}``) for bad input. `store`: a
+    folder where the loaded rank is kept for the second pass (`rank_store`)."""
+    from planner import analysis, buckets, rank_store
     from planner.rank_replay import ready_summary
 
     try:
@@ -62,6 +66,8 @@ def analysis_summary(paths: Sequence[str]) -> dict[str, Any]:
         ((job.meta.get("ranks") or {}).get(rank) or {}).get("gradient_ready")
     )
     summary["cpu"] = not any(op.resource.startswith("gpu") for op in graph.ops.values())
+    if store is not None:
+        rank_store.save(store, paths, job)
     return summary
 
 
@@ -72,15 +78,19 @@ def rank_report(
     plan: Plan,
     options: Mapping[str, Any],
     timelines: bool,
+    store: str | None = None,
 ) -> dict[str, Any]:
     """One task of the second pass: the rank's replay and plan comparison
     (`rank_replay.simulation_of`), its entry of Caramel's bucket plan and, with
-    `timelines`, its schedules and the ops they name (for timeline.json's labels)."""
+    `timelines`, its schedules and the ops they name (for timeline.json's labels). The
+    rank comes from `store` when the first pass kept it there, else from `paths`."""
+    from planner import rank_store
     from planner.export.caramel_files import bucket_plan_document
     from planner.rank_replay import simulation_of
 
+    job = rank_store.load(store, paths) if store is not None else None
     try:
-        job = load_one_rank(paths)
+        job = job or load_one_rank(paths)
     except InputError as exc:
         return {"error": [exc.path, exc.problem]}
     record = simulation_of(job, waits, ready, plan, options, timelines)
@@ -123,8 +133,12 @@ def report_ranks(
     from planner.rank_replay import releases
 
     fixed: dict[str, float] = {}
-    with rank_mapper(workers, dask_address, len(rank_inputs)) as mapper:
-        results = mapper(analysis_summary, rank_inputs, pipeline.fold_times(fixed))
+    with (
+        tempfile.TemporaryDirectory(prefix="planner-ranks-") as store,
+        rank_mapper(workers, dask_address, len(rank_inputs)) as mapper,
+    ):
+        task = partial(analysis_summary, store=store)
+        results = mapper(task, rank_inputs, pipeline.fold_times(fixed))
         ranks = pipeline.checked(results)
         if not ranks or any(r["recvs"] or r["caramel"] is None for r in ranks):
             return None
@@ -154,7 +168,7 @@ def report_ranks(
         options = {"samples": samples, "seed": seed, "sweep_knob": None, "sweep_values": [],
                    "knobs": {}}  # fmt: skip
         args = [
-            (waited.get(rank, {}), ready.get(rank, {}), plan, options, rank in chosen)
+            (waited.get(rank, {}), ready.get(rank, {}), plan, options, rank in chosen, store)
             for rank, _ in names
         ]
         del waited, ready
