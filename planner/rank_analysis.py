@@ -142,20 +142,23 @@ def report_ranks(
         ranks = pipeline.checked(results)
         if not ranks or any(r["recvs"] or r["caramel"] is None for r in ranks):
             return None
-        metrics = pipeline.job_metrics(ranks)
-        planned, inputs = pipeline.caramel_inputs(ranks, fixed)
+        pipeline.check_same_job(ranks)
+        waits = pipeline.job_waits(ranks)
+        metrics = pipeline.job_metrics(ranks, waits)
+        opened: dict[str, dict[str, float]] = {}
+        planned, inputs = pipeline.caramel_inputs(ranks, fixed, waits, opened)
         task = partial(pipeline.reference_plan, **inputs, benchmark=network)
         (reference,) = mapper(task, [planned[0]["inputs"]], None)
         if "error" in reference:
             raise InputError(*reference["error"])
         plan, fitted = reference["plan"], reference["network"]
-        frame, waited, alignment = pipeline.job_waits(ranks)
+        frame, waited, alignment = waits
         ready = releases(ranks)
         chosen = analysis.timeline_ranks([r["rank"] for r in ranks], metrics)
         # what needs the summaries, before the second pass; then only names stay
         sources = pipeline.joint_sources(ranks)
         framework = ranks[0]["framework"]
-        inspected = _inspect(ranks, frame, waited, alignment, sources, notes)
+        inspected = _inspect(ranks, frame, waited, alignment, sources, notes, opened)
         orders = [o for r in ranks for o in r["observed_orders"]]
         sweep = _bucket_sweep(ranks, fitted, network)
         ops_of = {r["rank"]: r["caramel"]["material"]["ops"] for r in planned}
@@ -217,9 +220,11 @@ def _inspect(
     alignment: Any,
     sources: list[str],
     notes: Sequence[str],
+    opened: Mapping[str, Mapping[str, float]],
 ) -> dict[str, Any]:
     """`planner.inspect/1` of the job from the ranks' entries: each transfer's oracle
-    time with the waits cut out (`pipeline._open_times`) and its mean wait for peers."""
+    time with the waits cut out (`pipeline._open_times`, from `opened` when the plan's
+    inputs computed them) and its mean wait for peers."""
     from planner.inspection import waits_by_op
     from planner.pipeline import _open_times
 
@@ -227,7 +232,9 @@ def _inspect(
     entries = []
     for r in ranks:
         entry = dict(r["inspect"])
-        times = _open_times(r["bounds"], r["caramel"], waited.get(r["rank"], {}))
+        times = opened.get(r["rank"])
+        if times is None:
+            times = _open_times(r["bounds"], r["caramel"], waited.get(r["rank"], {}))
         entry["transfers"] = [
             {
                 **t,
