@@ -541,6 +541,20 @@ def test_analyze_reads_each_rank_once(monkeypatch: pytest.MonkeyPatch) -> None:
     assert dumps(kept) == dumps(again)
 
 
+def test_report_text_is_json_dumps_joined_in_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`export.files.dumps` joins the encoder's chunks in pieces (a 1,000-rank report's
+    parent memory): the text is `json.dumps`'s, whatever the piece size."""
+    from planner.export import files
+
+    document = analysis.metrics(detect.load([RESNET]))
+    expected = json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n"
+    for piece in (1, 7, 1 << 16):
+        monkeypatch.setattr(files, "_PIECE", piece)
+        assert files.dumps(document) == expected
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        files.dumps({"x": float("nan")})
+
+
 def test_a_large_job_carries_timelines_of_a_bounded_set(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
