@@ -155,7 +155,17 @@ def report_ranks(
         frame, waited, alignment = waits
         ready = releases(ranks)
         chosen = analysis.timeline_ranks([r["rank"] for r in ranks], metrics)
-        # what needs the summaries, before the second pass; then only names stay
+        options = {"samples": samples, "seed": seed, "sweep_knob": None, "sweep_values": [],
+                   "knobs": {}}  # fmt: skip
+        args = [
+            (waited.get(r["rank"], {}), ready.get(r["rank"], {}), plan, options,
+             r["rank"] in chosen, store)
+            for r in ranks
+        ]  # fmt: skip
+        del ready
+        # the second pass runs while this process joins what needs the summaries
+        pending = mapper(rank_report, [r["inputs"] for r in ranks], None, args, lazy=True)
+        del args
         sources = pipeline.joint_sources(ranks)
         framework = ranks[0]["framework"]
         inspected = _inspect(ranks, frame, waited, alignment, sources, notes, opened)
@@ -166,16 +176,8 @@ def report_ranks(
         material = {r["rank"]: r["caramel"]["material"] for r in planned}
         priorities = analysis.plans_document(plans, material)
         usage = usage_of(results)
-        names = [(r["rank"], r["inputs"]) for r in ranks]
-        del results, ranks, planned, material, ops_of, frame
-        options = {"samples": samples, "seed": seed, "sweep_knob": None, "sweep_values": [],
-                   "knobs": {}}  # fmt: skip
-        args = [
-            (waited.get(rank, {}), ready.get(rank, {}), plan, options, rank in chosen, store)
-            for rank, _ in names
-        ]
-        del waited, ready
-        replays = mapper(rank_report, [paths for _, paths in names], None, args)
+        del results, ranks, planned, material, ops_of, frame, waited, opened, waits
+        replays = list(pending)
     from planner.export.caramel_files import control_deps_document
     from planner.rank_replay import job_simulation
 
