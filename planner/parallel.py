@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import resource
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
@@ -281,8 +282,9 @@ def simulate_ranks(
     """The job's `planner.simulation/1`, one rank per task (`planner.rank_replay`): the same
     document, byte for byte, as `simulate.simulation` on the whole job with the plans of
     `planner simulate --plan` (`all`, `caramel`, or only the reference `baseline` and
-    `observed`). Two passes over the ranks (summaries, then replays); between them the
-    parent computes the waits, the peers' ready times and the Caramel plan.
+    `observed`). Two passes over the ranks (summaries, then replays; each trace read
+    once, the loaded rank kept between them by `rank_store`); between them the parent
+    computes the waits, the peers' ready times and the Caramel plan.
     Returns (document, per-worker resource records of both passes).
     """
     from planner import pipeline, rank_replay
@@ -290,8 +292,12 @@ def simulate_ranks(
     if plan not in ("all", "caramel", "baseline", "observed"):
         raise InputError(None, f"plan {plan!r}: one process plans it (TIC/TAC)")
     fixed: dict[str, float] = {}
-    with rank_mapper(workers, dask_address, len(rank_inputs)) as mapper:
-        results = mapper(rank_replay.replay_summary, rank_inputs, pipeline.fold_times(fixed))
+    with (
+        tempfile.TemporaryDirectory(prefix="planner-ranks-") as store,
+        rank_mapper(workers, dask_address, len(rank_inputs)) as mapper,
+    ):
+        task = partial(rank_replay.replay_summary, store=store)
+        results = mapper(task, rank_inputs, pipeline.fold_times(fixed))
         ranks = pipeline.checked(results)
         reference = None
         if plan == "caramel" or (plan == "all" and any(r["caramel"] for r in ranks)):
@@ -317,6 +323,7 @@ def simulate_ranks(
                 ready.get(r["rank"], {}),
                 plan_of if r["caramel"] is not None else None,
                 options,
+                store,
             )
             for r in ranks
         ]

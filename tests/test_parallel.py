@@ -541,6 +541,34 @@ def test_analyze_reads_each_rank_once(monkeypatch: pytest.MonkeyPatch) -> None:
     assert dumps(kept) == dumps(again)
 
 
+def test_simulate_reads_each_rank_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`simulate` per rank keeps each rank between its passes too (`rank_store`): each
+    trace is read once, and the document is the one the second read gives."""
+    from planner import rank_replay, rank_store
+    from planner.export.files import dumps
+
+    ranks = parallel.rank_inputs([RESNET])
+    assert ranks is not None
+    reads = {"n": 0}
+    real = rank_replay.load_one_rank
+
+    def counted(paths):  # type: ignore[no-untyped-def]
+        reads["n"] += 1
+        return real(paths)
+
+    monkeypatch.setattr(rank_replay, "load_one_rank", counted)
+    kept, _ = parallel.simulate_ranks(ranks, workers=1, samples=4)
+    assert reads["n"] == len(ranks) == 2
+    monkeypatch.setattr(rank_store, "save", lambda *args: False)
+    again, _ = parallel.simulate_ranks(ranks, workers=1, samples=4)
+    assert reads["n"] == 2 + 4 and dumps(kept) == dumps(again)
+    joint = detect.load([p for paths in ranks for p in paths])
+    from planner import simulate
+
+    plans = {"caramel": analysis.schedule(joint, "caramel")}
+    assert dumps(kept) == dumps(simulate.simulation(joint, plans, samples=4))
+
+
 def test_report_text_is_json_dumps_joined_in_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
     """`export.files.dumps` joins the encoder's chunks in pieces (a 1,000-rank report's
     parent memory): the text is `json.dumps`'s, whatever the piece size."""
