@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import resource
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
@@ -281,8 +282,9 @@ def simulate_ranks(
     """The job's `planner.simulation/1`, one rank per task (`planner.rank_replay`): the same
     document, byte for byte, as `simulate.simulation` on the whole job with the plans of
     `planner simulate --plan` (`all`, `caramel`, or only the reference `baseline` and
-    `observed`). Two passes over the ranks (summaries, then replays); between them the
-    parent computes the waits, the peers' ready times and the Caramel plan.
+    `observed`). Two passes over the ranks (summaries, then replays; each trace read
+    once, the loaded rank kept between them by `rank_store`); between them the parent
+    computes the waits, the peers' ready times and the Caramel plan.
     Returns (document, per-worker resource records of both passes).
     """
     from planner import pipeline, rank_replay
@@ -290,8 +292,12 @@ def simulate_ranks(
     if plan not in ("all", "caramel", "baseline", "observed"):
         raise InputError(None, f"plan {plan!r}: one process plans it (TIC/TAC)")
     fixed: dict[str, float] = {}
-    with rank_mapper(workers, dask_address, len(rank_inputs)) as mapper:
-        results = mapper(rank_replay.replay_summary, rank_inputs, pipeline.fold_times(fixed))
+    with (
+        tempfile.TemporaryDirectory(prefix="planner-ranks-") as store,
+        rank_mapper(workers, dask_address, len(rank_inputs)) as mapper,
+    ):
+        task = partial(rank_replay.replay_summary, store=store)
+        results = mapper(task, rank_inputs, pipeline.fold_times(fixed))
         ranks = pipeline.checked(results)
         reference = None
         if plan == "caramel" or (plan == "all" and any(r["caramel"] for r in ranks)):
@@ -317,6 +323,7 @@ def simulate_ranks(
                 ready.get(r["rank"], {}),
                 plan_of if r["caramel"] is not None else None,
                 options,
+                store,
             )
             for r in ranks
         ]
@@ -385,7 +392,11 @@ def rank_mapper(
     else:
         count = max(1, min(workers or os.cpu_count() or 1, ranks))
         with ProcessPoolExecutor(max_workers=count) as pool:
-            yield partial(_map, pool.map)
+            try:
+                yield partial(_map, pool.map)
+            except BaseException:
+                pool.shutdown(cancel_futures=True)  # tasks sent ahead are not waited for
+                raise
 
 
 def _map(
@@ -394,17 +405,23 @@ def _map(
     rank_inputs: Sequence[RankInput],
     each: Each | None = None,
     args: Sequence[tuple[Any, ...]] | None = None,
-) -> list[dict[str, Any]]:
+    lazy: bool = False,
+) -> list[dict[str, Any]] | Iterator[dict[str, Any]]:
     """`task(paths)` per rank input, or `task(paths, *args[i])` with `args` (one tuple per
-    input: what the parent computed for that rank alone)."""
+    input: what the parent computed for that rank alone). `lazy`: the records as an
+    iterator, the tasks already sent to the workers (a pool or Dask; one process
+    computes each as it is asked for), so that the caller works meanwhile."""
     tasks = [[str(p) for p in paths] for paths in rank_inputs]
     if not tasks:
         raise InputError(None, "no rank inputs given")
     keep = each or (lambda result: result)
     if args is None:
-        return [keep(r) for r in mapping(partial(_with_usage, task), tasks)]
-    items = list(zip(tasks, args, strict=True))
-    return [keep(r) for r in mapping(partial(_with_usage_args, task), items)]
+        records = mapping(partial(_with_usage, task), tasks)
+    else:
+        records = mapping(partial(_with_usage_args, task), list(zip(tasks, args, strict=True)))
+    if lazy:
+        return (keep(r) for r in records)
+    return [keep(r) for r in records]
 
 
 def _with_usage_args(
@@ -445,8 +462,12 @@ def _dask_client(address: str, workers: int | None) -> Iterator[Any]:
 
 def _on_dask(client: Any, run: Task, tasks: list[list[str]]) -> Iterator[dict[str, Any]]:
     """The records of `run` over `tasks` on a Dask client, in task order, each one
-    released on the cluster once it is here."""
-    futures = client.map(run, tasks, pure=False)
+    released on the cluster once it is here; the tasks are sent at once."""
+    return _released(client.map(run, tasks, pure=False))
+
+
+def _released(futures: list[Any]) -> Iterator[dict[str, Any]]:
+    """The results of Dask `futures`, in order, each released once it is here."""
     for i, future in enumerate(futures):
         yield future.result()
         futures[i] = None  # let the cluster drop the record

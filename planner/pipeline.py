@@ -234,14 +234,20 @@ def checked(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return ranks
 
 
-def job_metrics(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The job's `planner.metrics/1` from its ranks' summaries (`rank_summary`)."""
+Waits = tuple[Any, dict[str, dict[tuple[int, str], int]], Any]
+"""What `job_waits` gives: (collective rows with their wait, rank -> (step, op) -> wait
+ns, the clock alignment)."""
+
+
+def job_metrics(results: Sequence[dict[str, Any]], waits: Waits | None = None) -> dict[str, Any]:
+    """The job's `planner.metrics/1` from its ranks' summaries (`rank_summary`); `waits`:
+    their `job_waits` when the caller has them (computed once per job)."""
 
     ranks = checked(results)
     if not ranks:
         raise InputError(None, "no rank inputs given")
-    _check_same_job(ranks)
-    frame, waited, alignment = job_waits(ranks)
+    check_same_job(ranks)
+    frame, waited, alignment = waits if waits is not None else job_waits(ranks)
     steps, entries, notes = [], [], []
     for r in ranks:
         document = r["document"]
@@ -271,9 +277,7 @@ def job_metrics(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def job_waits(
-    ranks: Sequence[dict[str, Any]],
-) -> tuple[Any, dict[str, dict[tuple[int, str], int]], Any]:
+def job_waits(ranks: Sequence[dict[str, Any]]) -> Waits:
     """(collective rows of every rank with their ``wait``, rank -> (step, op) -> wait ns,
     the clock alignment): `waits.split_waits`, as the joint ingest computes them."""
     import pandas as pd
@@ -292,7 +296,7 @@ def job_waits(
     return frame, waited, alignment
 
 
-def _check_same_job(ranks: Sequence[dict[str, Any]]) -> None:
+def check_same_job(ranks: Sequence[dict[str, Any]]) -> None:
     """Refuse ranks of different jobs, as the joint Kineto ingest does
     (`limits.check_same_job`, on the collectives each summary carries)."""
     import numpy as np
@@ -449,7 +453,10 @@ def _allreduce(
 
 
 def caramel_inputs(
-    results: Sequence[dict[str, Any]], fixed: Mapping[str, float]
+    results: Sequence[dict[str, Any]],
+    fixed: Mapping[str, float],
+    waits: Waits | None = None,
+    opened: dict[str, dict[str, float]] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(the summaries of the ranks Caramel plans, the inputs of `reference_plan`) of a job
     from its summaries (`rank_summary`, folded by `fold_times` into `fixed`).
@@ -457,24 +464,29 @@ def caramel_inputs(
     As `analysis.caramel_job_plan` on the whole job: the ranks with collectives, the
     first of them the reference, each op's time the largest over them (the waits for
     peers cut out), the network fitted to all their transfers' rows less the waits.
-    InputError when no rank has collectives (Caramel does not apply).
+    InputError when no rank has collectives (Caramel does not apply). `waits`: the
+    ranks' `job_waits` when the caller has them; `opened`, when given, receives each
+    planned rank's `_open_times` (for `inspect`, not computed twice).
     """
     ranks = checked(results)
     if not ranks:
         raise InputError(None, "no rank inputs given")
-    _check_same_job(ranks)
+    check_same_job(ranks)
     planned = [r for r in ranks if r.get("caramel") is not None]
     if not planned:
         problem = "Caramel plans all-reduce collectives; this input has none"
         raise InputError(ranks[0]["sources"][0], f"{problem}, and no scheduler applies")
-    _, waited, _ = job_waits(ranks)
+    _, waited, _ = waits if waits is not None else job_waits(ranks)
     times = dict(fixed)
     rows: dict[str, list[Any]] = {
         "rank": [], "iteration": [], "op": [], "start": [], "duration": [], "wait": []
     }  # fmt: skip
     for r in planned:
         own = waited.get(r["rank"], {})
-        for name, t in _open_times(r["bounds"], r["caramel"], own).items():
+        open_times = _open_times(r["bounds"], r["caramel"], own)
+        if opened is not None:
+            opened[r["rank"]] = open_times
+        for name, t in open_times.items():
             times[name] = max(times[name], t) if name in times else t
         transfer = r["caramel"]["transfer_rows"]
         rows["rank"].extend([r["rank"]] * len(transfer["op"]))

@@ -10,13 +10,16 @@ collective spans, lanes). The parent joins the summaries: the waits and the metr
 transfers' oracle times less the waits for `inspect`, the bucket sweep on the joined
 profile. A second pass replays and compares each rank (`rank_replay.simulation_of`),
 with its bucket-plan entry and, for a bounded set of ranks (`analysis.timeline_ranks`), its
-schedules for the report's timelines. That pass (and the plan's task) reads its rank
-again: a worker that kept its ranks across the barrier would hold all of them, and the
-package writes no pickle to hand a loaded rank on (`tests/test_safety.py`).
+schedules for the report's timelines. The first pass keeps each loaded rank on disk as
+numpy columns (`rank_store`) and the second reads it from there, not from its trace: a
+worker that kept its ranks in memory across the barrier would hold all of them, and the
+package writes no pickle (`tests/test_safety.py`). Where the store is not there (a Dask
+worker on another machine) the second pass reads the trace again, to the same answer.
 """
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import partial
@@ -36,11 +39,12 @@ if TYPE_CHECKING:
 ONE_RANK_NOTE = "one rank: a collective's wait for its peers cannot be told"
 
 
-def analysis_summary(paths: Sequence[str]) -> dict[str, Any]:
+def analysis_summary(paths: Sequence[str], store: str | None = None) -> dict[str, Any]:
     """One task of the first pass: the rank's `rank_replay.replay_summary` plus its
     inspection entry, observed transfer order and bucket profile; its oracle computed
-    once. An error record (``{"error": [path, problem]}``) for bad input."""
-    from planner import analysis, buckets
+    once. An error record (``{"error": [path, problem]}``) for bad input. `store`: a
+    folder where the loaded rank is kept for the second pass (`rank_store`)."""
+    from planner import analysis, buckets, rank_store
     from planner.rank_replay import ready_summary
 
     try:
@@ -62,6 +66,8 @@ def analysis_summary(paths: Sequence[str]) -> dict[str, Any]:
         ((job.meta.get("ranks") or {}).get(rank) or {}).get("gradient_ready")
     )
     summary["cpu"] = not any(op.resource.startswith("gpu") for op in graph.ops.values())
+    if store is not None:
+        rank_store.save(store, paths, job)
     return summary
 
 
@@ -72,15 +78,19 @@ def rank_report(
     plan: Plan,
     options: Mapping[str, Any],
     timelines: bool,
+    store: str | None = None,
 ) -> dict[str, Any]:
     """One task of the second pass: the rank's replay and plan comparison
     (`rank_replay.simulation_of`), its entry of Caramel's bucket plan and, with
-    `timelines`, its schedules and the ops they name (for timeline.json's labels)."""
+    `timelines`, its schedules and the ops they name (for timeline.json's labels). The
+    rank comes from `store` when the first pass kept it there, else from `paths`."""
+    from planner import rank_store
     from planner.export.caramel_files import bucket_plan_document
     from planner.rank_replay import simulation_of
 
+    job = rank_store.load(store, paths) if store is not None else None
     try:
-        job = load_one_rank(paths)
+        job = job or load_one_rank(paths)
     except InputError as exc:
         return {"error": [exc.path, exc.problem]}
     record = simulation_of(job, waits, ready, plan, options, timelines)
@@ -123,25 +133,42 @@ def report_ranks(
     from planner.rank_replay import releases
 
     fixed: dict[str, float] = {}
-    with rank_mapper(workers, dask_address, len(rank_inputs)) as mapper:
-        results = mapper(analysis_summary, rank_inputs, pipeline.fold_times(fixed))
+    with (
+        tempfile.TemporaryDirectory(prefix="planner-ranks-") as store,
+        rank_mapper(workers, dask_address, len(rank_inputs)) as mapper,
+    ):
+        task = partial(analysis_summary, store=store)
+        results = mapper(task, rank_inputs, pipeline.fold_times(fixed))
         ranks = pipeline.checked(results)
         if not ranks or any(r["recvs"] or r["caramel"] is None for r in ranks):
             return None
-        metrics = pipeline.job_metrics(ranks)
-        planned, inputs = pipeline.caramel_inputs(ranks, fixed)
+        pipeline.check_same_job(ranks)
+        waits = pipeline.job_waits(ranks)
+        metrics = pipeline.job_metrics(ranks, waits)
+        opened: dict[str, dict[str, float]] = {}
+        planned, inputs = pipeline.caramel_inputs(ranks, fixed, waits, opened)
         task = partial(pipeline.reference_plan, **inputs, benchmark=network)
         (reference,) = mapper(task, [planned[0]["inputs"]], None)
         if "error" in reference:
             raise InputError(*reference["error"])
         plan, fitted = reference["plan"], reference["network"]
-        frame, waited, alignment = pipeline.job_waits(ranks)
+        frame, waited, alignment = waits
         ready = releases(ranks)
         chosen = analysis.timeline_ranks([r["rank"] for r in ranks], metrics)
-        # what needs the summaries, before the second pass; then only names stay
+        options = {"samples": samples, "seed": seed, "sweep_knob": None, "sweep_values": [],
+                   "knobs": {}}  # fmt: skip
+        args = [
+            (waited.get(r["rank"], {}), ready.get(r["rank"], {}), plan, options,
+             r["rank"] in chosen, store)
+            for r in ranks
+        ]  # fmt: skip
+        del ready
+        # the second pass runs while this process joins what needs the summaries
+        pending = mapper(rank_report, [r["inputs"] for r in ranks], None, args, lazy=True)
+        del args
         sources = pipeline.joint_sources(ranks)
         framework = ranks[0]["framework"]
-        inspected = _inspect(ranks, frame, waited, alignment, sources, notes)
+        inspected = _inspect(ranks, frame, waited, alignment, sources, notes, opened)
         orders = [o for r in ranks for o in r["observed_orders"]]
         sweep = _bucket_sweep(ranks, fitted, network)
         ops_of = {r["rank"]: r["caramel"]["material"]["ops"] for r in planned}
@@ -149,16 +176,8 @@ def report_ranks(
         material = {r["rank"]: r["caramel"]["material"] for r in planned}
         priorities = analysis.plans_document(plans, material)
         usage = usage_of(results)
-        names = [(r["rank"], r["inputs"]) for r in ranks]
-        del results, ranks, planned, material, ops_of, frame
-        options = {"samples": samples, "seed": seed, "sweep_knob": None, "sweep_values": [],
-                   "knobs": {}}  # fmt: skip
-        args = [
-            (waited.get(rank, {}), ready.get(rank, {}), plan, options, rank in chosen)
-            for rank, _ in names
-        ]
-        del waited, ready
-        replays = mapper(rank_report, [paths for _, paths in names], None, args)
+        del results, ranks, planned, material, ops_of, frame, waited, opened, waits
+        replays = list(pending)
     from planner.export.caramel_files import control_deps_document
     from planner.rank_replay import job_simulation
 
@@ -203,9 +222,11 @@ def _inspect(
     alignment: Any,
     sources: list[str],
     notes: Sequence[str],
+    opened: Mapping[str, Mapping[str, float]],
 ) -> dict[str, Any]:
     """`planner.inspect/1` of the job from the ranks' entries: each transfer's oracle
-    time with the waits cut out (`pipeline._open_times`) and its mean wait for peers."""
+    time with the waits cut out (`pipeline._open_times`, from `opened` when the plan's
+    inputs computed them) and its mean wait for peers."""
     from planner.inspection import waits_by_op
     from planner.pipeline import _open_times
 
@@ -213,7 +234,9 @@ def _inspect(
     entries = []
     for r in ranks:
         entry = dict(r["inspect"])
-        times = _open_times(r["bounds"], r["caramel"], waited.get(r["rank"], {}))
+        times = opened.get(r["rank"])
+        if times is None:
+            times = _open_times(r["bounds"], r["caramel"], waited.get(r["rank"], {}))
         entry["transfers"] = [
             {
                 **t,

@@ -7,9 +7,11 @@ replay is its transfer plus its wait as seen) and, per step, the latest time a p
 ready for each of its transfers (`simulate.peer_releases`: a collective cannot start
 before). The plans need the job's Caramel plan (`planner.pipeline`). So a job is read in
 two passes: `replay_summary` (the rank's summary plus its ready times), then the parent
-computes the waits, the releases and the plan, and `rank_simulation` reads the rank
-again and replays and compares it alone. The two reads are the price of a worker that
-holds one rank at a time: the second pass needs what only all ranks together give.
+computes the waits, the releases and the plan, and `rank_simulation` replays and
+compares the rank alone. A worker holds one rank at a time (the second pass needs what
+only all ranks together give), so the first pass keeps the loaded rank on disk as numpy
+columns (`rank_store`) and the second reads it from there, or reads the trace again
+where the store is not (a Dask worker on another machine).
 """
 
 from __future__ import annotations
@@ -26,14 +28,20 @@ if TYPE_CHECKING:
     from planner.trace import Job
 
 
-def replay_summary(paths: Sequence[str]) -> dict[str, Any]:
+def replay_summary(paths: Sequence[str], store: str | None = None) -> dict[str, Any]:
     """One task of the first pass: `pipeline.summary_of` the rank plus ``ready``: step ->
-    transfer -> the time (epoch ns) the rank was ready for it (`simulate.peer_releases`)."""
+    transfer -> the time (epoch ns) the rank was ready for it (`simulate.peer_releases`).
+    `store`: a folder where the loaded rank is kept for the second pass (`rank_store`)."""
+    from planner import rank_store
+
     try:
         job = load_one_rank(paths)
-        return ready_summary(job, paths, summary_of(job, paths, plans=True))
+        summary = ready_summary(job, paths, summary_of(job, paths, plans=True))
     except InputError as exc:
         return {"error": [exc.path, exc.problem]}
+    if store is not None:
+        rank_store.save(store, paths, job)
+    return summary
 
 
 def ready_summary(job: Job, paths: Sequence[str], summary: dict[str, Any]) -> dict[str, Any]:
@@ -110,13 +118,18 @@ def rank_simulation(
     ready: Mapping[int, Mapping[str, int]],
     plan: Plan | None,
     options: Mapping[str, Any],
+    store: str | None = None,
 ) -> dict[str, Any]:
     """One task of the second pass: replay and compare one rank as
     `simulate.simulation` does on the whole job, with the job's `waits` for this rank,
     its peers' `ready` times (`releases`) and the job's Caramel `plan` (None: no plan).
-    `options`: samples, seed, sweep_knob, sweep_values and the knobs."""
+    `options`: samples, seed, sweep_knob, sweep_values and the knobs. The rank comes
+    from `store` when the first pass kept it there, else from `paths`."""
+    from planner import rank_store
+
+    job = rank_store.load(store, paths) if store is not None else None
     try:
-        job = load_one_rank(paths)
+        job = job or load_one_rank(paths)
     except InputError as exc:
         return {"error": [exc.path, exc.problem]}
     return simulation_of(job, waits, ready, plan, options)

@@ -465,6 +465,124 @@ def test_analyze_reads_each_rank_with_one_oracle(monkeypatch: pytest.MonkeyPatch
     assert len(usage) == 16  # two passes, one record per rank each
 
 
+@pytest.mark.parametrize("name", sorted(ANALYZE_JOBS))
+def test_a_kept_rank_reads_back_as_the_trace_gives_it(name: str, tmp_path: Path) -> None:
+    """`rank_store`: a loaded rank (its trace and Execution Trace, meta with integer-keyed
+    steps) kept between the passes reads back equal field by field, types included."""
+    import numpy as np
+
+    from planner import rank_store
+
+    ranks = parallel.rank_inputs([need(ANALYZE_JOBS[name])])
+    assert ranks is not None
+    paths = [str(p) for p in ranks[-1]]
+    job = pipeline.load_one_rank(paths)
+    assert rank_store.save(str(tmp_path), paths, job)
+    back = rank_store.load(str(tmp_path), paths)
+    assert back is not None and not list(tmp_path.iterdir())  # read once, then removed
+    assert rank_store.load(str(tmp_path), paths) is None
+    (rank,) = job.ranks
+    assert (back.framework, back.sources, back.notes) == (job.framework, job.sources, job.notes)
+    assert repr(back.meta) == repr(job.meta)
+    assert any(isinstance(k, int) for m in job.meta["ranks"].values() for k in m.get(
+        "collectives_per_step", {}))  # fmt: skip
+    assert list(back.graphs[rank].ops.items()) == list(job.graphs[rank].ops.items())
+    for edge in ("src", "dst", "control"):
+        a, b = getattr(job.graphs[rank], edge), getattr(back.graphs[rank], edge)
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    for table in ("table", "span_table"):
+        a, b = getattr(job.trace, table), getattr(back.trace, table)
+        assert list(a) == list(b)
+        for column in a:
+            assert a[column].dtype == b[column].dtype
+            assert [(type(v), v) for v in a[column].tolist()] == [
+                (type(v), v) for v in b[column].tolist()
+            ]
+
+
+def test_a_rank_that_would_not_read_back_the_same_is_not_kept(tmp_path: Path) -> None:
+    """A meta value JSON cannot hold (a numpy integer), or no folder on this machine (a
+    Dask worker elsewhere): nothing is kept, and the second pass reads the trace again."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from planner import rank_store
+
+    paths = [str(RESNET / "rank0.json.gz")]
+    job = pipeline.load_one_rank(paths)
+    odd = replace(job, meta={**job.meta, "world_size": np.int64(2)})
+    assert not rank_store.save(str(tmp_path), paths, odd)
+    assert not rank_store.save(str(tmp_path / "elsewhere"), paths, job)
+    assert not list(tmp_path.iterdir()) and rank_store.load(str(tmp_path), paths) is None
+
+
+def test_analyze_reads_each_rank_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first pass keeps each rank (`rank_store`) and the second reads it from there,
+    not from its trace; without the store (a worker elsewhere) the report is the same."""
+    from planner import rank_analysis, rank_store
+    from planner.export.files import dumps
+
+    folder = need(ANALYZE_JOBS["dlrm_8_ranks"])
+    ranks, notes = parallel.split_ranks([folder])
+    reads = {"n": 0}
+    real = rank_analysis.load_one_rank
+
+    def counted(paths):  # type: ignore[no-untyped-def]
+        reads["n"] += 1
+        return real(paths)
+
+    monkeypatch.setattr(rank_analysis, "load_one_rank", counted)
+    kept, _, _ = rank_analysis.report_ranks(ranks, workers=1, samples=4, notes=notes)
+    assert reads["n"] == len(ranks) == 8
+    monkeypatch.setattr(rank_store, "save", lambda *args: False)
+    again, _, _ = rank_analysis.report_ranks(ranks, workers=1, samples=4, notes=notes)
+    assert reads["n"] == 8 + 16
+    assert dumps(kept) == dumps(again)
+
+
+def test_simulate_reads_each_rank_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`simulate` per rank keeps each rank between its passes too (`rank_store`): each
+    trace is read once, and the document is the one the second read gives."""
+    from planner import rank_replay, rank_store
+    from planner.export.files import dumps
+
+    ranks = parallel.rank_inputs([RESNET])
+    assert ranks is not None
+    reads = {"n": 0}
+    real = rank_replay.load_one_rank
+
+    def counted(paths):  # type: ignore[no-untyped-def]
+        reads["n"] += 1
+        return real(paths)
+
+    monkeypatch.setattr(rank_replay, "load_one_rank", counted)
+    kept, _ = parallel.simulate_ranks(ranks, workers=1, samples=4)
+    assert reads["n"] == len(ranks) == 2
+    monkeypatch.setattr(rank_store, "save", lambda *args: False)
+    again, _ = parallel.simulate_ranks(ranks, workers=1, samples=4)
+    assert reads["n"] == 2 + 4 and dumps(kept) == dumps(again)
+    joint = detect.load([p for paths in ranks for p in paths])
+    from planner import simulate
+
+    plans = {"caramel": analysis.schedule(joint, "caramel")}
+    assert dumps(kept) == dumps(simulate.simulation(joint, plans, samples=4))
+
+
+def test_report_text_is_json_dumps_joined_in_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`export.files.dumps` joins the encoder's chunks in pieces (a 1,000-rank report's
+    parent memory): the text is `json.dumps`'s, whatever the piece size."""
+    from planner.export import files
+
+    document = analysis.metrics(detect.load([RESNET]))
+    expected = json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n"
+    for piece in (1, 7, 1 << 16):
+        monkeypatch.setattr(files, "_PIECE", piece)
+        assert files.dumps(document) == expected
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        files.dumps({"x": float("nan")})
+
+
 def test_a_large_job_carries_timelines_of_a_bounded_set(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
