@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import DEMO, REPO, SHARED, need, run_cli
@@ -517,6 +518,19 @@ def test_a_rank_that_would_not_read_back_the_same_is_not_kept(tmp_path: Path) ->
     assert not list(tmp_path.iterdir()) and rank_store.load(str(tmp_path), paths) is None
 
 
+def _count_reads(monkeypatch: pytest.MonkeyPatch, module: Any) -> dict[str, int]:
+    """Counts the calls of `module.load_one_rank` (each one reads a rank's trace)."""
+    reads = {"n": 0}
+    real = module.load_one_rank
+
+    def counted(paths):  # type: ignore[no-untyped-def]
+        reads["n"] += 1
+        return real(paths)
+
+    monkeypatch.setattr(module, "load_one_rank", counted)
+    return reads
+
+
 def test_analyze_reads_each_rank_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """The first pass keeps each rank (`rank_store`) and the second reads it from there,
     not from its trace; without the store (a worker elsewhere) the report is the same."""
@@ -525,14 +539,7 @@ def test_analyze_reads_each_rank_once(monkeypatch: pytest.MonkeyPatch) -> None:
 
     folder = need(ANALYZE_JOBS["dlrm_8_ranks"])
     ranks, notes = parallel.split_ranks([folder])
-    reads = {"n": 0}
-    real = rank_analysis.load_one_rank
-
-    def counted(paths):  # type: ignore[no-untyped-def]
-        reads["n"] += 1
-        return real(paths)
-
-    monkeypatch.setattr(rank_analysis, "load_one_rank", counted)
+    reads = _count_reads(monkeypatch, rank_analysis)
     kept, _, _ = rank_analysis.report_ranks(ranks, workers=1, samples=4, notes=notes)
     assert reads["n"] == len(ranks) == 8
     monkeypatch.setattr(rank_store, "save", lambda *args: False)
@@ -549,14 +556,7 @@ def test_simulate_reads_each_rank_once(monkeypatch: pytest.MonkeyPatch) -> None:
 
     ranks = parallel.rank_inputs([RESNET])
     assert ranks is not None
-    reads = {"n": 0}
-    real = rank_replay.load_one_rank
-
-    def counted(paths):  # type: ignore[no-untyped-def]
-        reads["n"] += 1
-        return real(paths)
-
-    monkeypatch.setattr(rank_replay, "load_one_rank", counted)
+    reads = _count_reads(monkeypatch, rank_replay)
     kept, _ = parallel.simulate_ranks(ranks, workers=1, samples=4)
     assert reads["n"] == len(ranks) == 2
     monkeypatch.setattr(rank_store, "save", lambda *args: False)
