@@ -126,6 +126,10 @@ def write_atomic(path: str | Path, content: str | bytes) -> None:
             os.close(fd)
 
 
+_PIECE = 1 << 16
+"""Encoder chunks `dumps` joins at a time."""
+
+
 def dumps(document: Any) -> str:
     """Deterministic JSON text (sorted keys, 2-space indent, trailing newline).
 
@@ -138,9 +142,6 @@ def dumps(document: Any) -> str:
         pieces.append("".join(batch))
     pieces.append("\n")
     return "".join(pieces)
-
-
-_PIECE = 1 << 16
 
 
 # ---------------------------------------------------------------------- names
