@@ -15,8 +15,10 @@
    ``repeat`` = rounds, idle while the other caps run, writing a file per window and
    rank; planner joins a rank's windows. Those steps are timed too (the profiler's own
    cost against the same cap untraced).
-3. `planner.analysis.bucket_sweep` on that trace alone predicts the step time of every
-   cap. The bench takes the recommended cap (else the best predicted), the default and
+3. `planner.analysis.bucket_sweep` on that trace predicts the step time of every cap,
+   told the traced cap's untraced step time, as a user reads it from the training log
+   (`planner analyze --untraced-step-time`): the profiler's own cost is taken out of the
+   traced steps. The bench takes the recommended cap (else the best predicted), the default and
    the worst predicted cap, and prints the median measured step time beside each
    prediction, the error, and whether the ranking by prediction matches: caps whose
    predictions differ by less than `TIE` are a tie (no order is claimed); every other
@@ -211,7 +213,7 @@ def main() -> int:
     name = {str(c): f"{c:g}" for c in caps if c != DEFAULT} | {DEFAULT: DEFAULT}
     measured = {name[k]: statistics.median(v) for k, v in times.items() if k in name}
     traced = f"{args.trace_cap:g}"
-    sweep = analysis.bucket_sweep(job, network)
+    sweep = analysis.bucket_sweep(job, network, untraced_step_time=measured[traced])
     if sweep is None:
         print("no bucket sweep: the trace has no gradient-ready times", file=sys.stderr)
         return 1
@@ -230,9 +232,12 @@ def main() -> int:
         f"network: {source}: a={network.a * 1e6:.0f} us, b={network.b * 1e9:.3f} ns/B "
         f"(R2 {network.r2:.3f})\n"
         f"trace at bucket_cap_mb={traced}: {sweep['steps']} steps in {args.rounds} windows, "
-        f"{sweep['measured_step_time'] * 1e3:.1f} ms per traced step (trace spans); timed "
+        f"{sweep['traced_step_time'] * 1e3:.1f} ms per traced step (trace spans); timed "
         f"{profiled * 1e3:.1f} ms, the same cap untraced {measured[traced] * 1e3:.1f} ms "
         f"(profiler cost {profiled / measured[traced] - 1:+.1%})\n"
+        f"profiler's cost taken out: {sweep['profiler_cost']:+.1%} of the untraced step "
+        f"(--untraced-step-time {measured[traced]:.4f}); DDP's copy back into the gradients "
+        f"{sweep['copy_rate'] * 1e9:.3f} ns/B\n"
         f"replay of the traced buckets {sweep['replay_error']:+.1%} (worst step "
         f"{sweep['replay_error_worst']:.1%}); kappa {sweep['kappa']} "
         f"({sweep['kappa_source']}); first bucket rule {sweep['first_bucket_rule']}\n"

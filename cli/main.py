@@ -273,6 +273,15 @@ def metrics_command(
 @click.option("--force", is_flag=True, help="Replace the earlier results in the -o directory.")
 @rank_option
 @network_option
+@click.option(
+    "--untraced-step-time",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="The job's step time without the profiler, at the traced configuration (from "
+    "its training log): the DDP bucket advice takes the profiler's own cost out of the "
+    "traced steps.",
+)
 @parallel_commands.parallel_options
 @json_option
 @each_option(output_dir=True)
@@ -282,6 +291,7 @@ def analyze_command(
     force: bool,
     rank: str | None,
     network: Any,
+    untraced_step_time: float | None,
     workers: int | None,
     dask_address: str | None,
     as_json: bool,
@@ -310,7 +320,12 @@ def analyze_command(
         with render.progress(enabled=not as_json, what="analysing") as advance:
             advance(f"{len(ranks)} ranks, one per task")
             done = rank_analysis.report_ranks(
-                ranks, workers, dask_address, network=network, notes=skipped
+                ranks,
+                workers,
+                dask_address,
+                network=network,
+                notes=skipped,
+                untraced_step_time=untraced_step_time,
             )
     if done is not None:
         report, graphs, _ = done
@@ -319,7 +334,9 @@ def analyze_command(
             render.note("--dask: one rank, not PyTorch all-reduce: read in this process", as_json)
         job = select_ranks(load(paths or (detect.demo_trace(),), as_json), rank)
         with render.progress(enabled=not as_json, what="analysing") as advance:
-            report = analysis.analyze(job, progress=advance, network=network)
+            report = analysis.analyze(
+                job, progress=advance, network=network, untraced_step_time=untraced_step_time
+            )
         graphs = job.graphs
     network_notes(report["plans"].get("caramel", {}), as_json)
     files = analysis_files(report, graphs, output) if output is not None else {}

@@ -347,6 +347,13 @@ def bucket_sweep_view(sweep: dict[str, Any]) -> None:
         )
     console.print(table)
     console.print(sweep_model_line(sweep))
+    if sweep.get("profiler_cost") is not None:
+        console.print(
+            f"profiler's cost taken out: the traced steps took "
+            f"{seconds_text(sweep['traced_step_time'])}, "
+            f"{sweep['profiler_cost']:+.1%} of the untraced "
+            f"{seconds_text(sweep['untraced_step_time'])}"
+        )
     console.print(
         f"traced buckets: measured {seconds_text(sweep['measured_step_time'])}, predicted "
         f"{seconds_text(sweep['observed_predicted_step_time'])}; "

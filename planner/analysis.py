@@ -357,6 +357,7 @@ def analyze(
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
     network: NetworkModel | None = None,
+    untraced_step_time: float | None = None,
 ) -> dict[str, Any]:
     """`planner.report/1`: inspect, the plans that apply, metrics and the simulation.
 
@@ -365,7 +366,8 @@ def analyze(
     median step and each plan's median sample) are for the timeline export and the
     HTML report: every rank's up to `TIMELINE_RANKS` ranks, above only those of
     `timeline_ranks` (as `planner.rank_analysis`, the same report per rank). `progress`
-    is told the name of each stage as it starts.
+    is told the name of each stage as it starts. `untraced_step_time`: the job's step
+    time without the profiler, for the bucket advice (`bucket_sweep`).
     """
     step = progress or (lambda _stage: None)
     timed = bool(len(job.trace.timings))
@@ -397,7 +399,9 @@ def analyze(
             kept = timeline_ranks(job.ranks, report["metrics"])
             timelines = report["simulation"]["timelines"]
             report["simulation"]["timelines"] = [s for s in timelines if s["rank"] in kept]
-    report["bucket_sweep"] = bucket_sweep(job, network) if "caramel" in plans else None
+    report["bucket_sweep"] = (
+        bucket_sweep(job, network, untraced_step_time) if "caramel" in plans else None
+    )
     if "caramel" in plans:
         report["exports"]["control_deps"] = control_deps_document(plans["caramel"])
         bucket_plan = bucket_plan_document(plans["caramel"], job.graphs, job.meta)
@@ -432,18 +436,39 @@ def timeline_ranks(ranks: Sequence[str], metrics: Mapping[str, Any]) -> set[str]
     return chosen or {ranks[0]}
 
 
-def bucket_sweep(job: Job, network: NetworkModel | None = None) -> dict[str, Any] | None:
+def bucket_sweep(
+    job: Job, network: NetworkModel | None = None, untraced_step_time: float | None = None
+) -> dict[str, Any] | None:
     """DDP bucket advice (`planner.buckets.sweep`) with the benchmark model when given,
-    else the trace's fit (a note says when that fit does not hold)."""
+    else the trace's fit (a note says when that fit does not hold); with the job's step
+    time without the profiler, the profiler's cost taken out of the traced steps."""
     ranks = sorted(r for r, g in job.graphs.items() if has_collectives(g))
     if not ranks:
         return None
     fitted = caramel.trace_network_model(job.graphs[ranks[0]], job.trace.timings)
     model = network or fitted
+    profile = buckets.profile(job)
     if model is None:
-        return None if buckets.profile(job) is None else no_network_sweep()
-    document = buckets.sweep(job, model)
-    return None if document is None else sweep_notes(document, fitted, network)
+        return None if profile is None else no_network_sweep()
+    if profile is None:
+        return None
+    return profile_sweep(profile, model, fitted, network, untraced_step_time)
+
+
+def profile_sweep(
+    profile: buckets.Profile,
+    model: NetworkModel,
+    fitted: NetworkModel | None,
+    network: NetworkModel | None,
+    untraced_step_time: float | None,
+) -> dict[str, Any]:
+    """`buckets.sweep_profile` with `model` and the notes on it (`sweep_notes`);
+    `InputError` when `untraced_step_time` cannot be the traced configuration's."""
+    try:
+        document = buckets.sweep_profile(profile, model, untraced_step_time=untraced_step_time)
+    except ValueError as err:
+        raise InputError(None, f"--untraced-step-time: {err}") from err
+    return sweep_notes(document, fitted, network)
 
 
 def no_network_sweep() -> dict[str, Any]:

@@ -33,7 +33,7 @@ gets no recommendation.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -117,37 +117,49 @@ def replay(
     network: NetworkModel,
     kappa: float,
     lanes: int = 1,
+    copy_rate: float = 0.0,
 ) -> float:
-    """When both the backward pass and the last all-reduce are done, from the step start.
+    """When the backward pass, the last all-reduce and DDP's copies of the buckets back
+    into the gradients are done, from the step start.
 
     `work` is each gradient's ready time with no collective in flight. The buckets'
     all-reduces start in order, up to `lanes` at once (gloo runs two worker threads,
     NCCL one stream); each first pays the latency ``a`` (in parallel), then its bytes
     share the link (``b`` per byte, processor-shared). While a collective overlaps the
     backward pass both progress at ``1/kappa`` of their speed (see the module doc).
+    When the backward pass ends, DDP copies each bucket back into the gradients in
+    order, once its all-reduce is done (``copy_bucket_to_grad``), `copy_rate` seconds
+    a byte.
     """
     count = int(ids.max()) + 1
     marks = _bucket_ready(work, ids, count)
     nbytes = np.bincount(ids, weights=sizes, minlength=count)
     end = float(work.max())
     t, done, nxt = 0.0, 0.0, 0  # time, backward work done, next bucket to start
-    active: list[list[float]] = []  # [latency left, bandwidth time left] per running one
+    active: list[list[float]] = []  # [latency left, bandwidth time left, bucket]
+    ends = np.zeros(count)  # each bucket's all-reduce end
+    backward_end = None
     eps = 1e-12
     while True:
         while len(active) < lanes and nxt < count and marks[nxt] <= done + eps:
-            active.append([network.a, network.b * float(nbytes[nxt])])
+            active.append([network.a, network.b * float(nbytes[nxt]), nxt])
             nxt += 1
         computing = done < end - eps
+        if not computing and backward_end is None:
+            backward_end = t
         if not active and not computing:
-            return t
+            copied = float(backward_end)
+            for k in range(count):
+                copied = max(copied, float(ends[k])) + copy_rate * float(nbytes[k])
+            return max(t, copied)
         slow = 1.0 / kappa if active and computing else 1.0
-        sharing = sum(1 for lat, _ in active if lat <= eps) or 1
-        rates = [slow if lat > eps else slow / sharing for lat, _ in active]
+        sharing = sum(1 for lat, *_ in active if lat <= eps) or 1
+        rates = [slow if lat > eps else slow / sharing for lat, *_ in active]
         # the next event: a latency or a transfer ends, the backward pass ends, or (a
         # lane free) the next bucket's last gradient is ready
         target = end if len(active) == lanes or nxt >= count else min(marks[nxt], end)
         dt = (target - done) / slow if computing else np.inf
-        for (lat, rest), rate in zip(active, rates, strict=True):
+        for (lat, rest, _), rate in zip(active, rates, strict=True):
             dt = min(dt, (lat if lat > eps else rest) / rate)
         t += dt
         if computing:
@@ -157,6 +169,8 @@ def replay(
                 item[0] -= dt * rate
             else:
                 item[1] -= dt * rate
+            if item[0] <= eps and item[1] <= eps:
+                ends[int(item[2])] = t
         active = [x for x in active if x[0] > eps or x[1] > eps]
 
 
@@ -184,12 +198,16 @@ def _union(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
 @dataclass(frozen=True)
 class Step:
     """One traced step of one rank: gradient ready times and the union of its collective
-    spans (seconds from the step start), the tail and the step time."""
+    spans (seconds from the step start), the tail and the step time; the time DDP spent
+    copying buckets back into the gradients in the step (`copy`) and, of that, in the
+    tail (`copy_tail`)."""
 
     ready: np.ndarray
     busy: list[tuple[float, float]]
     tail: float
     measured: float
+    copy: float = 0.0
+    copy_tail: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -208,6 +226,36 @@ class Profile:
         """The median over steps of the latest rank's step time."""
         return float(np.median([max(s.measured for s in v) for v in self.steps.values()]))
 
+    @property
+    def copy_rate(self) -> float:
+        """Seconds a byte of DDP's copy of the buckets back into the gradients: the median
+        over steps and ranks of the step's copying time over the gradients' bytes."""
+        total = float(self.sizes.sum())
+        copies = [s.copy for v in self.steps.values() for s in v]
+        return float(np.median(copies)) / total if copies and total > 0 else 0.0
+
+
+def without_profiler(p: Profile, untraced: float) -> Profile:
+    """`p` with the profiler's own cost taken out: each step's times scaled so that the
+    median step takes `untraced` (the job's step time without the profiler, at the
+    traced configuration), the cost spread evenly over the step; `ValueError` when the
+    two are more than 2x apart."""
+    if not 0.5 <= untraced / p.measured <= 2.0:
+        raise ValueError(
+            f"the untraced step time {untraced * 1e3:.1f} ms is more than 2x from the traced "
+            f"steps' {p.measured * 1e3:.1f} ms: not the traced configuration"
+        )
+    cost = p.measured - untraced
+    steps = {}
+    for step, ranks in p.steps.items():
+        scaled = []
+        for s in ranks:
+            f = max(0.5, 1.0 - cost / s.measured)
+            scaled.append(Step(s.ready * f, [(a * f, b * f) for a, b in s.busy], s.tail * f,
+                               s.measured * f, s.copy * f, s.copy_tail * f))  # fmt: skip
+        steps[step] = scaled
+    return replace(p, steps=steps)
+
 
 def step_times(
     p: Profile, buckets: Sequence[int], network: NetworkModel, kappa: float
@@ -215,11 +263,12 @@ def step_times(
     """The predicted time of every traced step with gradients grouped as `buckets`: per
     gradient the latest rank's backward work, the latest rank's tail."""
     ids = np.asarray(buckets)
+    rate = p.copy_rate
     out = []
     for ranks in p.steps.values():
         work = np.max([decontend(s.ready, s.busy, kappa) for s in ranks], axis=0)
-        end = replay(work, ids, p.sizes, network, kappa, p.lanes)
-        out.append(end + max(s.tail for s in ranks))
+        end = replay(work, ids, p.sizes, network, kappa, p.lanes, rate)
+        out.append(end + max(s.tail - s.copy_tail for s in ranks))
     return out
 
 
@@ -243,7 +292,9 @@ def rank_profile(job: Job, rank: str) -> Profile | None:
         return None
     spans = job.trace.spans.set_index(["rank", "iteration"])
     t = job.trace.timings
-    t = t[t["op"].str.contains("all_reduce", regex=False) & (t["rank"] == rank)]
+    mine = t[t["rank"] == rank]
+    copies = mine[mine["op"].str.contains("copy_bucket_to_grad", regex=False)]
+    t = mine[mine["op"].str.contains("all_reduce", regex=False)]
     by_step: dict[int, list[Step]] = {}
     sizes: list[int] | None = None
     lanes = 1
@@ -267,9 +318,14 @@ def rank_profile(job: Job, rank: str) -> Profile | None:
         if len(starts):  # the most in flight at once: greedy interval partitioning
             lane = simulate.lanes(np.zeros(len(starts)), starts, ends - starts)
             lanes = max(lanes, int(lane.max()) + 1)
+        k = copies[copies["iteration"] == int(step)]
+        copy_starts = k["start"].to_numpy(dtype=np.float64)
+        copy_spans = k["duration"].to_numpy(dtype=np.float64)
         by_step.setdefault(int(step), []).append(
-            Step((times - start) / 1e9, busy, (end - last) / 1e9, (end - start) / 1e9)
-        )
+            Step((times - start) / 1e9, busy, (end - last) / 1e9, (end - start) / 1e9,
+                 float(copy_spans.sum()) / 1e9,
+                 float(copy_spans[copy_starts >= last].sum()) / 1e9)
+        )  # fmt: skip
     graph = job.graphs[rank]
     observed = sorted(
         (_bucket_index(op.param), op.nbytes)
@@ -385,21 +441,42 @@ def sweep(
     job: Job,
     network: NetworkModel,
     caps_mb: Sequence[float] = DEFAULT_CAPS_MB,
+    untraced_step_time: float | None = None,
 ) -> dict[str, Any] | None:
     """``planner.bucket_sweep/1``: the predicted step time per cap, the recommended cap,
     and the observed configuration's replay error; None without gradient-ready times.
 
     With ``kappa`` unknown (a CPU trace whose collectives barely overlap the backward
     pass) every cap is predicted at both ends of `KAPPA_RANGE`, and a cap is recommended
-    only when it wins at both."""
+    only when it wins at both. `untraced_step_time`: the job's step time without the
+    profiler at the traced configuration (`without_profiler`)."""
     p = profile(job)
-    return None if p is None else sweep_profile(p, network, caps_mb)
+    return None if p is None else sweep_profile(p, network, caps_mb, untraced_step_time)
 
 
 def sweep_profile(
-    p: Profile, network: NetworkModel, caps_mb: Sequence[float] = DEFAULT_CAPS_MB
+    p: Profile,
+    network: NetworkModel,
+    caps_mb: Sequence[float] = DEFAULT_CAPS_MB,
+    untraced_step_time: float | None = None,
 ) -> dict[str, Any]:
-    """`sweep` of a job's `profile` (its ranks' profiles joined, `planner.rank_analysis`)."""
+    """`sweep` of a job's `profile` (its ranks' profiles joined, `planner.rank_analysis`);
+    `ValueError` when `untraced_step_time` cannot be the traced configuration's."""
+    traced = p.measured
+    if untraced_step_time is not None:
+        p = without_profiler(p, untraced_step_time)
+    profiler = {
+        "traced_step_time": traced,
+        "untraced_step_time": untraced_step_time,
+        "profiler_cost": None if untraced_step_time is None else traced / untraced_step_time - 1,
+        "copy_rate": p.copy_rate,
+    }
+    document = _sweep(p, network, caps_mb)
+    document.update(profiler)
+    return document
+
+
+def _sweep(p: Profile, network: NetworkModel, caps_mb: Sequence[float]) -> dict[str, Any]:
     observed = _observed_assignment(p)
     if observed is None:
         reason = "the traced buckets do not split the gradients in ready order: no replay"

@@ -121,13 +121,15 @@ def report_ranks(
     seed: int = 0,
     network: NetworkModel | None = None,
     notes: Sequence[str] = (),
+    untraced_step_time: float | None = None,
 ) -> tuple[dict[str, Any], dict[str, OpGraph], list[dict[str, Any]]] | None:
     """(`planner.report/1`, rank -> the ops its timelines name (an `OpGraph` without
     edges, for `report.outputs.analysis_files`), per-worker usage) of a
     job of PyTorch all-reduce ranks, one rank per task (`parallel.rank_mapper`); None
     when the job is not one (a rank with parameter-server transfers or without
     collectives): one process analyses it (`analysis.analyze`). `notes`: the job's
-    notes on skipped files (`parallel.split_ranks`)."""
+    notes on skipped files (`parallel.split_ranks`); `untraced_step_time`: the job's
+    step time without the profiler, for the bucket advice."""
     from planner import __version__, analysis, pipeline
     from planner.parallel import rank_mapper, usage_of
     from planner.rank_replay import releases
@@ -170,7 +172,7 @@ def report_ranks(
         framework = ranks[0]["framework"]
         inspected = _inspect(ranks, frame, waited, alignment, sources, notes, opened)
         orders = [o for r in ranks for o in r["observed_orders"]]
-        sweep = _bucket_sweep(ranks, fitted, network)
+        sweep = _bucket_sweep(ranks, fitted, network, untraced_step_time)
         ops_of = {r["rank"]: r["caramel"]["material"]["ops"] for r in planned}
         plans = analysis.caramel_rank_plans(plan, ops_of, planned[0]["sources"][0])
         material = {r["rank"]: r["caramel"]["material"] for r in planned}
@@ -260,10 +262,11 @@ def _bucket_sweep(
     ranks: Sequence[Mapping[str, Any]],
     fitted: NetworkModel | None,
     network: NetworkModel | None,
+    untraced_step_time: float | None,
 ) -> dict[str, Any] | None:
     """`analysis.bucket_sweep` on the joined profile (`joined_profile`) with the
     benchmark model when given, else the trace's fit of every rank's transfers."""
-    from planner import analysis, buckets
+    from planner import analysis
 
     profile = joined_profile(ranks)
     model = network or fitted
@@ -271,4 +274,4 @@ def _bucket_sweep(
         return None if profile is None else analysis.no_network_sweep()
     if profile is None:
         return None
-    return analysis.sweep_notes(buckets.sweep_profile(profile, model), fitted, network)
+    return analysis.profile_sweep(profile, model, fitted, network, untraced_step_time)
