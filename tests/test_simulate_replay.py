@@ -13,6 +13,8 @@ from conftest import SHARED, TF, TF_RUNS, need, run_cli
 from planner import analysis, records
 from planner import simulate as sim
 from planner.ingest import detect
+from planner.ingest import tf_runmetadata as tfr
+from planner.ingest.tf_graphdef import split_input
 
 TORCH = SHARED / "generated" / "torch"
 RUNS = {
@@ -572,3 +574,47 @@ def test_the_cause_is_a_wait_on_the_critical_path(replays, monkeypatch):
     monkeypatch.setattr(sim, "_critical", lambda traced, *_: np.zeros(len(traced.overhead), bool))
     anywhere = _step(sim.replay(job), "worker0", 3)["cause"]
     assert anywhere.startswith("recv:tower0/add/ReadVariableOp waited 10.2 ms")
+
+
+def _answers_after_the_sender(path) -> tuple[int, int]:
+    """(RecvTensor records whose tensor's sending op has a record, those of them that
+    start before that op ended) in one RunMetadata file."""
+    run = tfr.parse_run_metadata(path.read_bytes(), path)
+    ends = {
+        (d.device, n.node_name): n.all_start_micros + n.all_end_rel_micros
+        for d in run.step_stats.dev_stats
+        for n in d.node_stats
+        if n.node_name != "RecvTensor"
+    }
+    sender = {
+        n.attr["tensor_name"].s.decode(): (n.device, split_input(n.input[0])[0])
+        for g in run.partition_graphs
+        for n in g.node
+        if n.op == "_Send" and n.input
+    }
+    total = early = 0
+    for d in run.step_stats.dev_stats:
+        for n in d.node_stats:
+            label = tfr._LABEL.match(n.timeline_label) if n.node_name == "RecvTensor" else None
+            end = ends.get(sender.get(label["edge"], ("", ""))) if label else None
+            if end is not None:
+                total += 1
+                early += n.all_start_micros < end
+    return total, early
+
+
+def test_a_recvtensor_record_starts_when_the_sender_answered():
+    """TensorFlow's gRPC client logs a RecvTensor from the time the sender began its
+    answer (`send_start_micros`: request there and tensor produced), not from the
+    request: no record of the generated TF traces starts before the op producing its
+    tensor ended, though the PS asks for every gradient at the step's start. A late
+    record is a late answer, which no graph edge explains (no `_Recv` has an input)."""
+    files = [p for run in TF_RUNS.values() for d in run for p in sorted(need(d).glob("*.pb"))]
+    files = [p for p in files if p.name.startswith("run_metadata")]
+    counts = np.array([_answers_after_the_sender(p) for p in files])
+    assert len(files) == 15 and counts[:, 0].sum() > 800
+    assert counts[:, 1].sum() == 0
+    for p in files:
+        run = tfr.parse_run_metadata(p.read_bytes(), p)
+        recvs = [n for g in run.partition_graphs for n in g.node if n.op == "_Recv"]
+        assert recvs and not any(n.input for n in recvs)
