@@ -674,10 +674,58 @@ def with_overhead(model: StepModel, overhead: np.ndarray) -> StepModel:
     return replace(model, seconds=seconds, overhead=new)
 
 
-def _cause(own: StepModel, used: StepModel) -> str:
+def critical_waits(model: StepModel, start: np.ndarray, end: np.ndarray, last: int) -> np.ndarray:
+    """Per op of the step's n ops: whether its wait (overhead op n + i) lies on the
+    critical path that ends at op `last`, given `start`/`end` (ticks or ns, -1 unknown)
+    of every op of `model.compiled`. Walked back from `last`: at each op, the
+    predecessor that ended exactly when it started (an edge that held it), else the op
+    of the same resource that did (a busy thread or channel); the walk stops where
+    neither exists (the step's start, an op whose time is unknown)."""
+    c = model.compiled
+    n_all = len(c.names)
+    n = len(model.overhead)
+    order = np.argsort(c.dst, kind="stable")
+    pred_of = c.src[order]
+    ptr = np.searchsorted(c.dst[order], np.arange(n_all + 1))
+    by_end = {
+        (int(r), int(e)): i for i, (r, e) in enumerate(zip(c.res, end, strict=True)) if e >= 0
+    }
+    on = np.zeros(n, dtype=bool)
+    seen = np.zeros(n_all, dtype=bool)
+    x = last
+    while x >= 0 and not seen[x] and start[x] > 0:
+        seen[x] = True
+        if n <= x < 2 * n:
+            on[x - n] = True
+        preds = pred_of[ptr[x] : ptr[x + 1]]
+        held = preds[end[preds] == start[x]]
+        x = int(held[0]) if len(held) else by_end.get((int(c.res[x]), int(start[x])), -1)
+    return on
+
+
+def observed_times(model: StepModel, start_of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end (ns from the step's start, -1 unknown) of every op of
+    `model.compiled` as the step ran them: each observed op at its record, its overhead
+    op over the wait before it; the rest unknown."""
+    n = len(model.overhead)
+    start = np.full(len(model.compiled.names), -1, dtype=np.int64)
+    end = start.copy()
+    seen = np.flatnonzero(model.observed)
+    wait = np.rint(model.overhead[seen] * 1e9).astype(np.int64)
+    start[seen] = start_of[seen]
+    end[seen] = start_of[seen] + np.rint(model.seconds[seen] * 1e9).astype(np.int64)
+    start[n + seen] = start_of[seen] - wait
+    end[n + seen] = start_of[seen]
+    return start, end
+
+
+def _cause(own: StepModel, used: StepModel, path: np.ndarray | None = None) -> str:
     """The largest unmodelled gap of a step, in words: missing records, the DAG edge the
     trace contradicts most, and the op whose wait in this step differs most from the
-    typical one the replay used (a PS-side or peer wait, a slow input batch)."""
+    typical one the replay used (a PS-side or peer wait, a slow input batch), among the
+    waits on the step's or the replay's critical path (`path`, `critical_waits`) where
+    any is: a wait off both paths moved no prediction (a recv asked for late while
+    the step waited for other tensors)."""
     parts = []
     if own.missing:
         parts.append(
@@ -692,6 +740,8 @@ def _cause(own: StepModel, used: StepModel) -> str:
         )
     if len(own.overhead):
         diff = own.overhead - used.overhead
+        if path is not None and path.any():
+            diff = np.where(path, diff, 0.0)
         k = int(np.argmax(np.abs(diff)))
         if diff[k] != 0:
             parts.append(
@@ -879,6 +929,7 @@ def _replay_rank(
             float((begin[keep] + took[keep]).max(initial=0)) / TICKS_PER_SECOND + model.tail
         )
         predicted = busy_time(begin[keep], took[keep]) / TICKS_PER_SECOND
+        path = _critical(traced, known, span, start[0], ticks, n)
         known = known[known["op"].isin(compiled.names[:n])]
         busy, op_span = measured(known)
         wall = (span[1] - span[0]) / 1e9
@@ -897,12 +948,36 @@ def _replay_rank(
             "overhead": float(model.overhead[:n][keep].sum()),
             "overhead_from": "other steps" if len(models) > 1 else "own step",
             "ops_observed": int(len(known)),
-            "cause": _cause(traced, model),
+            "cause": _cause(traced, model, path),
         }
         if model.missing:
             step["partial"] = records.note(str(known["rank"].iloc[0]), it, model.missing)
         steps.append(step)
     return steps
+
+
+def _critical(
+    traced: StepModel,
+    known: pd.DataFrame,
+    span: tuple[int, int],
+    begin: np.ndarray,
+    ticks: np.ndarray,
+    own: int,
+) -> np.ndarray:
+    """Per op whether its wait lies on the critical path of the step as it ran or of
+    its replay (`critical_waits`), each walked back from the rank's op that ended last."""
+    c = traced.compiled
+    rows = known[known["op"].isin(c.index)]
+    start_of = np.zeros(len(traced.overhead), dtype=np.int64)
+    start_of[rows["op"].map(c.index).to_numpy(dtype=np.int64)] = rows["start"].to_numpy() - span[0]
+    mine = np.flatnonzero(traced.observed[:own])
+    if not len(mine):
+        return np.zeros(len(traced.overhead), dtype=bool)
+    start, end = observed_times(traced, start_of)
+    on = critical_waits(traced, start, end, int(mine[np.argmax(end[mine])]))
+    replayed_end = begin + ticks
+    last = int(mine[np.argmax(replayed_end[mine])])
+    return on | critical_waits(traced, begin, replayed_end, last)
 
 
 def _error_summary(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -5,12 +5,15 @@ another task (a PS) is a transfer on the channel ``worker<-ps``; a `_Send` to an
 task is one on ``worker->ps``; the rest are compute ops on the worker's device.
 
 TensorFlow records no node stats for `_Send`/`_Recv`. A transfer's time comes from
-the RecvTensor RPC records (``[bytes] [rate] edge_N_x from SRC to DST``), joined to the
-`_Recv`/`_Send` node through its `tensor_name` attr. A RecvTensor record starts when
-the receiver asks, which can be long before the sender has the tensor (the PS asks
-for every gradient at step start), so the transfer is taken to start when both the
-request and the tensor exist: at the later of the record's start and the end of the
-sender-side op that produces the tensor.
+the RecvTensor RPC records (``[bytes] [rate] edge_N_x from SRC to DST``), joined to
+the `_Recv`/`_Send` node through its `tensor_name` attr. The receiver's gRPC client
+logs a record from the time the sender began its answer (`send_start_micros` of the
+response, taken once the request was there and the tensor produced; never before the
+request left) to the answer's arrival: no record of the generated TF traces starts
+before the op producing its tensor ended, though the PS asks for every gradient at
+the step's start. A record that starts late is an answer that started late (a request
+sent or served late). The transfer is taken to start no earlier than the end of the
+sender-side op that produces the tensor (a guard where the hosts' clocks differ).
 """
 
 from __future__ import annotations
