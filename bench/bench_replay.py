@@ -2,7 +2,8 @@
 
 For every step of every trace in ../shared/traces (generated TF and torch jobs, and the
 Kineto traces of public/ and public/external, one job per file, the 8 DLRM ranks as
-one job), `planner.simulate.replay` predicts the step with the step's own op times and
+one job; and the H100 trace recorded for this project, traces/torch/h100_cnn_windows),
+`planner.simulate.replay` predicts the step with the step's own op times and
 observed order. Printed per trace: steps, median and worst |error| against the step's
 wall-clock time (its recorded span: ``ProfilerStep#N`` for PyTorch, first to last
 record of the RunMetadata for TF) and against its busy time (the union of its op
@@ -73,6 +74,14 @@ def public_jobs() -> list[tuple[str, list[Path]]]:
             continue
         jobs.append((str(path.relative_to(SHARED)), [path]))
     return jobs
+
+
+def repo_jobs() -> list[tuple[str, list[Path]]]:
+    """Real GPU traces recorded for this project on its GPU machine and kept in the
+    repo's traces/ (their README says how), after the simulator's models were built:
+    judged like the shared ones, never tuned on."""
+    folder = ROOT / "traces" / "torch" / "h100_cnn_windows"
+    return [(str(folder.relative_to(ROOT)), [folder])] if folder.is_dir() else []
 
 
 def recorded_walls(paths: list[Path]) -> dict[tuple[str, int], float]:
@@ -194,7 +203,7 @@ def main() -> int:
     partial: list[tuple[str, str, dict]] = []
     skipped: list[tuple[str, str]] = []
     rec_rows: list[tuple[str, str, dict, float]] = []
-    for name, paths in generated_jobs() + public_jobs():
+    for name, paths in generated_jobs() + public_jobs() + repo_jobs():
         if args.only not in name:
             continue
         start = time.perf_counter()

@@ -173,10 +173,13 @@ def split_ranks(paths: Sequence[Path]) -> tuple[list[list[Path]] | None, list[st
                 return None, []
     except InputError:
         return None, []
+    groups = _windows(kineto)
+    if groups is None:
+        return None, []
     ranks = [
         [*group, *(traces[(p.parent, "et_" + p.name)] for p in group
                    if (p.parent, "et_" + p.name) in traces)]
-        for group in _windows(kineto)
+        for group in groups
     ]  # fmt: skip
     if len(ranks) < 2 or sum(len(r) for r in ranks) != len(kineto) + len(traces):
         return None, []
@@ -186,18 +189,22 @@ def split_ranks(paths: Sequence[Path]) -> tuple[list[list[Path]] | None, list[st
 _HEAD_RANK = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
 
 
-def _windows(kineto: Sequence[Path]) -> list[list[Path]]:
+def _windows(kineto: Sequence[Path]) -> list[list[Path]] | None:
     """The Kineto files grouped per rank: adjacent files whose header names one rank are
     windows of one profiling session (`planner.ingest.kineto_windows`), read by one task
-    and joined there, which also refuses files that are not."""
+    and joined there, which also refuses files that are not. None when a file's header
+    names no rank (no ``distributedInfo``): which files are one process's windows is
+    known only from their events, so one process reads them all."""
     from planner.ingest.files import read_head
 
     groups: list[list[Path]] = []
     last: int | None = None
     for path in kineto:
         found = _HEAD_RANK.search(read_head(path))
-        rank = int(found.group(1)) if found else None
-        if groups and rank is not None and rank == last:
+        if found is None:
+            return None
+        rank = int(found.group(1))
+        if groups and rank == last:
             groups[-1].append(path)
         else:
             groups.append([path])

@@ -108,3 +108,45 @@ def test_files_that_are_not_windows_of_one_session_are_refused(
     # one window given twice overlaps itself
     code, _, err = run_cli(["inspect", first, first], capsys)
     assert code == 2 and "overlaps" in err
+
+
+H100 = REPO / "traces" / "torch" / "h100_cnn_windows"
+
+
+def test_the_windows_of_a_one_process_job_are_one_rank(capsys) -> None:
+    """A job without torch.distributed has no distributedInfo: its two windows (one
+    process, steps counted from the raw JSON) read as one rank with all six steps, in
+    one process, not as two ranks, nor as two tasks that both claim rank0."""
+    from planner.parallel import split_ranks
+
+    files = sorted(H100.glob("cnn_1gpu.w*.json.gz"))
+    raw = sorted({s for f in files for s in _raw_steps(f)})
+    assert raw == [4, 5, 6, 11, 12, 13]
+    job = load_kineto(files)
+    assert job.ranks == ["rank0"]
+    assert sorted(job.trace.spans["iteration"].tolist()) == raw
+    assert "rank0: 2 windows of one profiling session joined" in job.notes
+    assert split_ranks(files) == (None, [])
+    code, out, err = run_cli(["simulate", *files, "--json"], capsys)
+    assert code == 0, err
+    replay = json.loads(out)["replay"]["ranks"]
+    assert [r["rank"] for r in replay] == ["rank0"]
+    assert sorted(s["iteration"] for s in replay[0]["steps"]) == raw
+
+
+def test_files_of_two_processes_without_distributedinfo_stay_two_ranks(tmp_path) -> None:
+    """Without distributedInfo a rank is a process: a file of another process is another
+    rank, whatever the order the files come in."""
+    first = _raw(H100 / "cnn_1gpu.w0.json.gz")
+    other = _raw(H100 / "cnn_1gpu.w1.json.gz")
+    for event in other["traceEvents"]:
+        if event.get("pid") == 440:
+            event["pid"] = 441
+    paths = []
+    for name, doc in (("a.json", first), ("b.json", other)):
+        path = tmp_path / name
+        path.write_text(json.dumps(doc))
+        paths.append(path)
+    job = load_kineto(paths)
+    assert job.ranks == ["rank0", "rank1"]
+    assert not any("windows" in note for note in job.notes)

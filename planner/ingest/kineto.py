@@ -484,9 +484,16 @@ def _load_kineto(paths: Sequence[Path], et_paths: Sequence[Path] | None, options
     used: set[str] = set()
     keep = keep_args_pattern(options.patterns)
 
+    processes: dict[frozenset[int], int] = {}  # a file without distributedInfo: its process
+
     def read(order: int, path: Path) -> tuple[str, RankEvents]:
         ev = read_rank(path, memo=arg_memo, keep=keep)
-        return (f"rank{ev.rank}" if ev.rank is not None else f"rank{order}"), ev
+        if ev.rank is not None:
+            return f"rank{ev.rank}", ev
+        # no rank in the file: one rank per process, in order of first appearance, so
+        # that the windows of a one-process job (a schedule with repeat) are joined
+        number = processes.setdefault(frozenset(ev.pids), len(processes))
+        return f"rank{number}", ev
 
     def once(ranks: Iterator[tuple[str, RankEvents, int]]) -> Iterator[tuple[str, RankEvents]]:
         for name, ev, count in ranks:
