@@ -22,12 +22,17 @@ Parent RSS: the timed process's peak; worker RSS: the largest peak of the proces
 ran the rank tasks (ru_maxrss, MiB); ``x file``: worker peak / the largest rank file
 inflated (its JSON text), the factor by which a worker's memory follows the rank size.
 
+``--baseline DIR`` (a checkout of other code, e.g. ``git worktree add DIR main``) runs
+every mode also on DIR's `planner` package, interleaved, as ``<mode> @base``: a
+same-run baseline for a speed change (its documents must be the same too).
+
 ``hta load`` (``--modes ... "hta load"``; ``pip install -e '.[bench]'``) times HTA 0.5.0's
 ``TraceAnalysis(trace_dir=...)`` on the same folder, interleaved with the others; its
 worker MiB is the largest of its parsing subprocesses.
 
 Usage: nice python bench/bench_ranks.py [--sizes 8 64] [--repeat 3] [--modes ...]
                                         [--command metrics|schedule|simulate|analyze]
+                                        [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ DATA = HERE / "_data" / "ranks"
 WORLD = 1024
 MODES = ("one process", "-j 1", "-j 2", "dask")
 HTA = "hta load"
+BASE = "@base"
 
 CHILD = r"""
 import hashlib, json, resource, sys
@@ -177,11 +183,16 @@ def largest_rank_mib(folder: Path) -> float:
     return len(gzip.decompress(biggest.read_bytes())) / 2**20
 
 
-def run(mode: str, folder: Path, command: str) -> dict[str, Any]:
-    """One configuration as a whole process: wall seconds and its figures."""
+def run(mode: str, folder: Path, command: str, code: Path = HERE.parent) -> dict[str, Any]:
+    """One configuration as a whole process: wall seconds and its figures. `code`: the
+    checkout whose `planner` package runs (the process starts in it, so that its
+    package comes first on the path)."""
     t0 = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, mode, str(folder), command], capture_output=True, text=True
+        [sys.executable, "-c", CHILD, mode, str(folder), command],
+        capture_output=True,
+        text=True,
+        cwd=code,
     )
     seconds = time.perf_counter() - t0
     if done.returncode != 0:
@@ -197,6 +208,12 @@ def main() -> None:
     parser.add_argument(
         "--command", choices=["metrics", "schedule", "simulate", "analyze"], default="metrics"
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="a checkout of other code (git worktree add DIR main): each mode also runs on "
+        "its planner package, interleaved, as '<mode> @base'",
+    )
     args = parser.parse_args()
     print(
         f"planner {args.command}{' -a caramel' if args.command == 'schedule' else ''}"
@@ -204,16 +221,19 @@ def main() -> None:
         f"source: {SOURCE} (2 real ranks), copies jittered; medians of {args.repeat} runs"
     )
     print(
-        f"{'ranks':>6} {'mode':<12} {'total s':>8} {'s/rank':>7} {'parent MiB':>10} "
+        f"{'ranks':>6} {'mode':<17} {'total s':>8} {'s/rank':>7} {'parent MiB':>10} "
         f"{'worker MiB':>10} {'x file':>6} {'procs':>5}  same document"
     )
     for size in args.sizes:
         folder = build(size)
         file_mib = largest_rank_mib(folder)
-        got: dict[str, list[dict[str, Any]]] = {m: [] for m in args.modes}
+        codes = {m: HERE.parent for m in args.modes}
+        if args.baseline is not None:
+            codes.update({f"{m} {BASE}": args.baseline for m in args.modes if m != HTA})
+        got: dict[str, list[dict[str, Any]]] = {m: [] for m in codes}
         for _ in range(args.repeat):
-            for mode in args.modes:  # interleaved: each round runs every mode once
-                got[mode].append(run(mode, folder, args.command))
+            for mode, code in codes.items():  # interleaved: each round runs every mode once
+                got[mode].append(run(mode.removesuffix(f" {BASE}"), folder, args.command, code))
         shas = {r["sha"] for runs in got.values() for r in runs if r["sha"] is not None}
         for mode, runs in got.items():
             total = statistics.median(r["seconds"] for r in runs)
@@ -221,7 +241,7 @@ def main() -> None:
             worker = statistics.median(r["worker_mib"] for r in runs)
             same = "-" if mode == HTA else "yes" if len(shas) == 1 else "NO"
             print(
-                f"{size:>6} {mode:<12} {total:>8.2f} {total / size:>7.3f} {parent:>10.0f} "
+                f"{size:>6} {mode:<17} {total:>8.2f} {total / size:>7.3f} {parent:>10.0f} "
                 f"{worker:>10.0f} {worker / file_mib:>6.1f} {runs[0]['workers']:>5}  {same}"
             )
         digest = hashlib.sha256("".join(sorted(shas)).encode()).hexdigest()[:12]

@@ -88,8 +88,11 @@ def step_metrics(
 
     `device` (`device_ops`) restricts a GPU rank's rows to its device work.
     """
+    ops = rows["op"].tolist()  # plain strings: a pandas string column iterates slowly
     if device is not None:
-        rows = rows[rows["op"].isin(device).to_numpy()]
+        keep = np.fromiter((n in device for n in ops), dtype=bool, count=len(ops))
+        rows = rows[keep]
+        ops = [n for n, k in zip(ops, keep.tolist(), strict=True) if k]
     starts = rows["start"].to_numpy()
     durations = rows["duration"].to_numpy()
     if len(rows) == 0:
@@ -100,14 +103,11 @@ def step_metrics(
     umax = float(per_resource.sum()) / 1e9
     lmin = float(per_resource.max()) / 1e9
     m = busy / 1e9
-    ordered = ("recv", "collective")
-    kinds = rows["op"].map({name: op.kind for name, op in graph.ops.items()})
-    recvs = rows[kinds.isin(ordered).to_numpy()]
-    order = tuple(
-        recvs.assign(end=recvs["start"] + recvs["duration"])
-        .sort_values(["end", "op"], kind="stable")["op"]
-        .tolist()
-    )
+    ordered = {name for name, op in graph.ops.items() if op.kind in ("recv", "collective")}
+    ends = (starts + durations).tolist()
+    # by (end, op): rows equal in both name the same op, so any stable order is this one
+    pairs = sorted((e, n) for e, n in zip(ends, ops, strict=True) if n in ordered)
+    order = tuple(n for _, n in pairs)
     applies = any(op.is_transfer for op in graph.ops.values())
     return StepMetrics(
         rank=rank,
@@ -236,7 +236,7 @@ def transfer_windows(
     own = op_first_read or {}
     frame["window_end"] = [
         own[op].get(int(s) + 1, np.nan) if op in own else first_read.get(int(s) + 1, np.nan)
-        for s, op in zip(frame["iteration"], frame["op"], strict=True)
+        for s, op in zip(frame["iteration"].tolist(), frame["op"].tolist(), strict=True)
     ]
     frame["window"] = frame["window_end"] - frame["ready"]
     frame["slack"] = frame["window"] - (frame["start"] + frame["duration"] - frame["ready"])

@@ -11,6 +11,7 @@ the Dask workers (a shared file system).
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import resource
@@ -384,6 +385,12 @@ def map_ranks(
         return mapper(task, rank_inputs, each)
 
 
+WARM = ("planner.analysis", "planner.pipeline", "planner.simulate", "planner.buckets")
+"""Modules every rank task imports (pandas, networkx and the analysis: ~0.5 s of CPU per
+process), loaded before a local pool starts: its workers are forked (Linux) with them
+loaded, instead of each importing them again, and the parent needs them for the join."""
+
+
 @contextmanager
 def rank_mapper(
     workers: int | None = None, dask_address: str | None = None, ranks: int = 2
@@ -398,6 +405,8 @@ def rank_mapper(
         yield partial(_map, map)
     else:
         count = max(1, min(workers or os.cpu_count() or 1, ranks))
+        for module in WARM:
+            importlib.import_module(module)
         with ProcessPoolExecutor(max_workers=count) as pool:
             try:
                 yield partial(_map, pool.map)

@@ -15,6 +15,7 @@ the same order as `planner.metrics.bounds`, so that the floats are the same.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +35,25 @@ def load_one_rank(paths: Sequence[str | Path]) -> Job:
         raise InputError(
             paths[0], f"holds {len(job.graphs)} ranks ({', '.join(job.ranks)}); give one rank"
         )
-    return job
+    return plain_text(job)
+
+
+def plain_text(job: Job) -> Job:
+    """`job` with its timings' text columns (rank, op) as Python strings (object
+    columns), not pandas string arrays: the same values, which a rank's analysis maps,
+    filters and iterates about twice as fast (the per-rank path's speed; one process
+    keeps the ingest's frames)."""
+    import pandas as pd
+
+    from planner.trace import Trace
+
+    def frame(table: Mapping[str, Any]) -> pd.DataFrame:
+        return pd.DataFrame(
+            {k: pd.Series(v, dtype=object) if v.dtype == object else v for k, v in table.items()}
+        )
+
+    trace = Trace(frame(job.trace.table), frame(job.trace.span_table))
+    return replace(job, trace=trace)
 
 
 def rank_summary(paths: Sequence[str], plans: bool = False) -> dict[str, Any]:

@@ -48,16 +48,15 @@ def ready_summary(job: Job, paths: Sequence[str], summary: dict[str, Any]) -> di
     """`summary` (the `summary_of` one-rank `job`) plus its ``ready`` times (see
     `replay_summary`); InputError when the rank has no timings."""
     from planner import simulate as sim
+    from planner.oracle import TimeOracle
 
     sim.require_timings(job)
     (rank,) = job.ranks
-    graph = job.graphs[rank]
-    frame = sim._frame(job)
-    compiled = sim.compile_graph(graph)
-    rows = frame[frame["rank"] == rank]
-    models = sim._step_models(
-        compiled, rows, sim.mean_of_runs(graph, rows), sim.spans_of(job, rank)
-    )
+    compiled = sim.compile_graph(job.graphs[rank])
+    # the ready times follow the observed starts and durations alone: neither the ops'
+    # dedicated times nor the fallback oracle (times of unrecorded ops) change them
+    rows = job.trace.of(rank)
+    models = sim._step_models(compiled, rows, TimeOracle(times={}), sim.spans_of(job, rank))
     ready: dict[int, dict[str, int]] = {}
     for it, (_, _, model) in models.items():
         keep = [int(i) for i in (compiled.transfer & model.observed).nonzero()[0]]

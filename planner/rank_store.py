@@ -69,7 +69,9 @@ def load(folder: str, paths: Sequence[str]) -> Job | None:
     except (OSError, ValueError):
         return None
     target.unlink(missing_ok=True)
-    return _job(arrays)
+    from planner.pipeline import plain_text
+
+    return plain_text(_job(arrays))
 
 
 def _arrays(job: Job) -> dict[str, np.ndarray]:
