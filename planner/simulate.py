@@ -146,6 +146,7 @@ def _draws(seed: int, sample_ids: Iterable[int], n: int) -> np.ndarray:
         out = np.empty((len(ids), n), dtype=np.float64)
         for row, i in enumerate(ids):
             out[row] = np.random.default_rng((int(seed), i)).random(n)
+        out.flags.writeable = False  # shared by the callers: a write would fail loudly
         if len(_DRAWN) >= 4:
             _DRAWN.pop(next(iter(_DRAWN)))
         _DRAWN[key] = out
