@@ -45,7 +45,8 @@ def _disagreements(out: Path, capsys: pytest.CaptureFixture[str]) -> list[str]:
     job = load_kineto([out / "rank0.json", out / "rank1.json"])
     graph = job.graphs["rank0"]
     fit = trace_network_model(graph, job.trace.timings)
-    assert network_problem(fit) is None, network_problem(fit)  # 4 sizes, R² >= 0.9
+    if network_problem(fit) is not None:  # 4 sizes, R² >= 0.9; a noisy run is tried again
+        return [f"trace fit: {network_problem(fit)}"]
     sizes = sorted({graph.ops[n].nbytes for n in graph.transfers if graph.ops[n].nbytes > 0})
     assert len(sizes) == 4
     code, _, err = run_cli(["bench-network", "--sizes", ",".join(map(str, sizes)),
