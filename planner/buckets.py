@@ -28,6 +28,16 @@ calibrated on the traced steps (the value whose replay of the traced buckets mat
 the measured steps) and reported with the per-step replay errors left after it; a
 trace whose collectives never overlap the backward pass cannot tell ``kappa`` and
 gets no recommendation.
+
+**DDP's copy back.** When the backward pass ends, DDP copies each bucket back into the
+gradients once its all-reduce is done (``copy_bucket_to_grad``, on the main thread), at
+the speed the trace shows (`Profile.copy_rate`): a single large bucket's copy is on the
+critical path, many small ones' mostly overlap the later all-reduces.
+
+**The profiler's cost.** The profiler slows the steps it records, and every prediction
+starts from them. Given the job's step time without the profiler at the traced
+configuration (from its training log), the traced steps are scaled to it first
+(`without_profiler`).
 """
 
 from __future__ import annotations

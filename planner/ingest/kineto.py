@@ -498,7 +498,12 @@ def _load_kineto(paths: Sequence[Path], et_paths: Sequence[Path] | None, options
     def once(ranks: Iterator[tuple[str, RankEvents, int]]) -> Iterator[tuple[str, RankEvents]]:
         for name, ev, count in ranks:
             if name in used:
-                raise InputError(ev.path, f"{name} is given twice (distributedInfo.rank repeats)")
+                why = (
+                    "distributedInfo.rank repeats"
+                    if ev.rank is not None
+                    else "no distributedInfo, and another file of its process is not next to it"
+                )
+                raise InputError(ev.path, f"{name} is given twice ({why})")
             used.add(name)
             if count > 1:
                 windows.append(f"{name}: {count} windows of one profiling session joined")
