@@ -695,24 +695,33 @@ def critical_waits(model: StepModel, start: np.ndarray, end: np.ndarray, last: i
     of the same resource that did (a busy thread or channel); the walk stops where
     neither exists (the step's start, an op whose time is unknown)."""
     c = model.compiled
-    n_all = len(c.names)
     n = len(model.overhead)
     order = np.argsort(c.dst, kind="stable")
     pred_of = c.src[order]
-    ptr = np.searchsorted(c.dst[order], np.arange(n_all + 1))
-    by_end = {
-        (int(r), int(e)): i for i, (r, e) in enumerate(zip(c.res, end, strict=True)) if e >= 0
-    }
+    ptr = np.searchsorted(c.dst[order], np.arange(len(c.names) + 1))
+    # the ops with a known end, by (resource, end, index): the op of a resource that
+    # ended at a time is the last of its run (the highest index, as a dict would keep)
+    known = np.flatnonzero(end >= 0)
+    by_end = known[np.lexsort((known, end[known], c.res[known]))]
+    res_sorted, end_sorted = c.res[by_end], end[by_end]
+
+    def ended_at(r: int, t: int) -> int:
+        lo, hi = np.searchsorted(res_sorted, r, "left"), np.searchsorted(res_sorted, r, "right")
+        k = lo + int(np.searchsorted(end_sorted[lo:hi], t, "right")) - 1
+        return int(by_end[k]) if lo <= k < hi and end_sorted[k] == t else -1
+
     on = np.zeros(n, dtype=bool)
-    seen = np.zeros(n_all, dtype=bool)
+    # the walk visits up to every op once: plain lists, not numpy scalars, per step
+    preds_of, ptrs = pred_of.tolist(), ptr.tolist()
+    starts, ends, res = start.tolist(), end.tolist(), c.res.tolist()
+    seen: set[int] = set()
     x = last
-    while x >= 0 and not seen[x] and start[x] > 0:
-        seen[x] = True
+    while x >= 0 and x not in seen and starts[x] > 0:
+        seen.add(x)
         if n <= x < 2 * n:
             on[x - n] = True
-        preds = pred_of[ptr[x] : ptr[x + 1]]
-        held = preds[end[preds] == start[x]]
-        x = int(held[0]) if len(held) else by_end.get((int(c.res[x]), int(start[x])), -1)
+        held = [u for u in preds_of[ptrs[x] : ptrs[x + 1]] if ends[u] == starts[x]]
+        x = held[0] if held else ended_at(res[x], starts[x])
     return on
 
 
