@@ -43,7 +43,7 @@ configuration (from its training log), the traced steps are scaled to it first
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -230,6 +230,10 @@ class Profile:
     observed_buckets: np.ndarray
     cpu: bool
     lanes: int  # the most collectives a rank ever had in flight at once
+    # kappa -> per step the latest rank's backward work per gradient (`backward_work`)
+    work: dict[float, list[np.ndarray]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @property
     def measured(self) -> float:
@@ -275,11 +279,22 @@ def step_times(
     ids = np.asarray(buckets)
     rate = p.copy_rate
     out = []
-    for ranks in p.steps.values():
-        work = np.max([decontend(s.ready, s.busy, kappa) for s in ranks], axis=0)
+    for work, ranks in zip(backward_work(p, kappa), p.steps.values(), strict=True):
         end = replay(work, ids, p.sizes, network, kappa, p.lanes, rate)
         out.append(end + max(s.tail - s.copy_tail for s in ranks))
     return out
+
+
+def backward_work(p: Profile, kappa: float) -> list[np.ndarray]:
+    """Per step, the latest rank's backward work behind each gradient (`decontend`),
+    kept in `p` per `kappa`: the sweep replays every cap at the same few kappas."""
+    works = p.work.get(kappa)
+    if works is None:
+        works = p.work[kappa] = [
+            np.max([decontend(s.ready, s.busy, kappa) for s in ranks], axis=0)
+            for ranks in p.steps.values()
+        ]
+    return works
 
 
 def profile(job: Job) -> Profile | None:

@@ -30,6 +30,15 @@ from typing import Any
 
 from planner.errors import InputError
 
+try:  # ISA-L inflates Kineto's gzip ~3x faster than zlib (a quarter of reading a rank)
+    from isal import igzip as _gzip
+    from isal.isal_zlib import error as _IsalError
+
+    _GZIP_ERRORS: tuple[type[Exception], ...] = (EOFError, zlib.error, _IsalError, gzip.BadGzipFile)
+except ImportError:  # pragma: no cover - isal is a dependency; the standard gzip is the fallback
+    _gzip = gzip  # type: ignore[misc]
+    _GZIP_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile)
+
 MAX_DECOMPRESSED = 8 << 30
 """Content (a plain file's size, or what a gzip inflates to) above this is refused.
 
@@ -190,7 +199,7 @@ def iter_content(path: Path, piece: int = STREAM_PIECE) -> Iterator[bytes]:
             packed = handle.read(2) == GZIP_MAGIC
             handle.seek(0)
             if packed:
-                stream = gzip.GzipFile(fileobj=handle)
+                stream = _gzip.GzipFile(fileobj=handle)
             while chunk := stream.read(piece):
                 total += len(chunk)
                 if total > limit:
@@ -203,7 +212,7 @@ def iter_content(path: Path, piece: int = STREAM_PIECE) -> Iterator[bytes]:
                         "bomb? raise PLANNER_MAX_GZIP_RATIO to allow it",
                     )
                 yield chunk
-    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+    except _GZIP_ERRORS as exc:
         raise InputError(path, f"broken gzip data ({exc})") from None
     except OSError as exc:
         raise InputError(path, f"cannot read ({exc.strerror or exc})") from None
@@ -249,7 +258,7 @@ def read_head(path: Path, size: int = 1 << 16) -> bytes:
             handle.seek(0)
             with gzip.GzipFile(fileobj=handle) as stream:
                 return stream.read(size)
-    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+    except _GZIP_ERRORS as exc:
         raise InputError(path, f"broken gzip data ({exc})") from None
     except OSError as exc:
         raise InputError(path, f"cannot read ({exc.strerror or exc})") from None

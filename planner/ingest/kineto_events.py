@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from planner.errors import InputError
@@ -122,7 +123,34 @@ def _arg_flags(name: str, memo: ArgFlags, keep: re.Pattern[str] | None = None) -
     return flags
 
 
-_NUMBER, _INT, _STR, _DICT = {int, float}, {int}, {str}, {dict}
+_STR, _DICT = {str}, {dict}
+_NULL = msgspec.Raw(b"null")
+
+
+class _Event(msgspec.Struct, gc=False):
+    """The fields of a trace event the streaming reader reads; the others are skipped
+    unparsed and ``args`` is kept as its JSON text. A field of another type fails the
+    piece (`_Irregular`): the whole-document reader words the problem."""
+
+    ph: Any = None
+    name: str | None = None
+    cat: str = ""
+    ts: float | None = None
+    dur: float | None = None
+    pid: Any = None
+    tid: Any = None
+    args: msgspec.Raw = _NULL
+
+
+class _Ids(msgspec.Struct, gc=False):
+    """The ids every complete event's args carry, parsed without building the args."""
+
+    correlation: int = -1
+    rf: int = msgspec.field(name="Record function id", default=0)
+
+
+_PIECE = msgspec.json.Decoder(list[_Event])
+_IDS = msgspec.json.Decoder(list[_Ids | None])
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 STREAM_CHUNK = 1 << 16
 """Bytes of decompressed JSON parsed at a time by the streaming reader (bounds its memory)."""
@@ -250,24 +278,21 @@ class _Columns:
         self.args: dict[int, Any] = {}
         self.meta_names: dict[tuple[Any, Any], str] = {}
 
-    def add(self, events: list[Any]) -> None:
+    def add(self, events: list[_Event]) -> None:
         """Append the complete events of `events` (raises `_Irregular` on anything odd).
 
-        One list comprehension per field, type checks per column and codes through
-        dicts keep the per-event work in C loops.
+        One list comprehension per field and codes through dicts keep the per-event work
+        in C loops; the types were checked as the piece was parsed (`_Event`).
         """
-        try:
-            phs = [e.get("ph") for e in events]
-        except AttributeError:  # not an event object
-            raise _Irregular from None
+        phs = [e.ph for e in events]
         if "M" in phs:  # the metadata: Kineto writes it last, so most blocks have none
             for e, ph in zip(events, phs, strict=True):
-                if ph == "M" and e.get("name") == "thread_name":
-                    key = (e.get("pid"), e.get("tid"))
+                if ph == "M" and e.name == "thread_name":
+                    key = (e.pid, e.tid)
                     if type(key[0]) in _UNHASHABLE or type(key[1]) in _UNHASHABLE:
                         raise _Irregular
                     if key not in self.meta_names:
-                        meta = e.get("args") or {}
+                        meta = _json.loads(bytes(e.args)) or {}
                         if meta.__class__ is not dict:
                             raise _Irregular
                         self.meta_names[key] = str(meta.get("name", ""))
@@ -275,46 +300,41 @@ class _Columns:
         if not xs:
             return
         row0 = len(self.ts)
-        names = [e.get("name") for e in xs]  # None (no name) fails the type test below
-        cats = [e.get("cat", "") for e in xs]
-        ts = [e.get("ts") for e in xs]
-        dur = [e.get("dur") for e in xs]
-        args = [e.get("args") or {} for e in xs]
-        if not (
-            set(map(type, ts)) <= _NUMBER
-            and set(map(type, dur)) <= _NUMBER
-            and set(map(type, names)) <= _STR
-            and set(map(type, cats)) <= _STR
-            and set(map(type, args)) <= _DICT
-        ):
+        names = [e.name for e in xs]
+        ts = [e.ts for e in xs]
+        dur = [e.dur for e in xs]
+        if None in names or None in ts or None in dur:
             raise _Irregular
-        corr = [a.get("correlation", -1) for a in args]
-        rf = [a.get("Record function id", 0) for a in args]
-        if not (set(map(type, corr)) <= _INT and set(map(type, rf)) <= _INT):
-            raise _Irregular
+        raw_args = [e.args for e in xs]
         try:
-            keys = list(zip([e.get("pid") for e in xs], [e.get("tid") for e in xs], strict=True))
+            ids = _IDS.decode(b"[" + b",".join(raw_args) + b"]")
+        except msgspec.DecodeError:  # args that are no object: an odd file
+            raise _Irregular from None
+        corr = [-1 if i is None else i.correlation for i in ids]
+        rf = [0 if i is None else i.rf for i in ids]
+        try:
+            keys = list(zip([e.pid for e in xs], [e.tid for e in xs], strict=True))
             pairs = self.lane_ids
             known = len(pairs)
             pair_code = [pairs.setdefault(k, len(pairs)) for k in keys]
             for new in range(known, len(pairs)):  # a new (pid, tid): its lane, maybe new
                 first = pair_code.index(new)
-                self._new_lane(keys[first], row0 + first, args[first])
+                self._new_lane(keys[first], row0 + first, _args(raw_args[first]))
             self.corr.frombytes(np.array(corr, dtype=np.int64).tobytes())
             self.rf.frombytes(np.array(rf, dtype=np.int64).tobytes())
         except (TypeError, OverflowError):  # unhashable or out-of-range values
             raise _Irregular from None
-        ids = self.name_ids
-        known = len(ids)
-        name_code = np.array([ids.setdefault(n, len(ids)) for n in names], dtype=np.int32)
-        for name in itertools.islice(ids, known, None):
+        name_ids = self.name_ids
+        known = len(name_ids)
+        name_code = np.array([name_ids.setdefault(n, len(name_ids)) for n in names], np.int32)
+        for name in itertools.islice(name_ids, known, None):
             self.names.append(name)
             keep, ccl = _arg_flags(name, self.memo, self.keep)
             self.keep_name.append(keep)
             self.ccl_name.append(ccl)
         cat_ids = self.cat_ids
         known = len(cat_ids)
-        cat_code = np.array([cat_ids.setdefault(c, len(cat_ids)) for c in cats], dtype=np.int32)
+        cat_code = np.array([cat_ids.setdefault(e.cat, len(cat_ids)) for e in xs], np.int32)
         for cat in itertools.islice(cat_ids, known, None):
             self.cats.append(cat.lower())
             self.gpu_cat.append(cat.lower() in GPU_CATS)
@@ -322,7 +342,7 @@ class _Columns:
             np.array(self.ccl_name)[name_code] & np.array(self.gpu_cat)[cat_code]
         )
         for i in np.flatnonzero(keep).tolist():
-            self.args[row0 + i] = args[i]
+            self.args[row0 + i] = _args(raw_args[i])
         # numpy converts a block of Python numbers at once, array.extend one by one
         self.name_code.frombytes(name_code.tobytes())
         self.cat_code.frombytes(cat_code.tobytes())
@@ -390,13 +410,20 @@ def _chunks(path: Path) -> Iterator[bytes]:
     return _files.iter_content(path, STREAM_CHUNK)
 
 
-def _parse_array(body: bytes) -> list[Any] | None:
-    """`body` (events separated by commas) as a list, or None when it is not one."""
+def _args(raw: msgspec.Raw) -> dict[str, Any]:
+    """An event's args (its ``args`` JSON text, checked an object or null by `_IDS`)."""
+    return _json.loads(bytes(raw)) or {}
+
+
+def _parse_array(body: bytes) -> list[_Event] | None:
+    """`body` (events separated by commas) as events, or None when it is no JSON array
+    (a cut inside an event); `_Irregular` when an event's field has another type."""
     try:
-        parsed = _json.loads(b"[" + body + b"]")
-    except _JSONError:
+        return _PIECE.decode(b"[" + body + b"]")
+    except msgspec.ValidationError:
+        raise _Irregular from None
+    except msgspec.DecodeError:
         return None
-    return parsed if isinstance(parsed, list) else None
 
 
 def _too_long(path: Path, pending: bytearray) -> _Irregular:
