@@ -15,7 +15,7 @@ from planner import simulate as sim
 from planner.ingest import detect
 from planner.report import Thresholds, failures, junit_xml, markdown_summary, render_html
 from planner.report.ci import unchecked
-from planner.report.html import NOT_AVAILABLE
+from planner.report.html import MAX_ROWS, NOT_AVAILABLE
 from tests.conftest import DEMO, REPO, SHARED, need, run_cli
 
 TORCH = REPO / "traces" / "torch" / "resnet_ddp"
@@ -147,3 +147,40 @@ def test_ci_outputs_on_ps_metrics(demo_job) -> None:  # noqa: ANN001
     root = ET.fromstring(junit_xml(metrics, gate))
     assert int(root.get("failures")) == len(metrics["steps"])
     assert "min_utilization: not available" in root.find(".//system-out").text
+
+
+def test_a_report_of_many_ranks_plots_the_timeline_ranks_and_tables_every_rank(
+    torch_report: dict[str, Any],
+) -> None:
+    """Above `analysis.TIMELINE_RANKS` ranks the per-step plots draw the slowest, the
+    fastest and the most often last rank (a plot of 1,000 ranks is unreadable and took
+    seconds); the tables still hold every rank's rows. The real 2-rank job's rows, copied to 20
+    ranks whose mean makespans grow with the rank number."""
+    metrics = torch_report["metrics"]
+    world = analysis.TIMELINE_RANKS + 4
+
+    def copies(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for k in range(world):
+            for row in rows:
+                if row["rank"] == f"rank{k % 2}":
+                    out.append({**row, "rank": f"rank{k}"})
+        return out
+
+    ranks = copies(metrics["ranks"])
+    for k, row in enumerate(ranks):
+        row["makespan_mean"] = metrics["ranks"][k % 2]["makespan_mean"] * (1 + k / 100)
+    allreduce = {**metrics["allreduce"], "steps": copies(metrics["allreduce"]["steps"])}
+    many = {**metrics, "steps": copies(metrics["steps"]), "ranks": ranks, "allreduce": allreduce}
+    sections = _sections(render_html({**torch_report, "metrics": many}, files=["report.json"]))
+    shown = analysis.timeline_ranks([f"rank{k}" for k in range(world)], many)
+    last = f"rank{world - 1}"
+    assert {"rank0", last} <= shown and len(shown) <= 3
+    for name in ("steps", "efficiency"):
+        plot, rest = sections[name].split("</figure>", 1)
+        assert f"Drawn for {len(shown)} of {world} ranks" in plot
+        drawn = set(re.findall(r"rank\d+", plot.split("<figcaption>")[0]))
+        assert drawn == shown, name  # the svg names the drawn ranks only
+        table = rest.split("</table>")[0]
+        rows = len(copies(metrics["steps"]))
+        assert table.count("<tr>") - 1 == min(rows, MAX_ROWS), name  # every rank's rows

@@ -331,6 +331,27 @@ def summary_section(report: Mapping[str, Any]) -> str:
     return f'<div class="cards">{html_cards}</div>{per_rank}{extra}'
 
 
+def _plotted(
+    report: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]
+) -> tuple[list[Mapping[str, Any]], str]:
+    """The per-step rows a plot draws, and what its caption adds: every rank's up to
+    `analysis.TIMELINE_RANKS` ranks; above, those of the ranks the timelines show (the
+    slowest, the fastest, the most often last: `analysis.timeline_ranks`), so that the
+    plot of a job of 1,000 ranks stays readable and costs what a small job's does. The
+    tables (up to `MAX_ROWS` rows) and report.json hold every rank."""
+    ranks = list(dict.fromkeys(r["rank"] for r in rows))
+    from planner.analysis import TIMELINE_RANKS, timeline_ranks
+
+    if len(ranks) <= TIMELINE_RANKS:
+        return list(rows), ""
+    shown = timeline_ranks(ranks, report.get("metrics") or {})
+    names = ", ".join(r for r in ranks if r in shown)
+    return [r for r in rows if r["rank"] in shown], (
+        f" Drawn for {len(shown)} of {len(ranks)} ranks ({names}: the slowest, the fastest"
+        " and the one most often last); the table and report.json hold every rank."
+    )
+
+
 def steps_section(report: Mapping[str, Any]) -> str:
     """Per-step iteration time with its compute / communication / overlap breakdown."""
     metrics = report.get("metrics")
@@ -352,9 +373,11 @@ def steps_section(report: Mapping[str, Any]) -> str:
             ]
             for s in allreduce
         ]
+        drawn, shown = _plotted(report, allreduce)
         return figure(
-            _plots().step_breakdown(allreduce),
-            "Compute C, communication N and their overlap alpha·min(C, N) (Caramel §3.1).",
+            _plots().step_breakdown(drawn),
+            "Compute C, communication N and their overlap alpha·min(C, N) (Caramel §3.1)."
+            + shown,
         ) + table(
             ["rank", "step", "iteration T", "compute C", "network N", "alpha", "rho",
              "utilization", "idle"],
@@ -374,8 +397,9 @@ def steps_section(report: Mapping[str, Any]) -> str:
         ]
         for s in steps
     ]
+    drawn, shown = _plotted(report, steps)
     return figure(
-        _plots().step_times(steps), "Busy makespan m, idle time, and the bounds Lmin, Umax."
+        _plots().step_times(drawn), "Busy makespan m, idle time, and the bounds Lmin, Umax." + shown
     ) + table(["rank", "step", "span", "busy m", "idle", "Lmin", "Umax"], rows, left=1)
 
 
@@ -407,10 +431,12 @@ def efficiency_section(report: Mapping[str, Any]) -> str:
         ]
         for r in metrics.get("ranks") or []
     ]
+    drawn, shown = _plotted(report, steps)
     return (
         figure(
-            _plots().efficiency(steps, gate),
-            "E = (Umax − m) / (Umax − Lmin): 1 = as good as the bounds allow (TicTac §3.2).",
+            _plots().efficiency(drawn, gate),
+            "E = (Umax − m) / (Umax − Lmin): 1 = as good as the bounds allow (TicTac §3.2)."
+            + shown,
         )
         + table(["rank", "step", "efficiency E", "speedup bound S", "busy m"], rows)
         + "<h3>Per rank</h3>"
