@@ -11,6 +11,7 @@ the Dask workers (a shared file system).
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import re
@@ -407,12 +408,18 @@ def rank_mapper(
         count = max(1, min(workers or os.cpu_count() or 1, ranks))
         for module in WARM:
             importlib.import_module(module)
-        with ProcessPoolExecutor(max_workers=count) as pool:
-            try:
-                yield partial(_map, pool.map)
-            except BaseException:
-                pool.shutdown(cancel_futures=True)  # tasks sent ahead are not waited for
-                raise
+        # the modules' objects outlive every rank: the collector of a forked worker (and of
+        # this process) need not scan them again at each collection of a rank's objects
+        gc.freeze()
+        try:
+            with ProcessPoolExecutor(max_workers=count) as pool:
+                try:
+                    yield partial(_map, pool.map)
+                except BaseException:
+                    pool.shutdown(cancel_futures=True)  # tasks sent ahead are not waited for
+                    raise
+        finally:
+            gc.unfreeze()
 
 
 def _map(
