@@ -315,37 +315,48 @@ def rank_profile(job: Job, rank: str) -> Profile | None:
     steps = ((job.meta.get("ranks") or {}).get(rank) or {}).get("gradient_ready")
     if not steps:
         return None
-    spans = job.trace.spans.set_index(["rank", "iteration"])
-    t = job.trace.timings
-    mine = t[t["rank"] == rank]
-    copies = mine[mine["op"].str.contains("copy_bucket_to_grad", regex=False)]
-    t = mine[mine["op"].str.contains("all_reduce", regex=False)]
+    spans = job.trace.spans
+    spans = spans[spans["rank"] == rank]
+    span_of = {
+        step: (start, end)
+        for step, start, end in zip(
+            spans["iteration"].tolist(), spans["start"].tolist(), spans["end"].tolist(),
+            strict=True,
+        )
+    }  # fmt: skip
+    mine = job.trace.timings
+    mine = mine[mine["rank"] == rank]
+    ops = mine["op"].tolist()
+    is_copy = np.fromiter(("copy_bucket_to_grad" in op for op in ops), bool, len(ops))
+    is_collective = np.fromiter(("all_reduce" in op for op in ops), bool, len(ops))
+    iteration = mine["iteration"].to_numpy()
+    start_ns = mine["start"].to_numpy()
+    duration_ns = mine["duration"].to_numpy()
     by_step: dict[int, list[Step]] = {}
     sizes: list[int] | None = None
     lanes = 1
     for step, grads in steps.items():
-        if (rank, int(step)) not in spans.index:
+        if int(step) not in span_of:
             continue
         if sizes is None:
             sizes = [g[1] for g in grads]
         if [g[1] for g in grads] != sizes:
             return None  # steps disagree on the gradients: no one ready order
-        start, end = spans.loc[(rank, int(step))][["start", "end"]].tolist()
+        start, end = span_of[int(step)]
         times = np.array([g[0] for g in grads], dtype=np.float64)
-        c = t[t["iteration"] == int(step)]
-        ends = (c["start"] + c["duration"]).to_numpy(dtype=np.float64)
-        last = max(times.max(), float(ends.max()) if len(c) else 0.0)
+        c = is_collective & (iteration == int(step))
+        starts = start_ns[c].astype(np.float64)
+        ends = (start_ns[c] + duration_ns[c]).astype(np.float64)
+        last = max(times.max(), float(ends.max()) if len(ends) else 0.0)
         busy = _union(
-            [((a - start) / 1e9, (b - start) / 1e9)
-             for a, b in zip(c["start"].to_numpy(dtype=np.float64), ends, strict=True)]
-        )  # fmt: skip
-        starts = c["start"].to_numpy(dtype=np.float64)
+            [((a - start) / 1e9, (b - start) / 1e9) for a, b in zip(starts, ends, strict=True)]
+        )
         if len(starts):  # the most in flight at once: greedy interval partitioning
             lane = simulate.lanes(np.zeros(len(starts)), starts, ends - starts)
             lanes = max(lanes, int(lane.max()) + 1)
-        k = copies[copies["iteration"] == int(step)]
-        copy_starts = k["start"].to_numpy(dtype=np.float64)
-        copy_spans = k["duration"].to_numpy(dtype=np.float64)
+        k = is_copy & (iteration == int(step))
+        copy_starts = start_ns[k].astype(np.float64)
+        copy_spans = duration_ns[k].astype(np.float64)
         by_step.setdefault(int(step), []).append(
             Step((times - start) / 1e9, busy, (end - last) / 1e9, (end - start) / 1e9,
                  float(copy_spans.sum()) / 1e9,
