@@ -237,3 +237,19 @@ def test_an_untraced_step_time_far_from_the_trace_is_refused(capsys):
     )  # fmt: skip
     assert code == 2 and out == ""
     assert err.strip().count("\n") == 0 and "--untraced-step-time" in err and "2x" in err
+
+
+@pytest.mark.parametrize("kappa", [1.0, 1.25, 2.0, 3.5])
+def test_the_latest_ranks_work_is_the_largest_decontended_ready_time(kappa):
+    """`backward_work` (all ranks at once, spans padded with empty ones) is, bit for bit,
+    the largest over the ranks of `decontend` of each rank's traced ready times, and it
+    is kept per kappa: the real 2-rank resnet DDP run, 15 buckets."""
+    profile = buckets.profile(load_kineto(sorted(RESNET.glob("rank*.json.gz"))))
+    assert profile is not None and any(s.busy for v in profile.steps.values() for s in v)
+    works = buckets.backward_work(profile, kappa)
+    for work, ranks in zip(works, profile.steps.values(), strict=True):
+        one_by_one = np.max([buckets.decontend(s.ready, s.busy, kappa) for s in ranks], axis=0)
+        assert np.array_equal(work, one_by_one)
+        if kappa != 1.0:
+            assert (work <= np.max([s.ready for s in ranks], axis=0)).all()
+    assert buckets.backward_work(profile, kappa) is works
