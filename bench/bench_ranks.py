@@ -26,6 +26,11 @@ inflated (its JSON text), the factor by which a worker's memory follows the rank
 every mode also on DIR's `planner` package, interleaved, as ``<mode> @base``: a
 same-run baseline for a speed change (its documents must be the same too).
 
+``planner analyze -j 2`` (``--command analyze``) is what a user runs: the CLI in the timed
+process, report.json, report.html with its plots and the plan files written to a temporary
+folder (its report.json also lists those files, so it has no document hash here); its
+worker MiB is the largest of its pool's processes.
+
 ``hta load`` (``--modes ... "hta load"``; ``pip install -e '.[bench]'``) times HTA 0.5.0's
 ``TraceAnalysis(trace_dir=...)`` on the same folder, interleaved with the others; its
 worker MiB is the largest of its parsing subprocesses.
@@ -59,6 +64,7 @@ DATA = HERE / "_data" / "ranks"
 WORLD = 1024
 MODES = ("one process", "-j 1", "-j 2", "dask")
 HTA = "hta load"
+CLI = "planner analyze -j 2"
 BASE = "@base"
 
 CHILD = r"""
@@ -76,6 +82,23 @@ if mode == "hta load":
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(json.dumps({"sha": None, "parent_mib": own, "worker_mib": max(own, kids), "workers": 0}))
+    sys.exit(0)
+if mode.startswith("planner "):  # the command a user runs, report files written
+    import contextlib, io, tempfile
+    from planner_cli.main import main
+    out = tempfile.mkdtemp(prefix="bench-ranks-")
+    sys.argv = [*mode.split(), str(folder), "-o", out, "--json"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            main()
+        except SystemExit as exc:
+            if exc.code:
+                raise
+    import shutil
+    shutil.rmtree(out)
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    print(json.dumps({"sha": None, "parent_mib": own, "worker_mib": kids, "workers": 2}))
     sys.exit(0)
 if mode == "one process":
     from planner import analysis
@@ -204,7 +227,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[8, 64])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=[*MODES, HTA])
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=[*MODES, HTA, CLI])
     parser.add_argument(
         "--command", choices=["metrics", "schedule", "simulate", "analyze"], default="metrics"
     )
@@ -215,13 +238,15 @@ def main() -> None:
         "its planner package, interleaved, as '<mode> @base'",
     )
     args = parser.parse_args()
+    if CLI in args.modes and args.command != "analyze":
+        parser.error(f"--modes '{CLI}' needs --command analyze")
     print(
         f"planner {args.command}{' -a caramel' if args.command == 'schedule' else ''}"
         f"{' (Caramel plan, 100 samples)' if args.command in ('simulate', 'analyze') else ''}; "
         f"source: {SOURCE} (2 real ranks), copies jittered; medians of {args.repeat} runs"
     )
     print(
-        f"{'ranks':>6} {'mode':<17} {'total s':>8} {'s/rank':>7} {'parent MiB':>10} "
+        f"{'ranks':>6} {'mode':<21} {'total s':>8} {'s/rank':>7} {'parent MiB':>10} "
         f"{'worker MiB':>10} {'x file':>6} {'procs':>5}  same document"
     )
     for size in args.sizes:
@@ -239,9 +264,9 @@ def main() -> None:
             total = statistics.median(r["seconds"] for r in runs)
             parent = statistics.median(r["parent_mib"] for r in runs)
             worker = statistics.median(r["worker_mib"] for r in runs)
-            same = "-" if mode == HTA else "yes" if len(shas) == 1 else "NO"
+            same = "-" if runs[0]["sha"] is None else "yes" if len(shas) == 1 else "NO"
             print(
-                f"{size:>6} {mode:<17} {total:>8.2f} {total / size:>7.3f} {parent:>10.0f} "
+                f"{size:>6} {mode:<21} {total:>8.2f} {total / size:>7.3f} {parent:>10.0f} "
                 f"{worker:>10.0f} {worker / file_mib:>6.1f} {runs[0]['workers']:>5}  {same}"
             )
         digest = hashlib.sha256("".join(sorted(shas)).encode()).hexdigest()[:12]
