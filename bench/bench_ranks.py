@@ -18,7 +18,9 @@ what a user waits for), interleaved over --repeat rounds; figures are medians.
 the timed process) run `planner.parallel.metrics_ranks` / `schedule_ranks` /
 `simulate_ranks` / `planner.rank_analysis.report_ranks`, whose
 document is checked byte-identical to the one-process document where both ran.
-Parent RSS: the timed process's peak; worker RSS: the largest peak of the processes that
+CPU s: the user and system seconds of the timed process and every process it started
+(its pool's workers included): steadier than wall time on a shared machine. Parent RSS:
+the timed process's peak; worker RSS: the largest peak of the processes that
 ran the rank tasks (ru_maxrss, MiB); ``x file``: worker peak / the largest rank file
 inflated (its JSON text), the factor by which a worker's memory follows the rank size.
 
@@ -48,6 +50,7 @@ import hashlib
 import json
 import os
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -210,6 +213,7 @@ def run(mode: str, folder: Path, command: str, code: Path = HERE.parent) -> dict
     """One configuration as a whole process: wall seconds and its figures. `code`: the
     checkout whose `planner` package runs (the process starts in it, so that its
     package comes first on the path)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-c", CHILD, mode, str(folder), command],
@@ -218,9 +222,11 @@ def run(mode: str, folder: Path, command: str, code: Path = HERE.parent) -> dict
         cwd=code,
     )
     seconds = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     if done.returncode != 0:
         raise SystemExit(f"{mode} on {folder}: {done.stderr.strip().splitlines()[-1]}")
-    return {"seconds": seconds, **json.loads(done.stdout.strip().splitlines()[-1])}
+    return {"seconds": seconds, "cpu": cpu, **json.loads(done.stdout.strip().splitlines()[-1])}
 
 
 def main() -> None:
@@ -246,7 +252,8 @@ def main() -> None:
         f"source: {SOURCE} (2 real ranks), copies jittered; medians of {args.repeat} runs"
     )
     print(
-        f"{'ranks':>6} {'mode':<21} {'total s':>8} {'s/rank':>7} {'parent MiB':>10} "
+        f"{'ranks':>6} {'mode':<21} {'total s':>8} {'s/rank':>7} {'CPU s':>7} "
+        f"{'parent MiB':>10} "
         f"{'worker MiB':>10} {'x file':>6} {'procs':>5}  same document"
     )
     for size in args.sizes:
@@ -262,12 +269,14 @@ def main() -> None:
         shas = {r["sha"] for runs in got.values() for r in runs if r["sha"] is not None}
         for mode, runs in got.items():
             total = statistics.median(r["seconds"] for r in runs)
+            cpu = statistics.median(r["cpu"] for r in runs)
             parent = statistics.median(r["parent_mib"] for r in runs)
             worker = statistics.median(r["worker_mib"] for r in runs)
             same = "-" if runs[0]["sha"] is None else "yes" if len(shas) == 1 else "NO"
             print(
-                f"{size:>6} {mode:<21} {total:>8.2f} {total / size:>7.3f} {parent:>10.0f} "
-                f"{worker:>10.0f} {worker / file_mib:>6.1f} {runs[0]['workers']:>5}  {same}"
+                f"{size:>6} {mode:<21} {total:>8.2f} {total / size:>7.3f} {cpu:>7.2f} "
+                f"{parent:>10.0f} {worker:>10.0f} {worker / file_mib:>6.1f} "
+                f"{runs[0]['workers']:>5}  {same}"
             )
         digest = hashlib.sha256("".join(sorted(shas)).encode()).hexdigest()[:12]
         print(f"{size:>6} documents: {len(shas)} distinct ({digest})")
