@@ -258,3 +258,20 @@ def list_schedule(*args: Any) -> None:
         python_list_schedule(*args)
         return
     compiled()(*args)
+
+
+def warm() -> None:
+    """Load the compiled loop now (numba's import and its cached machine code, about
+    0.5 s), in a worker that waits anyway, before the replays that need it; nothing
+    without numba. A one-op graph, one sample: the argument types of `simulate`'s calls
+    (its random rows are read-only), so that numba loads that machine code."""
+    if not ACCELERATED:
+        return
+    one, zero = np.ones(1, np.int64), np.zeros(1, np.int64)
+    rand = np.zeros((1, 1))
+    rand.setflags(write=False)
+    compiled()(
+        one, np.array([0, 0]), np.zeros(0, np.int64), zero, zero, one, np.array([-1]),
+        np.array([0, 0]), np.array([0, 0]), np.array([0, 0]), np.array([0, 1]), rand, False,
+        np.zeros((1, 1), np.int64), np.zeros((1, 1), np.int64), zero.copy(), zero.copy(),
+    )  # fmt: skip
