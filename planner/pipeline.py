@@ -404,30 +404,34 @@ def _open_minimum(
     waited: Mapping[tuple[int, str], int],
 ) -> dict[str, float]:
     """Op -> minimum over the steps of its dedicated time (s) on its resource (`resource`;
-    rows of other ops are left out), the waits cut out of the collectives."""
+    an op `resource` does not name is not shared out and counts 0), the waits cut out of
+    the collectives. Plain dicts, not a pandas groupby: the parent runs it for every rank
+    between the two passes, while the workers wait."""
     import numpy as np
 
     from planner.trace import dedicated_durations
 
     minimum: dict[str, float] = {}
     if rows["op"]:
+        ops = rows["op"]
         wait = np.array(
-            [waited.get((i, o), 0) for i, o in zip(rows["iteration"], rows["op"], strict=True)],
+            [waited.get((i, o), 0) for i, o in zip(rows["iteration"], ops, strict=True)],
             dtype=np.int64,
         )
         start = np.array(rows["start"], dtype=np.int64) + wait
         duration = np.array(rows["duration"], dtype=np.int64) - wait
-        import pandas as pd
-
-        table = pd.DataFrame({"iteration": rows["iteration"], "op": rows["op"]}).assign(
-            resource=lambda f: f["op"].map(resource)
-        )
-        dedicated = np.zeros(len(table), dtype=np.float64)
-        groups = table.groupby(["iteration", "resource"], sort=False).indices
+        groups: dict[tuple[Any, str], list[int]] = {}  # (step, resource) -> rows, in order
+        for i, (iteration, op) in enumerate(zip(rows["iteration"], ops, strict=True)):
+            res = resource.get(op)
+            if res is not None:
+                groups.setdefault((iteration, res), []).append(i)
+        dedicated = np.zeros(len(ops), dtype=np.float64)  # 0 where no resource is named
         for idx in groups.values():
             dedicated[idx] = dedicated_durations(start[idx], duration[idx])
-        table["dedicated"] = dedicated
-        minimum = (table.groupby("op")["dedicated"].agg("min") / 1e9).to_dict()
+        lowest: dict[str, float] = {}
+        for op, d in zip(ops, dedicated.tolist(), strict=True):
+            lowest[op] = min(lowest[op], d) if op in lowest else d
+        minimum = {op: lowest[op] / 1e9 for op in sorted(lowest)}
     return minimum
 
 
