@@ -156,21 +156,20 @@ def report_ranks(
         if not ranks or any(r["recvs"] or r["caramel"] is None for r in ranks):
             return None
         pipeline.check_same_job(ranks)
-        # the workers wait while this process joins the summaries: they load the
-        # replay's compiled loop meanwhile, not in the second pass (kept, not dropped:
-        # dropping a pool's lazy map cancels what has not started)
-        warming = mapper(warm_task, [[]] * max(1, workers or os.cpu_count() or 1), None, lazy=True)
         waits = pipeline.job_waits(ranks)
-        metrics = pipeline.job_metrics(ranks, waits)
         opened: dict[str, dict[str, float]] = {}
         planned, inputs = pipeline.caramel_inputs(ranks, fixed, waits, opened)
         task = partial(pipeline.reference_plan, **inputs, benchmark=network)
-        (reference,) = mapper(task, [planned[0]["inputs"]], None)
+        referenced = mapper(task, [planned[0]["inputs"]], None, lazy=True)
+        # the other workers would wait for the plan: they load the replay's compiled
+        # loop meanwhile, ahead of the second pass's tasks (the records are taken at the
+        # end: dropping a pool's lazy map cancels what has not started)
+        warming = mapper(warm_task, [[]] * max(1, workers or os.cpu_count() or 1), None, lazy=True)
+        metrics = pipeline.job_metrics(ranks, waits)
+        (reference,) = referenced
         if "error" in reference:
             raise InputError(*reference["error"])
         plan, fitted = reference["plan"], reference["network"]
-        for _ in warming:
-            pass
         frame, waited, alignment = waits
         ready = releases(ranks)
         chosen = analysis.timeline_ranks([r["rank"] for r in ranks], metrics)
@@ -197,6 +196,8 @@ def report_ranks(
         usage = usage_of(results)
         del results, ranks, planned, material, ops_of, frame, waited, opened, waits
         replays = list(pending)
+        for _ in warming:
+            pass
     from planner.export.caramel_files import control_deps_document
     from planner.rank_replay import job_simulation
 
