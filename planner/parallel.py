@@ -386,9 +386,19 @@ def map_ranks(
         return mapper(task, rank_inputs, each)
 
 
-WARM = ("planner.analysis", "planner.pipeline", "planner.simulate", "planner.buckets")
-"""Modules every rank task imports (pandas, networkx and the analysis: ~0.5 s of CPU per
-process), loaded before a local pool starts: its workers are forked (Linux) with them
+WARM = (
+    "planner.analysis",
+    "planner.pipeline",
+    "planner.simulate",
+    "planner.buckets",
+    "planner.ingest.detect",
+    "planner.ingest.kineto",
+    "planner.rank_analysis",
+    "planner.rank_replay",
+    "planner.rank_store",
+)
+"""Modules every rank task imports (pandas, networkx, the readers and the analysis: ~0.55 s
+of CPU per process), loaded before a local pool starts: its workers are forked (Linux) with them
 loaded, instead of each importing them again, and the parent needs them for the join."""
 
 
