@@ -3,6 +3,7 @@ inputs (``Input Dims``), assigned to DDP's gradient buckets by their sizes."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -46,7 +47,7 @@ def layer_reads(
             size = DTYPE_BYTES.get(str(types[pos]).lower())
             if size is None or not all(isinstance(d, int) for d in dims[pos]):
                 continue
-            out.setdefault(int(step), []).append((op, label, int(np.prod(dims[pos])) * size))
+            out.setdefault(int(step), []).append((op, label, math.prod(dims[pos]) * size))
     return out
 
 
@@ -143,5 +144,5 @@ def gradient_ready(
         size = DTYPE_BYTES.get(str(types[0]).lower())
         if size is None or not all(isinstance(d, int) and d >= 0 for d in dims[0]):
             continue
-        out.setdefault(int(step), []).append((int(end), int(np.prod(dims[0])) * size))
+        out.setdefault(int(step), []).append((int(end), math.prod(dims[0]) * size))
     return out
