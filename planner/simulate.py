@@ -95,6 +95,21 @@ def compile_graph(graph: OpGraph) -> Compiled:
     return Compiled(graph, names, index, resources, res, src, dst, transfer)
 
 
+def op_rows(compiled: Compiled, rows: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+    """(the rows of `rows` whose op `compiled` holds, in order; their op indices).
+
+    (speed) One dict look-up per row: pandas' ``isin`` and ``map`` over the op names
+    cost about a millisecond per call, and the replay asks once per step and stage."""
+    index = compiled.index
+    idx = np.fromiter(
+        (index.get(op, -1) for op in rows["op"].tolist()), dtype=np.int64, count=len(rows)
+    )
+    keep = idx >= 0
+    if keep.all():
+        return rows, idx
+    return rows[keep], idx[keep]
+
+
 def op_seconds(
     compiled: Compiled,
     times: Mapping[str, float] | TimeOracle,
@@ -390,8 +405,7 @@ def _frame(job: Job) -> pd.DataFrame:
 
 def observed_priority(compiled: Compiled, rows: pd.DataFrame) -> np.ndarray:
     """Priority = observed start order per resource (ties by name); -1 for unseen ops."""
-    rows = rows[rows["op"].isin(compiled.index)]
-    idx = rows["op"].map(compiled.index).to_numpy(dtype=np.int64)
+    rows, idx = op_rows(compiled, rows)
     res = compiled.res[idx]
     order = np.lexsort((rows["op"].to_numpy(), rows["start"].to_numpy(), res))
     res_sorted = res[order]
@@ -404,10 +418,8 @@ def observed_priority(compiled: Compiled, rows: pd.DataFrame) -> np.ndarray:
 def step_seconds(compiled: Compiled, rows: pd.DataFrame, fallback: np.ndarray) -> np.ndarray:
     """Op times of one step: its dedicated times, the oracle's for ops it did not run."""
     seconds = fallback.copy()
-    rows = rows[rows["op"].isin(compiled.index)]
-    seconds[rows["op"].map(compiled.index).to_numpy(dtype=np.int64)] = (
-        rows["dedicated"].to_numpy() / 1e9
-    )
+    rows, idx = op_rows(compiled, rows)
+    seconds[idx] = rows["dedicated"].to_numpy() / 1e9
     return seconds
 
 
@@ -428,7 +440,9 @@ class StepModel:
     the overhead; `overhead`: the overhead per op (s); `observed`: ops with a record
     this step; `tail`: the step's closing time after its last op (s); `missing`: ops
     recorded in every other step of the rank but not in this one; `violated`: the DAG
-    edge (u, v, seconds) the trace contradicts most (v started before u did), if any.
+    edge (u, v, seconds) the trace contradicts most (v started before u did), if any;
+    `ready`: per op when its predecessors let it start (ns from `t0`, the step's start);
+    `start_of`: per op its observed start (ns from `t0`, 0 without a record).
     """
 
     compiled: Compiled
@@ -442,6 +456,7 @@ class StepModel:
     violated: tuple[str, str, float] | None
     ready: np.ndarray
     t0: int
+    start_of: np.ndarray
 
 
 def step_model(
@@ -476,8 +491,7 @@ def step_model(
     edges dropped), so a partial step still replays (and is flagged).
     """
     n = len(compiled.names)
-    rows = rows[rows["op"].isin(compiled.index)]
-    idx = rows["op"].map(compiled.index).to_numpy(dtype=np.int64)
+    rows, idx = op_rows(compiled, rows)
     t0, t1 = span
     start = rows["start"].to_numpy(dtype=np.int64) - t0
     dur = rows["duration"].to_numpy(dtype=np.int64)
@@ -574,7 +588,7 @@ def step_model(
     tail = max(0, t1 - t0 - int(end_of[:own][observed[:own]].max(initial=0))) / 1e9
     return StepModel(
         expanded, cap, priority, seconds, gap / 1e9, observed, tail, tuple(missing), violated,
-        own_ready, t0,
+        own_ready, t0, start_of,
     )  # fmt: skip
 
 
@@ -672,7 +686,7 @@ def covered_steps(
     not judged by the bench and lends no overheads: its waits are not typical."""
     out = set()
     for it, (known, span, _) in models.items():
-        rows = known[known["op"].isin(mine)]
+        rows = known[np.fromiter((op in mine for op in known["op"].tolist()), bool, len(known))]
         wall = (span[1] - span[0]) / 1e9
         if len(rows) and wall > 0 and measured(rows)[0] >= MIN_COVER * wall:
             out.add(it)
@@ -696,32 +710,38 @@ def critical_waits(model: StepModel, start: np.ndarray, end: np.ndarray, last: i
     neither exists (the step's start, an op whose time is unknown)."""
     c = model.compiled
     n = len(model.overhead)
-    order = np.argsort(c.dst, kind="stable")
-    pred_of = c.src[order]
-    ptr = np.searchsorted(c.dst[order], np.arange(len(c.names) + 1))
-    # the ops with a known end, by (resource, end, index): the op of a resource that
-    # ended at a time is the last of its run (the highest index, as a dict would keep)
+    # (speed) each op's step back is fixed by the op alone, so it is found for every op
+    # at once; the walk then only follows the links. The held predecessor: the first
+    # edge into the op, in the graph's edge order, whose source ended as the op started.
+    after = np.full(len(c.names), -1, dtype=np.int64)
+    held = np.flatnonzero(end[c.src] == start[c.dst])
+    took, first = np.unique(c.dst[held], return_index=True)
+    after[took] = c.src[held[first]]
+    # else the op of the same resource that ended as it started: the last of its run, by
+    # (resource, end, index) as a dict would keep; (resource, end) as one sortable key
     known = np.flatnonzero(end >= 0)
+    ends = np.unique(end[known])
+    key_of = np.int64(len(ends) + 1)
     by_end = known[np.lexsort((known, end[known], c.res[known]))]
-    res_sorted, end_sorted = c.res[by_end], end[by_end]
-
-    def ended_at(r: int, t: int) -> int:
-        lo, hi = np.searchsorted(res_sorted, r, "left"), np.searchsorted(res_sorted, r, "right")
-        k = lo + int(np.searchsorted(end_sorted[lo:hi], t, "right")) - 1
-        return int(by_end[k]) if lo <= k < hi and end_sorted[k] == t else -1
-
+    keys = c.res[by_end] * key_of + np.searchsorted(ends, end[by_end])
+    free = np.flatnonzero(after < 0)
+    at = np.searchsorted(ends, start[free])
+    exact = at < len(ends)
+    exact[exact] = ends[at[exact]] == start[free[exact]]
+    free, at = free[exact], at[exact]
+    query = c.res[free] * key_of + at
+    k = np.searchsorted(keys, query, "right") - 1
+    hit = (k >= 0) & (keys[np.maximum(k, 0)] == query)
+    after[free[hit]] = by_end[k[hit]]
     on = np.zeros(n, dtype=bool)
-    # the walk visits up to every op once: plain lists, not numpy scalars, per step
-    preds_of, ptrs = pred_of.tolist(), ptr.tolist()
-    starts, ends, res = start.tolist(), end.tolist(), c.res.tolist()
+    steps, starts = after.tolist(), start.tolist()
     seen: set[int] = set()
     x = last
     while x >= 0 and x not in seen and starts[x] > 0:
         seen.add(x)
         if n <= x < 2 * n:
             on[x - n] = True
-        held = [u for u in preds_of[ptrs[x] : ptrs[x + 1]] if ends[u] == starts[x]]
-        x = held[0] if held else ended_at(res[x], starts[x])
+        x = steps[x]
     return on
 
 
@@ -821,8 +841,7 @@ def rank_shape(compiled: Compiled, steps: Iterable[pd.DataFrame]) -> tuple[np.nd
     dropped = np.zeros(len(g_src), dtype=bool)
     width = np.ones(len(compiled.resources), dtype=np.int64)
     for rows in steps:
-        rows = rows[rows["op"].isin(compiled.index)]
-        idx = rows["op"].map(compiled.index).to_numpy(dtype=np.int64)
+        rows, idx = op_rows(compiled, rows)
         start = np.full(len(compiled.names), -1, dtype=np.int64)
         start[idx] = rows["start"].to_numpy(dtype=np.int64)
         seen = (start[g_src] >= 0) & (start[g_dst] >= 0)
@@ -865,8 +884,8 @@ def _step_models(
     models = {}
     for iteration, rows in rows_of_rank.groupby("iteration", sort=True):
         it = int(iteration)
-        known = rows[rows["op"].isin(compiled.index)]
-        of_rank = known[known["op"].isin(mine)] if own is not None else known
+        known, idx = op_rows(compiled, rows)
+        of_rank = known[idx < own] if own is not None else known  # the first own are mine
         if not len(of_rank):
             continue
         first = int(of_rank["start"].min())
@@ -951,8 +970,8 @@ def _replay_rank(
             float((begin[keep] + took[keep]).max(initial=0)) / TICKS_PER_SECOND + model.tail
         )
         predicted = busy_time(begin[keep], took[keep]) / TICKS_PER_SECOND
-        path = _critical(traced, known, span, start[0], ticks, n)
-        known = known[known["op"].isin(compiled.names[:n])]
+        path = _critical(traced, start[0], ticks, n)
+        known = known[op_rows(compiled, known)[1] < n]
         busy, op_span = measured(known)
         wall = (span[1] - span[0]) / 1e9
         error = predicted / busy - 1.0 if busy > 0 else None
@@ -978,24 +997,13 @@ def _replay_rank(
     return steps
 
 
-def _critical(
-    traced: StepModel,
-    known: pd.DataFrame,
-    span: tuple[int, int],
-    begin: np.ndarray,
-    ticks: np.ndarray,
-    own: int,
-) -> np.ndarray:
+def _critical(traced: StepModel, begin: np.ndarray, ticks: np.ndarray, own: int) -> np.ndarray:
     """Per op whether its wait lies on the critical path of the step as it ran or of
     its replay (`critical_waits`), each walked back from the rank's op that ended last."""
-    c = traced.compiled
-    rows = known[known["op"].isin(c.index)]
-    start_of = np.zeros(len(traced.overhead), dtype=np.int64)
-    start_of[rows["op"].map(c.index).to_numpy(dtype=np.int64)] = rows["start"].to_numpy() - span[0]
     mine = np.flatnonzero(traced.observed[:own])
     if not len(mine):
         return np.zeros(len(traced.overhead), dtype=bool)
-    start, end = observed_times(traced, start_of)
+    start, end = observed_times(traced, traced.start_of)
     on = critical_waits(traced, start, end, int(mine[np.argmax(end[mine])]))
     replayed_end = begin + ticks
     last = int(mine[np.argmax(replayed_end[mine])])
@@ -1100,8 +1108,8 @@ def carried_over(
     traced step, whose previous step is not in the trace, begins with the typical queue:
     per resource the median over the other steps of that end less the step's start (its
     recorded span's, else its first record's)."""
-    rows = rows[rows["op"].isin(compiled.index)]
-    res = compiled.res[rows["op"].map(compiled.index).to_numpy(dtype=np.int64)]
+    rows, idx = op_rows(compiled, rows)
+    res = compiled.res[idx]
     frame = pd.DataFrame(
         {"iteration": rows["iteration"].to_numpy(), "res": res,
          "start": rows["start"].to_numpy(), "end": (rows["start"] + rows["duration"]).to_numpy()}
