@@ -733,15 +733,16 @@ def critical_waits(model: StepModel, start: np.ndarray, end: np.ndarray, last: i
     k = np.searchsorted(keys, query, "right") - 1
     hit = (k >= 0) & (keys[np.maximum(k, 0)] == query)
     after[free[hit]] = by_end[k[hit]]
-    on = np.zeros(n, dtype=bool)
     steps, starts = after.tolist(), start.tolist()
-    seen: set[int] = set()
-    x = last
-    while x >= 0 and x not in seen and starts[x] > 0:
-        seen.add(x)
-        if n <= x < 2 * n:
-            on[x - n] = True
+    path, x = [], last
+    for _ in steps:  # a walk that comes back to an op would only go round again
+        if x < 0 or starts[x] <= 0:
+            break
+        path.append(x)
         x = steps[x]
+    on = np.zeros(n, dtype=bool)
+    waits = np.array(path, dtype=np.int64)
+    on[waits[(waits >= n) & (waits < 2 * n)] - n] = True
     return on
 
 
