@@ -468,6 +468,7 @@ def step_model(
     release: np.ndarray | None = None,
     own: int | None = None,
     shape: tuple[np.ndarray, np.ndarray] | None = None,
+    idx: np.ndarray | None = None,
 ) -> StepModel:
     """The replay model of one step: what plain list scheduling misses, taken from it.
 
@@ -488,10 +489,12 @@ def step_model(
       the widths of its thread pools), from `rank_shape`: those edges are dropped as the
       ones this step contradicts are, and a pool runs as many ops as it ever did.
     Ops without a record this step run at their `fallback` time, unconstrained (their
-    edges dropped), so a partial step still replays (and is flagged).
+    edges dropped), so a partial step still replays (and is flagged). `idx`: the op
+    index of each of `rows` (`op_rows`), when the caller has them.
     """
     n = len(compiled.names)
-    rows, idx = op_rows(compiled, rows)
+    if idx is None:
+        rows, idx = op_rows(compiled, rows)
     t0, t1 = span
     start = rows["start"].to_numpy(dtype=np.int64) - t0
     dur = rows["duration"].to_numpy(dtype=np.int64)
@@ -807,17 +810,20 @@ def topological_positions(compiled: Compiled) -> np.ndarray:
         compiled.dst[order],
         np.concatenate([[0], np.cumsum(np.bincount(compiled.src, minlength=n))]),
     )
-    position = np.empty(n, dtype=np.int64)
-    frontier = list(np.flatnonzero(indeg == 0)[::-1])
+    # (speed) the walk over plain lists, not numpy scalars
+    position_of = [0] * n
+    frontier = np.flatnonzero(indeg == 0)[::-1].tolist()
+    succ_of, ptr_of, need = succ.tolist(), ptr.tolist(), indeg.tolist()
     k = 0
     while frontier:
         i = frontier.pop()
-        position[i] = k
+        position_of[i] = k
         k += 1
-        for j in succ[ptr[i] : ptr[i + 1]]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
+        for j in succ_of[ptr_of[i] : ptr_of[i + 1]]:
+            need[j] -= 1
+            if need[j] == 0:
                 frontier.append(j)
+    position = np.array(position_of, dtype=np.int64)
     _TOPO.clear()
     _TOPO[id(compiled.graph)] = (compiled.graph, position)
     return position
@@ -826,7 +832,9 @@ def topological_positions(compiled: Compiled) -> np.ndarray:
 _TOPO: dict[int, tuple[OpGraph, np.ndarray]] = {}
 
 
-def rank_shape(compiled: Compiled, steps: Iterable[pd.DataFrame]) -> tuple[np.ndarray, np.ndarray]:
+def rank_shape(
+    compiled: Compiled, steps: Iterable[pd.DataFrame | tuple[pd.DataFrame, np.ndarray]]
+) -> tuple[np.ndarray, np.ndarray]:
     """(dropped, width) over the complete steps of one rank: per edge of `compiled`,
     whether the trace contradicts it (its v started before its u did) in any step; per
     resource, the most ops it ever ran at once.
@@ -836,13 +844,14 @@ def rank_shape(compiled: Compiled, steps: Iterable[pd.DataFrame]) -> tuple[np.nd
     GPU inputs' kernels are launched, not done, and the op is timed by its kernel).
     Dropped only in the steps that contradict it and kept in the others, it would make
     v's wait swing between steps with the GPU queue, and the typical wait of the other
-    steps would miss by as much: it is dropped in every step of the rank.
+    steps would miss by as much: it is dropped in every step of the rank. A step is its
+    rows, or (its rows of `compiled`'s ops, their `op_rows` indices).
     """
     g_src, g_dst = compiled.src, compiled.dst
     dropped = np.zeros(len(g_src), dtype=bool)
     width = np.ones(len(compiled.resources), dtype=np.int64)
-    for rows in steps:
-        rows, idx = op_rows(compiled, rows)
+    for step in steps:
+        rows, idx = step if isinstance(step, tuple) else op_rows(compiled, step)
         start = np.full(len(compiled.names), -1, dtype=np.int64)
         start[idx] = rows["start"].to_numpy(dtype=np.int64)
         seen = (start[g_src] >= 0) & (start[g_dst] >= 0)
@@ -878,14 +887,19 @@ def _step_models(
     fallback = op_seconds(compiled, oracle)
     mine = compiled.names[:own]
     gone = partial_steps(rows_of_rank, mine)
+    # (speed) the op indices looked up once for the rank, then split by step (a step
+    # without a record of `compiled`'s ops has no model and does not shape the rank)
+    rows_known, idx_known = op_rows(compiled, rows_of_rank)
+    steps = [
+        (int(it), rows_known.iloc[at], idx_known[at])
+        for it, at in sorted(rows_known.groupby("iteration").indices.items())
+    ]
     dropped, width = rank_shape(
-        compiled, (rows for it, rows in rows_of_rank.groupby("iteration") if int(it) not in gone)
+        compiled, ((known, idx) for it, known, idx in steps if it not in gone)
     )
     shape = (dropped, width if pools else np.ones_like(width))
     models = {}
-    for iteration, rows in rows_of_rank.groupby("iteration", sort=True):
-        it = int(iteration)
-        known, idx = op_rows(compiled, rows)
+    for it, known, idx in steps:
         of_rank = known[idx < own] if own is not None else known  # the first own are mine
         if not len(of_rank):
             continue
@@ -900,7 +914,7 @@ def _step_models(
         models[it] = (
             known,
             span,
-            step_model(compiled, known, span, fallback, gone.get(it, ()), release, own, shape),
+            step_model(compiled, known, span, fallback, gone.get(it, ()), release, own, shape, idx),
         )
     return models
 
@@ -1110,24 +1124,34 @@ def carried_over(
     per resource the median over the other steps of that end less the step's start (its
     recorded span's, else its first record's)."""
     rows, idx = op_rows(compiled, rows)
+    if not len(rows):
+        return {}
+    # (speed) per step its first start and per (step, resource) its last end, by one
+    # sort and numpy reductions rather than pandas group-bys
     res = compiled.res[idx]
-    frame = pd.DataFrame(
-        {"iteration": rows["iteration"].to_numpy(), "res": res,
-         "start": rows["start"].to_numpy(), "end": (rows["start"] + rows["duration"]).to_numpy()}
-    )  # fmt: skip
-    ends = frame.groupby(["iteration", "res"])["end"].max()
-    first = frame.groupby("iteration")["start"].min()
+    start = rows["start"].to_numpy()
+    end = (rows["start"] + rows["duration"]).to_numpy()
+    steps, step_of = np.unique(rows["iteration"].to_numpy(), return_inverse=True)
+    order = np.lexsort((res, step_of))
+    step_sorted, res_sorted = step_of[order], res[order]
+    at_step = np.flatnonzero(np.r_[True, step_sorted[1:] != step_sorted[:-1]])
+    at_pair = np.flatnonzero(
+        np.r_[True, (step_sorted[1:] != step_sorted[:-1]) | (res_sorted[1:] != res_sorted[:-1])]
+    )
+    first = np.minimum.reduceat(start[order], at_step)
+    last_end = np.maximum.reduceat(end[order], at_pair)
+    pair_step, pair_res = step_sorted[at_pair], res_sorted[at_pair]
+    position = {int(it): k for k, it in enumerate(steps.tolist())}
     for it, (begin, _end) in (spans or {}).items():
-        if it in first.index:
-            first[it] = begin
-    steps = sorted(first.index.tolist())
+        if it in position:
+            first[position[it]] = begin
     n_res = len(compiled.resources)
     queue: dict[int, np.ndarray] = {}  # step -> per resource previous end - step start
-    for before, it in zip(steps, steps[1:], strict=False):
+    for k in range(1, len(steps)):
         q = np.full(n_res, np.nan)
-        previous = ends.xs(before, level="iteration")
-        q[previous.index.to_numpy()] = previous.to_numpy() - first[it]
-        queue[int(it)] = q
+        previous = pair_step == k - 1
+        q[pair_res[previous]] = last_end[previous] - first[k]
+        queue[int(steps[k])] = q
     if len(queue) > 1:
         table = np.stack(list(queue.values()))
         typical = np.full(n_res, np.nan)
@@ -1137,7 +1161,7 @@ def carried_over(
     out = {}
     for it, q in queue.items():
         offset = np.nan_to_num(q).round().astype(np.int64)  # ns; epochs stay integers
-        last = np.where(np.isnan(q), -1, offset + int(first[it]))
+        last = np.where(np.isnan(q), -1, offset + int(first[position[it]]))
         out[it] = last[compiled.res]
     return out
 
@@ -1264,7 +1288,6 @@ def batching(
     latency = float(network.get("a", 0.0))
     adjusted = seconds.copy()
     edges: list[tuple[str, str]] = []
-    pred = compiled.graph.dag.pred
     position = {name: i for i, name in enumerate(plan.order)}
     for group in groups:
         members = sorted(
@@ -1277,8 +1300,15 @@ def batching(
         for member in members[1:]:
             i = compiled.index[member]
             adjusted[i] = max(0.0, adjusted[i] - latency)
-            edges.extend((p, first) for p in pred[member] if p != first)
+            edges.extend((p, first) for p in _predecessors(compiled, i) if p != first)
     return adjusted, tuple(dict.fromkeys(edges)), len(groups)
+
+
+def _predecessors(compiled: Compiled, i: int) -> list[str]:
+    """The predecessors of op `i`, in the order of their first edge into it (as the
+    graph's networkx view lists them; (speed) without building that view)."""
+    names = compiled.names
+    return list(dict.fromkeys(names[u] for u in compiled.src[compiled.dst == i].tolist()))
 
 
 def _compare_rank(
