@@ -152,16 +152,25 @@ def capacities(compiled: Compiled, channels: int = 1) -> np.ndarray:
 def _draws(seed: int, sample_ids: Iterable[int], n: int) -> np.ndarray:
     """One row of uniforms per sample; sample i always gets the same row for a seed.
 
-    (speed) The last few blocks are kept: every rank of a job, and a plan and its
-    baseline, draw the same rows; the kernel only reads them."""
+    (speed) The last few blocks of several rows are kept: every rank of a job, and a
+    plan and its baseline, draw the same rows; the kernel only reads them. A single row
+    (a replayed step, a plan's median sample run again) is taken from a kept block that
+    holds it, else drawn and not kept, so that it never pushes a block out."""
     ids = tuple(int(i) for i in sample_ids)
     key = (int(seed), ids, int(n))
     out = _DRAWN.get(key)
-    if out is None:
-        out = np.empty((len(ids), n), dtype=np.float64)
-        for row, i in enumerate(ids):
-            out[row] = np.random.default_rng((int(seed), i)).random(n)
-        out.flags.writeable = False  # shared by the callers: a write would fail loudly
+    if out is not None:
+        return out
+    if len(ids) == 1:
+        for (s, held, m), block in _DRAWN.items():
+            if s == key[0] and m == key[2] and ids[0] in held:
+                row = held.index(ids[0])
+                return block[row : row + 1]
+    out = np.empty((len(ids), n), dtype=np.float64)
+    for row, i in enumerate(ids):
+        out[row] = np.random.default_rng((int(seed), i)).random(n)
+    out.flags.writeable = False  # shared by the callers: a write would fail loudly
+    if len(ids) > 1:
         if len(_DRAWN) >= 4:
             _DRAWN.pop(next(iter(_DRAWN)))
         _DRAWN[key] = out
