@@ -28,17 +28,19 @@ def partial_steps(
     (`Trace.table`: no pandas needed). Empty with fewer than 2 steps (there is nothing
     to compare with).
     """
-    import pandas as pd
-
-    op = np.asarray(rows["op"], dtype=object)
+    op = np.asarray(rows["op"], dtype=object).tolist()
     iteration = np.asarray(rows["iteration"], dtype=np.int64)
     if not len(op):
         return {}
-    # (speed) each distinct name tested once, then (op, step) presence as a bool table:
-    # called per rank by the oracle, the metrics and the replay, on every row
-    codes, names = pd.factorize(op, use_na_sentinel=False)
+    # (speed) the names numbered (a dict, not pandas: `inspect` loads no pandas), each
+    # distinct one tested once, then (op, step) presence as a bool table: called per
+    # rank by the oracle, the metrics and the replay, on every row
+    number: dict[str, int] = {}
+    codes = np.fromiter((number.setdefault(o, len(number)) for o in op), np.int64, len(op))
+    names = np.empty(len(number), dtype=object)
+    names[:] = list(number)
     wanted = set(ops)
-    keep = np.fromiter((n in wanted for n in names.tolist()), dtype=bool, count=len(names))
+    keep = np.fromiter((n in wanted for n in number), dtype=bool, count=len(names))
     chosen = keep[codes]
     steps, step_of = np.unique(iteration[chosen], return_inverse=True)
     if len(steps) < 2:
