@@ -10,7 +10,6 @@ the step partial (an op seen in only some steps is not taken as missing).
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -29,23 +28,31 @@ def partial_steps(
     (`Trace.table`: no pandas needed). Empty with fewer than 2 steps (there is nothing
     to compare with).
     """
-    wanted = set(ops)
     op = np.asarray(rows["op"], dtype=object).tolist()
-    iteration = np.asarray(rows["iteration"], dtype=np.int64).tolist()
-    pairs = {(o, i) for o, i in zip(op, iteration, strict=True) if o in wanted}
-    steps = {i for _, i in pairs}
+    iteration = np.asarray(rows["iteration"], dtype=np.int64)
+    if not len(op):
+        return {}
+    # (speed) the names numbered (a dict, not pandas: `inspect` loads no pandas), each
+    # distinct one tested once, then (op, step) presence as a bool table: called per
+    # rank by the oracle, the metrics and the replay, on every row
+    number: dict[str, int] = {}
+    codes = np.fromiter((number.setdefault(o, len(number)) for o in op), np.int64, len(op))
+    names = np.empty(len(number), dtype=object)
+    names[:] = list(number)
+    wanted = set(ops)
+    keep = np.fromiter((n in wanted for n in number), dtype=bool, count=len(names))
+    chosen = keep[codes]
+    steps, step_of = np.unique(iteration[chosen], return_inverse=True)
     if len(steps) < 2:
         return {}
-    seen = Counter(o for o, _ in pairs)
-    candidates = {o for o, n in seen.items() if n == len(steps) - 1}
-    if not candidates:
+    present = np.zeros((len(names), len(steps)), dtype=bool)
+    present[codes[chosen], step_of] = True
+    candidates = np.flatnonzero(present.sum(axis=1) == len(steps) - 1)
+    if not len(candidates):
         return {}
-    of_step: dict[int, set[str]] = {}
-    for o, i in pairs:
-        of_step.setdefault(i, set()).add(o)
     out = {}
-    for step in sorted(of_step):
-        gone = tuple(sorted(candidates - of_step[step]))
+    for column, step in enumerate(steps.tolist()):
+        gone = tuple(sorted(names[candidates[~present[candidates, column]]].tolist()))
         if gone:
             out[int(step)] = gone
     return out

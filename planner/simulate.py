@@ -95,6 +95,21 @@ def compile_graph(graph: OpGraph) -> Compiled:
     return Compiled(graph, names, index, resources, res, src, dst, transfer)
 
 
+def op_rows(compiled: Compiled, rows: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+    """(the rows of `rows` whose op `compiled` holds, in order; their op indices).
+
+    (speed) One dict look-up per row: pandas' ``isin`` and ``map`` over the op names
+    cost about a millisecond per call, and the replay asks once per step and stage."""
+    index = compiled.index
+    idx = np.fromiter(
+        (index.get(op, -1) for op in rows["op"].tolist()), dtype=np.int64, count=len(rows)
+    )
+    keep = idx >= 0
+    if keep.all():
+        return rows, idx
+    return rows[keep], idx[keep]
+
+
 def op_seconds(
     compiled: Compiled,
     times: Mapping[str, float] | TimeOracle,
@@ -137,16 +152,25 @@ def capacities(compiled: Compiled, channels: int = 1) -> np.ndarray:
 def _draws(seed: int, sample_ids: Iterable[int], n: int) -> np.ndarray:
     """One row of uniforms per sample; sample i always gets the same row for a seed.
 
-    (speed) The last few blocks are kept: every rank of a job, and a plan and its
-    baseline, draw the same rows; the kernel only reads them."""
+    (speed) The last few blocks of several rows are kept: every rank of a job, and a
+    plan and its baseline, draw the same rows; the kernel only reads them. A single row
+    (a replayed step, a plan's median sample run again) is taken from a kept block that
+    holds it, else drawn and not kept, so that it never pushes a block out."""
     ids = tuple(int(i) for i in sample_ids)
     key = (int(seed), ids, int(n))
     out = _DRAWN.get(key)
-    if out is None:
-        out = np.empty((len(ids), n), dtype=np.float64)
-        for row, i in enumerate(ids):
-            out[row] = np.random.default_rng((int(seed), i)).random(n)
-        out.flags.writeable = False  # shared by the callers: a write would fail loudly
+    if out is not None:
+        return out
+    if len(ids) == 1:
+        for (s, held, m), block in _DRAWN.items():
+            if s == key[0] and m == key[2] and ids[0] in held:
+                row = held.index(ids[0])
+                return block[row : row + 1]
+    out = np.empty((len(ids), n), dtype=np.float64)
+    for row, i in enumerate(ids):
+        out[row] = np.random.default_rng((int(seed), i)).random(n)
+    out.flags.writeable = False  # shared by the callers: a write would fail loudly
+    if len(ids) > 1:
         if len(_DRAWN) >= 4:
             _DRAWN.pop(next(iter(_DRAWN)))
         _DRAWN[key] = out
@@ -390,8 +414,7 @@ def _frame(job: Job) -> pd.DataFrame:
 
 def observed_priority(compiled: Compiled, rows: pd.DataFrame) -> np.ndarray:
     """Priority = observed start order per resource (ties by name); -1 for unseen ops."""
-    rows = rows[rows["op"].isin(compiled.index)]
-    idx = rows["op"].map(compiled.index).to_numpy(dtype=np.int64)
+    rows, idx = op_rows(compiled, rows)
     res = compiled.res[idx]
     order = np.lexsort((rows["op"].to_numpy(), rows["start"].to_numpy(), res))
     res_sorted = res[order]
@@ -404,10 +427,8 @@ def observed_priority(compiled: Compiled, rows: pd.DataFrame) -> np.ndarray:
 def step_seconds(compiled: Compiled, rows: pd.DataFrame, fallback: np.ndarray) -> np.ndarray:
     """Op times of one step: its dedicated times, the oracle's for ops it did not run."""
     seconds = fallback.copy()
-    rows = rows[rows["op"].isin(compiled.index)]
-    seconds[rows["op"].map(compiled.index).to_numpy(dtype=np.int64)] = (
-        rows["dedicated"].to_numpy() / 1e9
-    )
+    rows, idx = op_rows(compiled, rows)
+    seconds[idx] = rows["dedicated"].to_numpy() / 1e9
     return seconds
 
 
@@ -428,7 +449,9 @@ class StepModel:
     the overhead; `overhead`: the overhead per op (s); `observed`: ops with a record
     this step; `tail`: the step's closing time after its last op (s); `missing`: ops
     recorded in every other step of the rank but not in this one; `violated`: the DAG
-    edge (u, v, seconds) the trace contradicts most (v started before u did), if any.
+    edge (u, v, seconds) the trace contradicts most (v started before u did), if any;
+    `ready`: per op when its predecessors let it start (ns from `t0`, the step's start);
+    `start_of`: per op its observed start (ns from `t0`, 0 without a record).
     """
 
     compiled: Compiled
@@ -442,6 +465,7 @@ class StepModel:
     violated: tuple[str, str, float] | None
     ready: np.ndarray
     t0: int
+    start_of: np.ndarray
 
 
 def step_model(
@@ -453,6 +477,7 @@ def step_model(
     release: np.ndarray | None = None,
     own: int | None = None,
     shape: tuple[np.ndarray, np.ndarray] | None = None,
+    idx: np.ndarray | None = None,
 ) -> StepModel:
     """The replay model of one step: what plain list scheduling misses, taken from it.
 
@@ -473,11 +498,12 @@ def step_model(
       the widths of its thread pools), from `rank_shape`: those edges are dropped as the
       ones this step contradicts are, and a pool runs as many ops as it ever did.
     Ops without a record this step run at their `fallback` time, unconstrained (their
-    edges dropped), so a partial step still replays (and is flagged).
+    edges dropped), so a partial step still replays (and is flagged). `idx`: the op
+    index of each of `rows` (`op_rows`), when the caller has them.
     """
     n = len(compiled.names)
-    rows = rows[rows["op"].isin(compiled.index)]
-    idx = rows["op"].map(compiled.index).to_numpy(dtype=np.int64)
+    if idx is None:
+        rows, idx = op_rows(compiled, rows)
     t0, t1 = span
     start = rows["start"].to_numpy(dtype=np.int64) - t0
     dur = rows["duration"].to_numpy(dtype=np.int64)
@@ -574,7 +600,7 @@ def step_model(
     tail = max(0, t1 - t0 - int(end_of[:own][observed[:own]].max(initial=0))) / 1e9
     return StepModel(
         expanded, cap, priority, seconds, gap / 1e9, observed, tail, tuple(missing), violated,
-        own_ready, t0,
+        own_ready, t0, start_of,
     )  # fmt: skip
 
 
@@ -672,7 +698,7 @@ def covered_steps(
     not judged by the bench and lends no overheads: its waits are not typical."""
     out = set()
     for it, (known, span, _) in models.items():
-        rows = known[known["op"].isin(mine)]
+        rows = known[np.fromiter((op in mine for op in known["op"].tolist()), bool, len(known))]
         wall = (span[1] - span[0]) / 1e9
         if len(rows) and wall > 0 and measured(rows)[0] >= MIN_COVER * wall:
             out.add(it)
@@ -696,32 +722,39 @@ def critical_waits(model: StepModel, start: np.ndarray, end: np.ndarray, last: i
     neither exists (the step's start, an op whose time is unknown)."""
     c = model.compiled
     n = len(model.overhead)
-    order = np.argsort(c.dst, kind="stable")
-    pred_of = c.src[order]
-    ptr = np.searchsorted(c.dst[order], np.arange(len(c.names) + 1))
-    # the ops with a known end, by (resource, end, index): the op of a resource that
-    # ended at a time is the last of its run (the highest index, as a dict would keep)
+    # (speed) each op's step back is fixed by the op alone, so it is found for every op
+    # at once; the walk then only follows the links. The held predecessor: the first
+    # edge into the op, in the graph's edge order, whose source ended as the op started.
+    after = np.full(len(c.names), -1, dtype=np.int64)
+    held = np.flatnonzero(end[c.src] == start[c.dst])
+    took, first = np.unique(c.dst[held], return_index=True)
+    after[took] = c.src[held[first]]
+    # else the op of the same resource that ended as it started: the last of its run, by
+    # (resource, end, index) as a dict would keep; (resource, end) as one sortable key
     known = np.flatnonzero(end >= 0)
+    ends = np.unique(end[known])
+    key_of = np.int64(len(ends) + 1)
     by_end = known[np.lexsort((known, end[known], c.res[known]))]
-    res_sorted, end_sorted = c.res[by_end], end[by_end]
-
-    def ended_at(r: int, t: int) -> int:
-        lo, hi = np.searchsorted(res_sorted, r, "left"), np.searchsorted(res_sorted, r, "right")
-        k = lo + int(np.searchsorted(end_sorted[lo:hi], t, "right")) - 1
-        return int(by_end[k]) if lo <= k < hi and end_sorted[k] == t else -1
-
+    keys = c.res[by_end] * key_of + np.searchsorted(ends, end[by_end])
+    free = np.flatnonzero(after < 0)
+    at = np.searchsorted(ends, start[free])
+    exact = at < len(ends)
+    exact[exact] = ends[at[exact]] == start[free[exact]]
+    free, at = free[exact], at[exact]
+    query = c.res[free] * key_of + at
+    k = np.searchsorted(keys, query, "right") - 1
+    hit = (k >= 0) & (keys[np.maximum(k, 0)] == query)
+    after[free[hit]] = by_end[k[hit]]
+    steps, starts = after.tolist(), start.tolist()
+    path, x = [], last
+    for _ in steps:  # a walk that comes back to an op would only go round again
+        if x < 0 or starts[x] <= 0:
+            break
+        path.append(x)
+        x = steps[x]
     on = np.zeros(n, dtype=bool)
-    # the walk visits up to every op once: plain lists, not numpy scalars, per step
-    preds_of, ptrs = pred_of.tolist(), ptr.tolist()
-    starts, ends, res = start.tolist(), end.tolist(), c.res.tolist()
-    seen: set[int] = set()
-    x = last
-    while x >= 0 and x not in seen and starts[x] > 0:
-        seen.add(x)
-        if n <= x < 2 * n:
-            on[x - n] = True
-        held = [u for u in preds_of[ptrs[x] : ptrs[x + 1]] if ends[u] == starts[x]]
-        x = held[0] if held else ended_at(res[x], starts[x])
+    waits = np.array(path, dtype=np.int64)
+    on[waits[(waits >= n) & (waits < 2 * n)] - n] = True
     return on
 
 
@@ -786,17 +819,20 @@ def topological_positions(compiled: Compiled) -> np.ndarray:
         compiled.dst[order],
         np.concatenate([[0], np.cumsum(np.bincount(compiled.src, minlength=n))]),
     )
-    position = np.empty(n, dtype=np.int64)
-    frontier = list(np.flatnonzero(indeg == 0)[::-1])
+    # (speed) the walk over plain lists, not numpy scalars
+    position_of = [0] * n
+    frontier = np.flatnonzero(indeg == 0)[::-1].tolist()
+    succ_of, ptr_of, need = succ.tolist(), ptr.tolist(), indeg.tolist()
     k = 0
     while frontier:
         i = frontier.pop()
-        position[i] = k
+        position_of[i] = k
         k += 1
-        for j in succ[ptr[i] : ptr[i + 1]]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
+        for j in succ_of[ptr_of[i] : ptr_of[i + 1]]:
+            need[j] -= 1
+            if need[j] == 0:
                 frontier.append(j)
+    position = np.array(position_of, dtype=np.int64)
     _TOPO.clear()
     _TOPO[id(compiled.graph)] = (compiled.graph, position)
     return position
@@ -805,7 +841,9 @@ def topological_positions(compiled: Compiled) -> np.ndarray:
 _TOPO: dict[int, tuple[OpGraph, np.ndarray]] = {}
 
 
-def rank_shape(compiled: Compiled, steps: Iterable[pd.DataFrame]) -> tuple[np.ndarray, np.ndarray]:
+def rank_shape(
+    compiled: Compiled, steps: Iterable[pd.DataFrame | tuple[pd.DataFrame, np.ndarray]]
+) -> tuple[np.ndarray, np.ndarray]:
     """(dropped, width) over the complete steps of one rank: per edge of `compiled`,
     whether the trace contradicts it (its v started before its u did) in any step; per
     resource, the most ops it ever ran at once.
@@ -815,14 +853,14 @@ def rank_shape(compiled: Compiled, steps: Iterable[pd.DataFrame]) -> tuple[np.nd
     GPU inputs' kernels are launched, not done, and the op is timed by its kernel).
     Dropped only in the steps that contradict it and kept in the others, it would make
     v's wait swing between steps with the GPU queue, and the typical wait of the other
-    steps would miss by as much: it is dropped in every step of the rank.
+    steps would miss by as much: it is dropped in every step of the rank. A step is its
+    rows, or (its rows of `compiled`'s ops, their `op_rows` indices).
     """
     g_src, g_dst = compiled.src, compiled.dst
     dropped = np.zeros(len(g_src), dtype=bool)
     width = np.ones(len(compiled.resources), dtype=np.int64)
-    for rows in steps:
-        rows = rows[rows["op"].isin(compiled.index)]
-        idx = rows["op"].map(compiled.index).to_numpy(dtype=np.int64)
+    for step in steps:
+        rows, idx = step if isinstance(step, tuple) else op_rows(compiled, step)
         start = np.full(len(compiled.names), -1, dtype=np.int64)
         start[idx] = rows["start"].to_numpy(dtype=np.int64)
         seen = (start[g_src] >= 0) & (start[g_dst] >= 0)
@@ -858,15 +896,20 @@ def _step_models(
     fallback = op_seconds(compiled, oracle)
     mine = compiled.names[:own]
     gone = partial_steps(rows_of_rank, mine)
+    # (speed) the op indices looked up once for the rank, then split by step (a step
+    # without a record of `compiled`'s ops has no model and does not shape the rank)
+    rows_known, idx_known = op_rows(compiled, rows_of_rank)
+    steps = [
+        (int(it), rows_known.iloc[at], idx_known[at])
+        for it, at in sorted(rows_known.groupby("iteration").indices.items())
+    ]
     dropped, width = rank_shape(
-        compiled, (rows for it, rows in rows_of_rank.groupby("iteration") if int(it) not in gone)
+        compiled, ((known, idx) for it, known, idx in steps if it not in gone)
     )
     shape = (dropped, width if pools else np.ones_like(width))
     models = {}
-    for iteration, rows in rows_of_rank.groupby("iteration", sort=True):
-        it = int(iteration)
-        known = rows[rows["op"].isin(compiled.index)]
-        of_rank = known[known["op"].isin(mine)] if own is not None else known
+    for it, known, idx in steps:
+        of_rank = known[idx < own] if own is not None else known  # the first own are mine
         if not len(of_rank):
             continue
         first = int(of_rank["start"].min())
@@ -880,7 +923,7 @@ def _step_models(
         models[it] = (
             known,
             span,
-            step_model(compiled, known, span, fallback, gone.get(it, ()), release, own, shape),
+            step_model(compiled, known, span, fallback, gone.get(it, ()), release, own, shape, idx),
         )
     return models
 
@@ -951,8 +994,8 @@ def _replay_rank(
             float((begin[keep] + took[keep]).max(initial=0)) / TICKS_PER_SECOND + model.tail
         )
         predicted = busy_time(begin[keep], took[keep]) / TICKS_PER_SECOND
-        path = _critical(traced, known, span, start[0], ticks, n)
-        known = known[known["op"].isin(compiled.names[:n])]
+        path = _critical(traced, start[0], ticks, n)
+        known = known[op_rows(compiled, known)[1] < n]
         busy, op_span = measured(known)
         wall = (span[1] - span[0]) / 1e9
         error = predicted / busy - 1.0 if busy > 0 else None
@@ -978,24 +1021,13 @@ def _replay_rank(
     return steps
 
 
-def _critical(
-    traced: StepModel,
-    known: pd.DataFrame,
-    span: tuple[int, int],
-    begin: np.ndarray,
-    ticks: np.ndarray,
-    own: int,
-) -> np.ndarray:
+def _critical(traced: StepModel, begin: np.ndarray, ticks: np.ndarray, own: int) -> np.ndarray:
     """Per op whether its wait lies on the critical path of the step as it ran or of
     its replay (`critical_waits`), each walked back from the rank's op that ended last."""
-    c = traced.compiled
-    rows = known[known["op"].isin(c.index)]
-    start_of = np.zeros(len(traced.overhead), dtype=np.int64)
-    start_of[rows["op"].map(c.index).to_numpy(dtype=np.int64)] = rows["start"].to_numpy() - span[0]
     mine = np.flatnonzero(traced.observed[:own])
     if not len(mine):
         return np.zeros(len(traced.overhead), dtype=bool)
-    start, end = observed_times(traced, start_of)
+    start, end = observed_times(traced, traced.start_of)
     on = critical_waits(traced, start, end, int(mine[np.argmax(end[mine])]))
     replayed_end = begin + ticks
     last = int(mine[np.argmax(replayed_end[mine])])
@@ -1100,25 +1132,35 @@ def carried_over(
     traced step, whose previous step is not in the trace, begins with the typical queue:
     per resource the median over the other steps of that end less the step's start (its
     recorded span's, else its first record's)."""
-    rows = rows[rows["op"].isin(compiled.index)]
-    res = compiled.res[rows["op"].map(compiled.index).to_numpy(dtype=np.int64)]
-    frame = pd.DataFrame(
-        {"iteration": rows["iteration"].to_numpy(), "res": res,
-         "start": rows["start"].to_numpy(), "end": (rows["start"] + rows["duration"]).to_numpy()}
-    )  # fmt: skip
-    ends = frame.groupby(["iteration", "res"])["end"].max()
-    first = frame.groupby("iteration")["start"].min()
+    rows, idx = op_rows(compiled, rows)
+    if not len(rows):
+        return {}
+    # (speed) per step its first start and per (step, resource) its last end, by one
+    # sort and numpy reductions rather than pandas group-bys
+    res = compiled.res[idx]
+    start = rows["start"].to_numpy()
+    end = (rows["start"] + rows["duration"]).to_numpy()
+    steps, step_of = np.unique(rows["iteration"].to_numpy(), return_inverse=True)
+    order = np.lexsort((res, step_of))
+    step_sorted, res_sorted = step_of[order], res[order]
+    at_step = np.flatnonzero(np.r_[True, step_sorted[1:] != step_sorted[:-1]])
+    at_pair = np.flatnonzero(
+        np.r_[True, (step_sorted[1:] != step_sorted[:-1]) | (res_sorted[1:] != res_sorted[:-1])]
+    )
+    first = np.minimum.reduceat(start[order], at_step)
+    last_end = np.maximum.reduceat(end[order], at_pair)
+    pair_step, pair_res = step_sorted[at_pair], res_sorted[at_pair]
+    position = {int(it): k for k, it in enumerate(steps.tolist())}
     for it, (begin, _end) in (spans or {}).items():
-        if it in first.index:
-            first[it] = begin
-    steps = sorted(first.index.tolist())
+        if it in position:
+            first[position[it]] = begin
     n_res = len(compiled.resources)
     queue: dict[int, np.ndarray] = {}  # step -> per resource previous end - step start
-    for before, it in zip(steps, steps[1:], strict=False):
+    for k in range(1, len(steps)):
         q = np.full(n_res, np.nan)
-        previous = ends.xs(before, level="iteration")
-        q[previous.index.to_numpy()] = previous.to_numpy() - first[it]
-        queue[int(it)] = q
+        previous = pair_step == k - 1
+        q[pair_res[previous]] = last_end[previous] - first[k]
+        queue[int(steps[k])] = q
     if len(queue) > 1:
         table = np.stack(list(queue.values()))
         typical = np.full(n_res, np.nan)
@@ -1128,7 +1170,7 @@ def carried_over(
     out = {}
     for it, q in queue.items():
         offset = np.nan_to_num(q).round().astype(np.int64)  # ns; epochs stay integers
-        last = np.where(np.isnan(q), -1, offset + int(first[it]))
+        last = np.where(np.isnan(q), -1, offset + int(first[position[it]]))
         out[it] = last[compiled.res]
     return out
 
@@ -1255,7 +1297,6 @@ def batching(
     latency = float(network.get("a", 0.0))
     adjusted = seconds.copy()
     edges: list[tuple[str, str]] = []
-    pred = compiled.graph.dag.pred
     position = {name: i for i, name in enumerate(plan.order)}
     for group in groups:
         members = sorted(
@@ -1268,8 +1309,15 @@ def batching(
         for member in members[1:]:
             i = compiled.index[member]
             adjusted[i] = max(0.0, adjusted[i] - latency)
-            edges.extend((p, first) for p in pred[member] if p != first)
+            edges.extend((p, first) for p in _predecessors(compiled, i) if p != first)
     return adjusted, tuple(dict.fromkeys(edges)), len(groups)
+
+
+def _predecessors(compiled: Compiled, i: int) -> list[str]:
+    """The predecessors of op `i`, in the order of their first edge into it (as the
+    graph's networkx view lists them; (speed) without building that view)."""
+    names = compiled.names
+    return list(dict.fromkeys(names[u] for u in compiled.src[compiled.dst == i].tolist()))
 
 
 def _compare_rank(

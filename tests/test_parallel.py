@@ -658,3 +658,151 @@ def test_a_ranks_windows_are_one_task_and_read_as_in_one_process(
         assert out == expected and _written(target) == files
     notes = json.loads(expected)["inspect"]["notes"]
     assert notes == [f"rank{r}: 3 windows of one profiling session joined" for r in range(2)]
+
+
+# The per-rank analysis's fast paths (issue #19: worker CPU per rank) against plain
+# references on real ranks: the replay's critical-path walk, the partial steps, the queue
+# carried over between steps and the predecessor order the networkx view would give.
+
+
+def _plain_critical_waits(model: Any, start: Any, end: Any, last: int) -> list[bool]:
+    """The critical walk as first written: a dict per resource of the op that ended at a
+    time (the highest index wins), the first held predecessor in edge order."""
+    c = model.compiled
+    n = len(model.overhead)
+    preds: dict[int, list[int]] = {}
+    for u, v in zip(c.src.tolist(), c.dst.tolist(), strict=True):
+        preds.setdefault(v, []).append(u)
+    ended: dict[tuple[int, int], int] = {}
+    for i, (r, e) in enumerate(zip(c.res.tolist(), end.tolist(), strict=True)):
+        if e >= 0:
+            ended[(r, e)] = i
+    on = [False] * n
+    seen: set[int] = set()
+    x = last
+    while x >= 0 and x not in seen and start[x] > 0:
+        seen.add(x)
+        if n <= x < 2 * n:
+            on[x - n] = True
+        held = [u for u in preds.get(x, []) if end[u] == start[x]]
+        x = held[0] if held else ended.get((int(c.res[x]), int(start[x])), -1)
+    return on
+
+
+def _rank(path: Path) -> tuple[Any, Any, Any]:
+    from planner import simulate as sim
+
+    job = detect.load([path])
+    (rank,) = job.ranks
+    frame = sim._frame(job)
+    return job, sim.compile_graph(job.graphs[rank]), frame[frame["rank"] == rank]
+
+
+def test_the_critical_walk_is_the_plain_walk_on_real_steps() -> None:
+    """On each step of a real DDP rank, as traced and as replayed, and on random times
+    with many ties (ops ending as others start on the same resource), the vectorised
+    walk marks exactly the waits the plain walk does."""
+    import numpy as np
+
+    from planner import simulate as sim
+
+    job, compiled, rows = _rank(RESNET / "rank0.json.gz")
+    (rank,) = job.ranks
+    oracle = sim.mean_of_runs(job.graphs[rank], rows)
+    models = sim._step_models(compiled, rows, oracle, sim.spans_of(job, rank))
+    rng = np.random.default_rng(0)
+    marked = 0
+    for _, _, model in models.values():
+        start, end = sim.observed_times(model, model.start_of)
+        ticks = sim.to_ticks(model.seconds)
+        arrays = sim._arrays(model.compiled, model.priority, (), model.cap)
+        _, begin, _ = sim._kernel(arrays, ticks, sim._draws(0, [0], len(ticks)), True)
+        cases = [(start, end), (begin[0], begin[0] + ticks)]
+        m = len(start)
+        for _ in range(3):
+            s = rng.integers(-1, 6, m)
+            cases.append((s, np.where(s < 0, -1, s + rng.integers(0, 3, m))))
+        for s, e in cases:
+            for last in [int(np.argmax(e)), *rng.integers(0, m, 3).tolist()]:
+                got = sim.critical_waits(model, s, e, last)
+                assert got.tolist() == _plain_critical_waits(model, s, e, last)
+                marked += int(got.sum())
+    assert marked > 0  # the walks did pass through waits
+
+
+def test_partial_steps_are_the_plain_set_difference() -> None:
+    """`records.partial_steps` on a real rank with records dropped at random: the ops
+    seen in every other step but not this one, as plain sets give them."""
+    import numpy as np
+
+    from planner.records import partial_steps
+
+    job, _, rows = _rank(RESNET / "rank0.json.gz")
+    (rank,) = job.ranks
+    ops = job.graphs[rank].ops
+    rng = np.random.default_rng(1)
+    found = 0
+    for share in (0.0, 0.002, 0.02, 0.3):
+        kept = rows[rng.random(len(rows)) >= share]
+        pairs = {(o, int(i)) for o, i in zip(kept["op"], kept["iteration"], strict=True)}
+        steps = sorted({i for _, i in pairs})
+        expected = {}
+        for step in steps:
+            others = [s for s in steps if s != step]
+            everywhere = {o for o in ops if all((o, s) in pairs for s in others)}
+            gone = tuple(sorted(o for o in everywhere if (o, step) not in pairs))
+            if gone:
+                expected[step] = gone
+        assert partial_steps(kept, ops) == expected
+        found += len(expected)
+    assert found > 0
+
+
+def test_the_carried_queue_is_the_group_by_one() -> None:
+    """`simulate.carried_over` (numpy reductions) against pandas group-bys of the same
+    rows: per step, the previous step's last end on each resource, the typical queue for
+    the first step."""
+    import numpy as np
+
+    from planner import simulate as sim
+
+    job, compiled, rows = _rank(RESNET / "rank1.json.gz")
+    (rank,) = job.ranks
+    spans = sim.spans_of(job, rank)
+    got = sim.carried_over(compiled, rows, spans)
+    res = compiled.res[rows["op"].map(compiled.index).to_numpy()]
+    table = rows.assign(res=res, end=rows["start"] + rows["duration"])
+    ends = table.groupby(["iteration", "res"])["end"].max()
+    first = {
+        it: spans.get(it, (v, 0))[0] for it, v in table.groupby("iteration")["start"].min().items()
+    }
+    steps = sorted(first)
+    assert list(got) == [*steps[1:], steps[0]]
+    for before, it in zip(steps, steps[1:], strict=False):
+        expected = np.full(len(compiled.resources), -1, dtype=np.int64)
+        previous = ends.xs(before, level="iteration")
+        expected[previous.index.to_numpy()] = previous.to_numpy()
+        assert got[it].tolist() == expected[compiled.res].tolist()
+
+
+def test_predecessors_in_the_networkx_order() -> None:
+    """The replay's batching and the all-reduce launchers read predecessors from the
+    edge arrays: the same ops in the same order as the graph's networkx view."""
+    from planner import allreduce
+    from planner import simulate as sim
+
+    job, compiled, _ = _rank(RESNET / "rank0.json.gz")
+    (rank,) = job.ranks
+    graph = job.graphs[rank]
+    for i, name in enumerate(compiled.names):
+        assert sim._predecessors(compiled, i) == list(graph.dag.pred[name])
+    collectives = [n for n, op in graph.ops.items() if op.kind == "collective"]
+    launchers = allreduce._launchers(graph, collectives)
+    for name in collectives:
+        cpu = [
+            p
+            for p in graph.dag.predecessors(name)
+            if graph.ops[p].kind == "compute" and not graph.ops[p].resource.startswith("gpu")
+        ]
+        assert launchers[name] == (cpu[0] if cpu else None)
+    assert any(launchers.values())
