@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -141,7 +141,7 @@ def report_ranks(
     collectives): one process analyses it (`analysis.analyze`). `notes`: the job's
     notes on skipped files (`parallel.split_ranks`); `untraced_step_time`: the job's
     step time without the profiler, for the bucket advice."""
-    from planner import __version__, analysis, pipeline
+    from planner import __version__, _simkernel, analysis, pipeline
     from planner.parallel import rank_mapper, usage_of
     from planner.rank_replay import releases
 
@@ -162,9 +162,13 @@ def report_ranks(
         task = partial(pipeline.reference_plan, **inputs, benchmark=network)
         referenced = mapper(task, [planned[0]["inputs"]], None, lazy=True)
         # the other workers would wait for the plan: they load the replay's compiled
-        # loop meanwhile, ahead of the second pass's tasks (the records are taken at the
-        # end: dropping a pool's lazy map cancels what has not started)
-        warming = mapper(warm_task, [[]] * max(1, workers or os.cpu_count() or 1), None, lazy=True)
+        # loop meanwhile, ahead of the second pass's tasks, where one rank's replay is
+        # more than the Python loop's share (the records are taken at the end:
+        # dropping a pool's lazy map cancels what has not started)
+        warming: Iterable[dict[str, Any]] = ()
+        if samples * max(r["inspect"]["ops"] for r in ranks) > _simkernel.SMALL_WORK:
+            count = max(1, workers or os.cpu_count() or 1)
+            warming = mapper(warm_task, [[]] * count, None, lazy=True)
         metrics = pipeline.job_metrics(ranks, waits)
         (reference,) = referenced
         if "error" in reference:
