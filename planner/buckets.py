@@ -186,7 +186,8 @@ def replay(
 
 def decontend(ready: np.ndarray, busy: Sequence[tuple[float, float]], kappa: float) -> np.ndarray:
     """The backward work behind traced ready times: time with a collective in flight
-    (the union `busy`) counted at ``1/kappa``."""
+    (the union `busy`) counted at ``1/kappa``. The definition for one rank; the sweep
+    computes it for all ranks of a step at once (`backward_work`)."""
     if kappa == 1.0 or not busy:
         return ready.copy()
     out = ready.copy()

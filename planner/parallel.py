@@ -402,6 +402,12 @@ of CPU per process), loaded before a local pool starts: its workers are forked (
 loaded, instead of each importing them again, and the parent needs them for the join."""
 
 
+def pool_size(workers: int | None, tasks: int) -> int:
+    """The processes a local pool starts for `tasks` tasks: `workers`, default the CPUs,
+    never more than the tasks."""
+    return max(1, min(workers or os.cpu_count() or 1, tasks))
+
+
 @contextmanager
 def rank_mapper(
     workers: int | None = None, dask_address: str | None = None, ranks: int = 2
@@ -415,7 +421,7 @@ def rank_mapper(
     elif workers == 1 or ranks == 1:
         yield partial(_map, map)
     else:
-        count = max(1, min(workers or os.cpu_count() or 1, ranks))
+        count = pool_size(workers, ranks)
         for module in WARM:
             importlib.import_module(module)
         # the modules' objects outlive every rank: the collector of a forked worker (and of

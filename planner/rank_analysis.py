@@ -19,7 +19,6 @@ worker on another machine) the second pass reads the trace again, to the same an
 
 from __future__ import annotations
 
-import os
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -142,7 +141,7 @@ def report_ranks(
     notes on skipped files (`parallel.split_ranks`); `untraced_step_time`: the job's
     step time without the profiler, for the bucket advice."""
     from planner import __version__, _simkernel, analysis, pipeline
-    from planner.parallel import rank_mapper, usage_of
+    from planner.parallel import pool_size, rank_mapper, usage_of
     from planner.rank_replay import releases
 
     fixed: dict[str, float] = {}
@@ -167,7 +166,7 @@ def report_ranks(
         # dropping a pool's lazy map cancels what has not started)
         warming: Iterable[dict[str, Any]] = ()
         if samples * max(r["inspect"]["ops"] for r in ranks) > _simkernel.SMALL_WORK:
-            count = max(1, workers or os.cpu_count() or 1)
+            count = pool_size(workers, len(ranks))
             warming = mapper(warm_task, [[]] * count, None, lazy=True)
         metrics = pipeline.job_metrics(ranks, waits)
         (reference,) = referenced
