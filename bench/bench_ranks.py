@@ -23,6 +23,11 @@ CPU s: the user and system seconds of the timed process and every process it sta
 the timed process's peak; worker RSS: the largest peak of the processes that
 ran the rank tasks (ru_maxrss, MiB); ``x file``: worker peak / the largest rank file
 inflated (its JSON text), the factor by which a worker's memory follows the rank size.
+Job MiB: the peak of the memory of the timed process and every process it started,
+taken together (psutil, sampled every 100 ms): the sum of their proportional set sizes,
+which counts a page that forked workers share with the parent once, where the sum of
+their RSS would count it in each. The figure to hold against HTA's, whatever the
+number of processes.
 
 ``--baseline DIR`` (a checkout of other code, e.g. ``git worktree add DIR main``) runs
 every mode also on DIR's `planner` package, interleaved, as ``<mode> @base``: a
@@ -54,6 +59,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from bisect import bisect_right
 from concurrent.futures import ProcessPoolExecutor
@@ -215,18 +221,50 @@ def run(mode: str, folder: Path, command: str, code: Path = HERE.parent) -> dict
     package comes first on the path)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    done = subprocess.run(
+    process = subprocess.Popen(
         [sys.executable, "-c", CHILD, mode, str(folder), command],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         cwd=code,
     )
+    peak, done_sampling = [0.0], threading.Event()
+    sampler = threading.Thread(target=_sample_job, args=(process.pid, peak, done_sampling))
+    sampler.start()
+    stdout, stderr = process.communicate()
     seconds = time.perf_counter() - t0
+    done_sampling.set()
+    sampler.join()
+    done = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     if done.returncode != 0:
         raise SystemExit(f"{mode} on {folder}: {done.stderr.strip().splitlines()[-1]}")
-    return {"seconds": seconds, "cpu": cpu, **json.loads(done.stdout.strip().splitlines()[-1])}
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"seconds": seconds, "cpu": cpu, "job_mib": peak[0], **figures}
+
+
+def _sample_job(pid: int, peak: list[float], done: threading.Event) -> None:
+    """`peak[0]`: the largest sum of the proportional set sizes (MiB) of `pid` and its
+    descendants, sampled every 100 ms until `done`."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+    while not done.wait(0.1):
+        total = 0
+        try:
+            family = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return
+        for process in family:
+            try:
+                total += process.memory_full_info().pss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        peak[0] = max(peak[0], total / 2**20)
 
 
 def main() -> None:
@@ -254,7 +292,7 @@ def main() -> None:
     print(
         f"{'ranks':>6} {'mode':<21} {'total s':>8} {'s/rank':>7} {'CPU s':>7} "
         f"{'parent MiB':>10} "
-        f"{'worker MiB':>10} {'x file':>6} {'procs':>5}  same document"
+        f"{'worker MiB':>10} {'x file':>6} {'job MiB':>7} {'procs':>5}  same document"
     )
     for size in args.sizes:
         folder = build(size)
@@ -272,10 +310,11 @@ def main() -> None:
             cpu = statistics.median(r["cpu"] for r in runs)
             parent = statistics.median(r["parent_mib"] for r in runs)
             worker = statistics.median(r["worker_mib"] for r in runs)
+            job = statistics.median(r["job_mib"] for r in runs)
             same = "-" if runs[0]["sha"] is None else "yes" if len(shas) == 1 else "NO"
             print(
                 f"{size:>6} {mode:<21} {total:>8.2f} {total / size:>7.3f} {cpu:>7.2f} "
-                f"{parent:>10.0f} {worker:>10.0f} {worker / file_mib:>6.1f} "
+                f"{parent:>10.0f} {worker:>10.0f} {worker / file_mib:>6.1f} {job:>7.0f} "
                 f"{runs[0]['workers']:>5}  {same}"
             )
         digest = hashlib.sha256("".join(sorted(shas)).encode()).hexdigest()[:12]
