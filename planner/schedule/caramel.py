@@ -34,7 +34,6 @@ from collections import deque
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-import networkx as nx
 import numpy as np
 import pandas as pd
 
@@ -128,6 +127,8 @@ class _Stage1:
 
 
 def _stage1(graph: OpGraph, ticks_of: Mapping[str, float], params: Sequence[str]) -> _Stage1:
+    import networkx as nx  # here: a rank's tasks that plan nothing need not load it
+
     names = list(nx.topological_sort(graph.dag))
     index = {n: i for i, n in enumerate(names)}
     n_ops, n_param = len(names), len(params)

@@ -32,7 +32,6 @@ import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-import networkx as nx
 import numpy as np
 
 from planner.graph import OpGraph
@@ -69,6 +68,8 @@ def communication_dependencies(graph: OpGraph) -> dict[str, frozenset[str]]:
 
     A recv's dep holds itself (and, should a recv not be a root, the recvs above it).
     """
+    import networkx as nx  # here: a rank's tasks that plan nothing need not load it
+
     dep: dict[str, frozenset[str]] = {}
     for name in nx.topological_sort(graph.dag):
         own = {name} if graph.ops[name].kind == "recv" else set()
@@ -179,6 +180,8 @@ def _recv_order(graph: OpGraph, key: Mapping[str, Number]) -> tuple[str, ...]:
     """
     if all(graph.dag.in_degree(r) == 0 for r in key):
         return tuple(sorted(key, key=lambda r: (key[r], r)))
+    import networkx as nx
+
     upstream = nx.DiGraph()
     upstream.add_nodes_from(key)
     for r in key:
@@ -265,6 +268,8 @@ class _Classes:
     """
 
     def __init__(self, graph: OpGraph, ticks: np.ndarray) -> None:
+        import networkx as nx
+
         names = list(graph.ops)
         index = {name: i for i, name in enumerate(names)}
         self.recvs = graph.recvs
