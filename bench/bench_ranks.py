@@ -9,7 +9,10 @@ a random offset (0-2 s) and each step delayed by a random 0-20 ms, so that the r
 stragglers and collective orders differ. Built once under bench/_data/ranks (git-ignored).
 
 Each configuration runs as a whole process (interpreter start-up and imports included,
-what a user waits for), interleaved over --repeat rounds; figures are medians.
+what a user waits for), interleaved over --repeat rounds; figures are medians. The
+planner packages timed are byte-compiled first, as `pip install` leaves an installed
+package (and HTA's): a checkout on a machine with PYTHONDONTWRITEBYTECODE set would
+otherwise compile its modules from source in every process (about 0.1 s).
 ``one process`` is the joint path (`detect.load` of every rank into one Job, then
 `analysis.metrics`; `analysis.schedule(job, "caramel")` with ``--command schedule``;
 `simulate.simulation` of the Caramel plan, 100 samples, with ``--command simulate``;
@@ -50,6 +53,7 @@ Usage: nice python bench/bench_ranks.py [--sizes 8 64] [--repeat 3] [--modes ...
 from __future__ import annotations
 
 import argparse
+import compileall
 import gzip
 import hashlib
 import json
@@ -294,6 +298,9 @@ def main() -> None:
         f"{'parent MiB':>10} "
         f"{'worker MiB':>10} {'x file':>6} {'job MiB':>7} {'procs':>5}  same document"
     )
+    for code in {HERE.parent, args.baseline or HERE.parent}:
+        for package in ("planner", "cli"):
+            compileall.compile_dir(code / package, quiet=1)
     for size in args.sizes:
         folder = build(size)
         file_mib = largest_rank_mib(folder)
