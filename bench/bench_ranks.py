@@ -97,7 +97,14 @@ if mode == "hta load":
     print(json.dumps({"sha": None, "parent_mib": own, "worker_mib": max(own, kids), "workers": 0}))
     sys.exit(0)
 if mode.startswith("planner "):  # the command a user runs, report files written
-    import contextlib, io, tempfile
+    import contextlib, importlib.util, io, os, tempfile
+    # the CLI of the checkout timed (its folder `cli` is the package `planner_cli`), not
+    # the one an editable install maps
+    cli = os.path.join(os.getcwd(), "cli")
+    spec = importlib.util.spec_from_file_location(
+        "planner_cli", os.path.join(cli, "__init__.py"), submodule_search_locations=[cli])
+    sys.modules["planner_cli"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules["planner_cli"])
     from planner_cli.main import main
     out = tempfile.mkdtemp(prefix="bench-ranks-")
     sys.argv = [*mode.split(), str(folder), "-o", out, "--json"]

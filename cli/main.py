@@ -6,6 +6,7 @@ stderr, no traceback, no output file written).
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from collections.abc import Sequence
@@ -375,7 +376,21 @@ def convert_command(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Entry point: run the group, turn bad input and usage errors into exit 2."""
+    """Entry point: run the group, turn bad input and usage errors into exit 2.
+
+    Without `argv` (the `planner` command: the process's own arguments, and the process
+    ends with this call) the objects left are frozen first (`gc.freeze`): the
+    interpreter's last collection would walk them all to free what the exit frees
+    anyway (0.15 s after `analyze`, 0.5 s with the simulator's compiled loop loaded).
+    Every file is written and closed before, stdout is flushed at exit as always."""
+    try:
+        _run(argv)
+    finally:
+        if argv is None:
+            gc.freeze()
+
+
+def _run(argv: Sequence[str] | None) -> None:
     try:
         cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
     except InputError as exc:
