@@ -340,7 +340,7 @@ def analyze_command(
             )
         graphs = job.graphs
     network_notes(report["plans"].get("caramel", {}), as_json)
-    files = analysis_files(report, graphs, output) if output is not None else {}
+    files = analysis_files(report, graphs, output, workers) if output is not None else {}
     if output is not None:
         write_set(output, {path.name: text for path, text in files.items()}, force=force)
     render.emit(report, as_json, render.analyze_view)

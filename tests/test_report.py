@@ -79,6 +79,18 @@ def test_report_on_pytorch_with_simulation(torch_report: dict[str, Any]) -> None
     assert not re.search(r"-[\d.,]+ ms", page)  # signed percentages are fine
 
 
+def test_sections_drawn_by_forked_processes_make_the_same_page(
+    torch_report: dict[str, Any],
+) -> None:
+    job = detect.load([need(TORCH)])
+    report = {**torch_report, "simulation": sim.simulation(job, {}, samples=3, timelines=True)}
+    report["metrics"] = {"ranks": 5, "steps": 5}  # malformed: sections that cannot be drawn
+    one = render_html(report, files=["report.json"])
+    assert "could not be drawn" in _sections(one)["steps"]
+    assert "left-out" in _sections(one) and _sections(one)["timeline"].count("<svg") == 2
+    assert render_html(report, files=["report.json"], workers=2) == one
+
+
 def test_report_degrades_without_metrics() -> None:
     job = detect.load([DEMO])
     report = analysis.analyze(job)

@@ -15,11 +15,13 @@ if TYPE_CHECKING:
 
 
 def analysis_files(
-    report: dict[str, Any], graphs: Mapping[str, OpGraph], output: Path
+    report: dict[str, Any], graphs: Mapping[str, OpGraph], output: Path, workers: int | None = 1
 ) -> dict[Path, str]:
     """Path -> text of every file: report.json and report.html, the priority files of
     every plan, Caramel's exports, and timeline.json (the traced step and the best plan's
     predicted schedule, per rank; `graphs`: rank -> its DAG, for the events' labels).
+
+    `workers`: processes that draw report.html's sections (`render_html`).
 
     Rank names come from the inputs: the file name part made of each
     (`planner.export.files.file_names`) is recorded in the report as ``file_names``.
@@ -53,5 +55,5 @@ def analysis_files(
         meta = {"planner": "analyze", "best_plan": best}
         files[output / "timeline.json"] = dumps(chrome_trace(chosen, meta))
     names = sorted({path.name for path in files} | {"report.html"})
-    files[output / "report.html"] = render_html(report, files=names)
+    files[output / "report.html"] = render_html(report, files=names, workers=workers)
     return files
