@@ -83,7 +83,6 @@ BASE = "@base"
 CHILD = r"""
 import hashlib, json, resource, sys
 from pathlib import Path
-from planner.export.files import dumps
 mode, folder, command = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 files = sorted(folder.glob("rank*.json.gz"))
 if mode == "hta load":
@@ -146,10 +145,18 @@ else:
         run = {"schedule": parallel.schedule_ranks, "simulate": parallel.simulate_ranks}.get(
             command, parallel.metrics_ranks)
         document, usage = run(ranks, workers=workers, dask_address=dask)
-text = dumps(document)
+# the document's hash, its text (the bytes `planner` writes) read piece by piece: this
+# process's peak is the analysis', not a copy of the text made here
+try:
+    from planner.export.files import json_pieces
+except ImportError:  # code from before json_pieces
+    json_pieces = lambda document: [dumps(document)]
+digest = hashlib.sha256()
+for piece in json_pieces(document):
+    digest.update(piece.encode())
 parent = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps({
-    "sha": hashlib.sha256(text.encode()).hexdigest(),
+    "sha": digest.hexdigest(),
     "parent_mib": parent,
     "worker_mib": max((u["peak_rss_mib"] for u in usage), default=parent),
     "workers": len({u["pid"] for u in usage}) or 1,

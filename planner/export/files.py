@@ -131,17 +131,21 @@ _PIECE = 1 << 16
 
 
 def dumps(document: Any) -> str:
-    """Deterministic JSON text (sorted keys, 2-space indent, trailing newline).
+    """Deterministic JSON text (sorted keys, 2-space indent, trailing newline): the text
+    of `json.dumps`, joined from `json_pieces`."""
+    return "".join(json_pieces(document))
 
-    The text of `json.dumps`, joined in pieces of `_PIECE` chunks: the indenting encoder
-    yields a few small strings per value, and holding all of them at once (as
-    `json.dumps` does) costs several times the text (a report of 1,000 ranks)."""
+
+def json_pieces(document: Any) -> Iterator[str]:
+    """The text of `dumps` in pieces of `_PIECE` encoder chunks each, in order.
+
+    The indenting encoder yields a few small strings per value, and holding all of them
+    at once (as `json.dumps` does) costs several times the text (a report of 1,000
+    ranks); a reader of the pieces (a hash, a file) need not hold the text at all."""
     chunks = json.JSONEncoder(indent=2, sort_keys=True, allow_nan=False).iterencode(document)
-    pieces = []
     while batch := list(islice(chunks, _PIECE)):
-        pieces.append("".join(batch))
-    pieces.append("\n")
-    return "".join(pieces)
+        yield "".join(batch)
+    yield "\n"
 
 
 # ---------------------------------------------------------------------- names
