@@ -55,7 +55,8 @@ def report_command(result_dir: Path, output: Path | None, as_json: bool) -> None
     document = read_report(result_dir)
     target = output if output is not None else result_dir / "report.html"
     files = result_files(result_dir, target.name if target.parent == result_dir else "")
-    page = render_html(document, files=[f for f in files if f], title="planner report")
+    shown = [f for f in files if f]
+    page = render_html(document, files=shown, title="planner report", workers=None)
     write_atomic(target, page)
     if as_json:
         size = len(page.encode())
