@@ -89,12 +89,38 @@ class Trace:
         spans = self.span_table
         return sorted(spans["iteration"][spans["rank"] == rank].tolist())
 
+    @cached_property
+    def op_codes(self) -> tuple[list[str], np.ndarray]:
+        """(the distinct op names, in order of first row; each row's index into them):
+        (speed) an op's attributes are looked up once per name, not once per row."""
+        return _codes(self.table["op"])
+
+    @cached_property
+    def _rank_rows(self) -> dict[str, np.ndarray]:
+        names, codes = _codes(self.table["rank"])
+        order = np.argsort(codes, kind="stable")
+        cuts = np.flatnonzero(np.diff(codes[order])) + 1
+        return dict(zip(names, np.split(order, cuts), strict=True)) if len(order) else {}
+
+    def rows_of(self, rank: str) -> np.ndarray:
+        """The indices of one rank's rows in `table`, in table order."""
+        return self._rank_rows.get(rank, np.zeros(0, dtype=np.int64))
+
     def of(self, rank: str, iteration: int | None = None) -> pd.DataFrame:
         """The timings of one rank (and one iteration)."""
         mask = self.timings["rank"] == rank
         if iteration is not None:
             mask &= self.timings["iteration"] == iteration
         return self.timings.loc[mask]
+
+
+def _codes(values: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """(the distinct values in order of first appearance, each value's index into them),
+    numbered with a dict: sorting an object array (`np.unique`) is several times slower."""
+    number: dict[str, int] = {}
+    listed = values.tolist()
+    codes = np.fromiter((number.setdefault(v, len(number)) for v in listed), np.int64, len(listed))
+    return list(number), codes
 
 
 def _frame(table: Columns, *text: str) -> pd.DataFrame:
@@ -191,26 +217,44 @@ def dedicated_columns(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per timing row: the op's `resource` and its `dedicated` ns (`dedicated_durations`
     within each rank, iteration and resource); rows of ranks not in `graphs` get None
-    and 0. See `with_dedicated` for `transfer_only`."""
+    and 0. See `with_dedicated` for `transfer_only`.
+
+    (speed) Kept on the trace for the same `graphs`: the oracle's (transfer_only) and the
+    metrics' view of a job are one table when no collective waited (one rank)."""
     table = trace.table
-    rank, op, iteration = table["rank"], table["op"], table["iteration"]
-    resource = np.empty(len(op), dtype=object)
-    dedicated = np.zeros(len(op), dtype=np.float64)
+    waited = transfer_only and "wait" in table and bool(np.any(table["wait"]))
+    kept = trace.__dict__.setdefault("_dedicated", {})
+    if waited not in kept or kept[waited][0] is not graphs:
+        kept[waited] = (graphs, *_dedicated_columns(trace, graphs, waited))
+    _, resource, dedicated = kept[waited]
+    return resource.copy(), dedicated.copy()
+
+
+def _dedicated_columns(
+    trace: Trace, graphs: Mapping[str, OpGraph], transfer_only: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """`dedicated_columns`, computed."""
+    table = trace.table
+    iteration = table["iteration"]
+    resource = np.empty(len(iteration), dtype=object)
+    dedicated = np.zeros(len(iteration), dtype=np.float64)
     if transfer_only:
         starts, durations = transfer_part(table)
     else:
         starts = np.asarray(table["start"], dtype=np.int64)
         durations = np.asarray(table["duration"], dtype=np.int64)
+    names, codes = trace.op_codes
     for name, graph in graphs.items():
-        rows = np.flatnonzero(rank == name)
+        rows = trace.rows_of(name)
         if not len(rows):
             continue
-        names, inverse = np.unique(op[rows], return_inverse=True)
-        found = [graph.ops.get(n) for n in names.tolist()]
+        found = [graph.ops.get(n) for n in names]
         labels = sorted({"?" if o is None else o.resource for o in found})
-        code = np.array([labels.index("?" if o is None else o.resource) for o in found])
-        resource[rows] = np.array(labels, dtype=object)[code[inverse]]
-        key = np.asarray(iteration[rows], dtype=np.int64) * len(labels) + code[inverse]
+        place = {label: i for i, label in enumerate(labels)}
+        label = np.array([place["?" if o is None else o.resource] for o in found], np.int64)
+        code = label[codes[rows]]
+        resource[rows] = np.array(labels, dtype=object)[code]
+        key = np.asarray(iteration[rows], dtype=np.int64) * len(labels) + code
         order = np.argsort(key, kind="stable")
         bounds = np.flatnonzero(np.diff(key[order])) + 1
         for group in np.split(rows[order], bounds):
