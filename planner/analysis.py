@@ -28,9 +28,8 @@ from planner.metrics import (
 )
 from planner.oracle import NetworkModel, TimeOracle
 from planner.plan import Plan
-from planner.records import partial_steps
 from planner.schedule import caramel, tictac
-from planner.trace import Job, dedicated_columns
+from planner.trace import Job, dedicated_columns, rank_partial_steps
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -287,7 +286,7 @@ def metrics(job: Job, oracle: Mapping[str, TimeOracle] | None = None) -> dict[st
         of_rank.update(resource=resource[rows], dedicated=dedicated[rows])
         device = device_ops(graph)
         per_step = rank_step_metrics(graph, rank, of_rank, device)
-        partial = partial_steps(of_rank, graph.ops)
+        partial = rank_partial_steps(job.trace, rank, graph)
         for s in per_step:
             entry = _step_dict(s)
             if s.iteration in partial:

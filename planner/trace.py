@@ -262,6 +262,22 @@ def _dedicated_columns(
     return resource, dedicated
 
 
+def rank_partial_steps(trace: Trace, rank: str, graph: OpGraph) -> dict[int, tuple[str, ...]]:
+    """`records.partial_steps` of one rank's rows of `trace` and its `graph`'s ops. (speed)
+    Kept on the trace for that graph: the oracle, the metrics and the bound terms of a
+    rank all leave the same steps out."""
+    from planner.records import partial_steps
+
+    kept = trace.__dict__.setdefault("_partial", {})
+    if rank not in kept or kept[rank][0] is not graph:
+        rows = trace.rows_of(rank)
+        table = trace.table
+        found = partial_steps({"op": table["op"][rows], "iteration": table["iteration"][rows]},
+                              graph.ops) if len(rows) else {}  # fmt: skip
+        kept[rank] = (graph, found)
+    return dict(kept[rank][1])
+
+
 def with_dedicated(
     trace: Trace, graphs: Mapping[str, OpGraph], transfer_only: bool = True
 ) -> pd.DataFrame:
