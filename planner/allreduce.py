@@ -134,9 +134,7 @@ def rank_windows(job: Job, rank: str) -> pd.DataFrame:
     frame = pd.DataFrame(
         {k: windows[k] for k in ("iteration", "op", "start", "duration", "wait", "ready")}
     )
-    ends = windows["window_end"]
-    whole = bool(len(ends)) and not np.isnan(ends).any()
-    frame["window_end"] = ends.astype(np.int64) if whole else ends
+    frame["window_end"] = windows["window_end"]
     frame["window"] = windows["window"]
     frame["slack"] = windows["slack"]
     return frame
@@ -145,7 +143,8 @@ def rank_windows(job: Job, rank: str) -> pd.DataFrame:
 def _rank_windows(job: Job, rank: str, columns: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """`rank_windows` as numpy columns, from the rank's `_rank_columns`: the collectives'
     rows (``iteration``, ``op`` (object), ``start``, ``duration``, ``wait``) with
-    ``ready``, ``window_end``, ``window`` and ``slack`` (float64, NaN without an end)."""
+    ``ready``, ``window_end``, ``window`` and ``slack`` (float64, NaN without an end;
+    ``window_end`` int64 when every row has one)."""
     graph = job.graphs[rank]
     iteration, start = columns["iteration"], columns["start"]
     is_coll = np.flatnonzero(_named(graph, columns, lambda o: o.kind == "collective"))
@@ -184,13 +183,14 @@ def _rank_windows(job: Job, rank: str, columns: Mapping[str, Any]) -> dict[str, 
             zip(spans["iteration"][mine].tolist(), spans["start"][mine].tolist(), strict=False)
         )
     own = _first_reads(job, rank, columns)
-    window_end = np.array(
-        [
-            own[op].get(s + 1, np.nan) if op in own else first_read.get(s + 1, np.nan)
-            for s, op in zip(coll["iteration"].tolist(), c_ops, strict=True)
-        ],
-        dtype=np.float64,
-    )
+    ends = [
+        own[op].get(s + 1, np.nan) if op in own else first_read.get(s + 1, np.nan)
+        for s, op in zip(coll["iteration"].tolist(), c_ops, strict=True)
+    ]
+    # int64 when every row has an end, as pandas makes the column: ns since the epoch
+    # pass 2**53, so an end less its step's start is exact only in integers
+    whole = bool(ends) and not any(type(e) is float for e in ends)
+    window_end = np.array(ends, dtype=np.int64 if whole else np.float64)
     coll["ready"] = np.minimum(ready, coll["start"])
     coll["window_end"] = window_end
     coll["window"] = window_end - coll["ready"]

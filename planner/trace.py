@@ -89,15 +89,23 @@ class Trace:
         spans = self.span_table
         return sorted(spans["iteration"][spans["rank"] == rank].tolist())
 
-    @cached_property
+    @property
     def op_codes(self) -> tuple[list[str], np.ndarray]:
         """(the distinct op names, in order of first row; each row's index into them):
         (speed) an op's attributes are looked up once per name, not once per row."""
-        return _codes(self.table["op"])
+        return self.codes_of("op")
+
+    def codes_of(self, column: str) -> tuple[list[str], np.ndarray]:
+        """(the distinct values of a text column of `table`, in order of first row; each
+        row's index into them), numbered once per trace."""
+        kept = self.__dict__.setdefault("_codes", {})
+        if column not in kept:
+            kept[column] = _codes(self.table[column])
+        return kept[column]
 
     @cached_property
     def _rank_rows(self) -> dict[str, np.ndarray]:
-        names, codes = _codes(self.table["rank"])
+        names, codes = self.codes_of("rank")
         order = np.argsort(codes, kind="stable")
         cuts = np.flatnonzero(np.diff(codes[order])) + 1
         return dict(zip(names, np.split(order, cuts), strict=True)) if len(order) else {}
