@@ -128,13 +128,8 @@ def rank_step_metrics(
     labels, resource = np.unique(np.asarray(columns["resource"], dtype=object)[rows],
                                  return_inverse=True)  # fmt: skip
     step_of = np.searchsorted(np.array(steps, dtype=np.int64), kept_steps)
-    width = max(len(labels), 1)
-    sums = group_sums(
-        np.asarray(columns["dedicated"], dtype=np.float64)[rows],
-        step_of * width + resource,
-        len(steps) * width,
-    ).reshape(len(steps), width)
-    present = np.zeros(sums.shape, dtype=bool)
+    dedicated = np.asarray(columns["dedicated"], dtype=np.float64)[rows]
+    present = np.zeros((len(steps), max(len(labels), 1)), dtype=bool)
     present[step_of, resource] = True
     ordered = {name for name, op in graph.ops.items() if op.kind in ("recv", "collective")}
     applies = any(op.is_transfer for op in graph.ops.values())
@@ -147,7 +142,10 @@ def rank_step_metrics(
             continue
         span = float(ends[lo:hi].max() - starts[lo:hi].min())
         busy = float(busy_time(starts[lo:hi], durations[lo:hi]))
-        per_resource = sums[i][present[i]]
+        # as pandas' groupby("resource") of the step's rows: each resource's sum (the
+        # resources present, in sorted order), in the rows' order
+        code = np.cumsum(present[i]) - 1
+        per_resource = group_sums(dedicated[lo:hi], code[resource[lo:hi]], int(present[i].sum()))
         umax = float(per_resource.sum()) / 1e9
         lmin = float(per_resource.max()) / 1e9
         m = busy / 1e9
@@ -173,17 +171,23 @@ def rank_step_metrics(
 
 
 def group_sums(values: np.ndarray, labels: np.ndarray, groups: int) -> np.ndarray:
-    """Per label in ``range(groups)``: the sum of its `values` in row order as pandas'
-    ``groupby(...).sum()`` adds them (Kahan-compensated), to the bit.
+    """Per label in ``range(groups)``: the sum of its `values` as pandas (3.x)
+    ``Series(values).groupby(labels).sum()`` gives it, to the bit: with labels that
+    never decrease in row order (and no NaN), ``np.add.reduceat`` over each label's run
+    (pandas' fast path); else each label's values added in row order, Kahan-compensated
+    (pandas' Cython ``group_sum``).
 
     (speed) A label whose values are all whole numbers summing below 2**53 adds exactly
-    in any order (the compensation stays 0): those are summed at once by numpy; only the
-    others are added one by one, as pandas does.
+    in any order: those are summed at once; only the others are added one by one.
     """
     values = np.asarray(values, dtype=np.float64)
     labels = np.asarray(labels, dtype=np.int64)
     out = np.zeros(groups, dtype=np.float64)
     if not len(values):
+        return out
+    if not (np.diff(labels) < 0).any() and not np.isnan(values).any():
+        starts = np.flatnonzero(np.concatenate([[True], labels[1:] != labels[:-1]]))
+        out[labels[starts]] = np.add.reduceat(values, starts)
         return out
     whole = np.isfinite(values) & (values == np.floor(values))
     size = np.bincount(labels[whole], weights=np.abs(values[whole]), minlength=groups)
@@ -192,6 +196,8 @@ def group_sums(values: np.ndarray, labels: np.ndarray, groups: int) -> np.ndarra
     for label in np.flatnonzero(inexact).tolist():
         total = compensation = 0.0
         for value in values[labels == label].tolist():
+            if value != value:  # NaN: skipped, as pandas skips it
+                continue
             y = value - compensation
             t = total + y
             compensation = t - total - y
