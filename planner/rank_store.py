@@ -73,12 +73,13 @@ def load(folder: str, paths: Sequence[str]) -> Job | None:
     try:
         with open(target, "rb") as stored:
             arrays = _unpacked(bytearray(stored.read()))
-    except (OSError, ValueError):
+        job = _job(arrays)
+    except (OSError, ValueError, KeyError, TypeError, IndexError):  # not one `save` wrote
         return None
     target.unlink(missing_ok=True)
     from planner.pipeline import plain_text
 
-    return plain_text(_job(arrays))
+    return plain_text(job)
 
 
 _MAGIC = b"planner.rank/1\n"

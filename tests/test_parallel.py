@@ -518,6 +518,24 @@ def test_a_rank_that_would_not_read_back_the_same_is_not_kept(tmp_path: Path) ->
     assert not list(tmp_path.iterdir()) and rank_store.load(str(tmp_path), paths) is None
 
 
+def test_a_damaged_kept_rank_reads_as_none(tmp_path: Path) -> None:
+    """A kept file cut short or overwritten (a full disk, another program) is no rank:
+    `load` gives None, so that the second pass reads the trace again, never a traceback."""
+    from planner import rank_store
+
+    paths = [str(RESNET / "rank0.json.gz")]
+    job = pipeline.load_one_rank(paths)
+    target = rank_store.path_of(str(tmp_path), paths)
+    assert rank_store.save(str(tmp_path), paths, job)
+    whole = target.read_bytes()
+    for damaged in (whole[: len(whole) // 2], whole[:40], b"PK\x03\x04 not ours", b""):
+        target.write_bytes(damaged)
+        assert rank_store.load(str(tmp_path), paths) is None
+    target.write_bytes(whole)
+    back = rank_store.load(str(tmp_path), paths)
+    assert back is not None and back.trace.rows == job.trace.rows
+
+
 def _count_reads(monkeypatch: pytest.MonkeyPatch, module: Any) -> dict[str, int]:
     """Counts the calls of `module.load_one_rank` (each one reads a rank's trace)."""
     reads = {"n": 0}
