@@ -9,6 +9,7 @@ times inside a step (``ready``, ``window_end``) are offsets from the step's star
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -16,31 +17,45 @@ import pandas as pd
 
 from planner.errors import InputError
 from planner.graph import OpGraph
-from planner.metrics import OverlapMetrics, overlap_metrics, transfer_windows
+from planner.metrics import OverlapMetrics, overlap_figures
 from planner.trace import Job
 from planner.waits import with_step_waits
 
 SCHEMA = "planner.allreduce/1"
 
 
-def _compute_mask(graph: OpGraph, ops: pd.Series) -> np.ndarray:
+def _rank_columns(job: Job, rank: str) -> dict[str, Any]:
+    """One rank's timing rows as numpy columns (`Trace.table` order), with ``code``: each
+    row's index into ``names`` (`Trace.op_codes`), so that an op's attributes are looked
+    up once per name (`_named`)."""
+    table = job.trace.table
+    rows = job.trace.rows_of(rank)
+    names, codes = job.trace.op_codes
+    columns = {k: table[k][rows] for k in table if k != "rank"}
+    columns.update(code=codes[rows], names=names)
+    return columns
+
+
+def _named(graph: OpGraph, columns: Mapping[str, Any], test: Any) -> np.ndarray:
+    """Per row of `columns` (`_rank_columns`): whether `test(op)` holds for its op (False
+    for an op the graph lacks)."""
+    ops = graph.ops
+    hits = [n in ops and bool(test(ops[n])) for n in columns["names"]]
+    return np.array(hits, dtype=bool)[columns["code"]] if hits else np.zeros(0, dtype=bool)
+
+
+def _compute_mask(graph: OpGraph, columns: Mapping[str, Any]) -> np.ndarray:
     """Compute ops that count for C: GPU compute kernels when the rank has any (memcpy
     and memset move data, as HTA's memory kernels), else all compute ops."""
     on_gpu = any(o.kind == "compute" and o.resource.startswith("gpu") for o in graph.ops.values())
-    counted = {
-        n
-        for n, o in graph.ops.items()
-        if o.kind == "compute"
-        and (not on_gpu or (o.resource.startswith("gpu") and not _is_memory(o.type)))
-    }
-    return np.fromiter((n in counted for n in ops.tolist()), dtype=bool, count=len(ops))
-
-
-def _of_rows(graph: OpGraph, ops: pd.Series, field: str, value: str) -> np.ndarray:
-    """Per row of `ops` (op names): whether the op's `field` is `value` (as plain Python
-    strings: iterating a pandas string column element by element is ~20x slower)."""
-    hits = {n for n, o in graph.ops.items() if getattr(o, field) == value}
-    return np.fromiter((n in hits for n in ops.tolist()), dtype=bool, count=len(ops))
+    return _named(
+        graph,
+        columns,
+        lambda o: (
+            o.kind == "compute"
+            and (not on_gpu or (o.resource.startswith("gpu") and not _is_memory(o.type)))
+        ),
+    )
 
 
 def _is_memory(event: str) -> bool:
@@ -76,55 +91,120 @@ def rank_steps(job: Job, rank: str) -> list[OverlapMetrics]:
     """Caramel's figures for every step of one rank, from what the rank saw: N holds a
     collective's whole span, its wait for later peers included (reported apart as the
     step's ``wait``, `planner.waits`), as HTA counts communication kernel time."""
+    return _rank_steps(job, rank, _rank_columns(job, rank))
+
+
+def _rank_steps(job: Job, rank: str, columns: Mapping[str, Any]) -> list[OverlapMetrics]:
+    """`rank_steps` from the rank's `_rank_columns`."""
     graph = job.graphs[rank]
-    rows = job.trace.of(rank)
-    spans = job.trace.spans[job.trace.spans["rank"] == rank].set_index("iteration")
-    compute = _compute_mask(graph, rows["op"])
-    network = _of_rows(graph, rows["op"], "kind", "collective")
-    picked = rows[compute | network]
-    net = network[compute | network]
+    spans = job.trace.span_table
+    mine = spans["rank"] == rank
+    span_of = dict(
+        zip(
+            spans["iteration"][mine].tolist(),
+            (spans["end"][mine] - spans["start"][mine]).tolist(),
+            strict=True,
+        )
+    )
+    network = _named(graph, columns, lambda o: o.kind == "collective")
+    picked = np.flatnonzero(_compute_mask(graph, columns) | network)
+    picked = picked[np.argsort(columns["iteration"][picked], kind="stable")]
+    steps, cuts = np.unique(columns["iteration"][picked], return_index=True)
+    starts, durations = columns["start"][picked], columns["duration"][picked]
+    net = network[picked]
     out = []
-    for iteration, idx in picked.groupby("iteration", sort=True).indices.items():
-        span = spans.loc[iteration]
+    for i, (iteration, lo) in enumerate(zip(steps.tolist(), cuts.tolist(), strict=True)):
+        hi = int(cuts[i + 1]) if i + 1 < len(cuts) else len(picked)
         out.append(
-            overlap_metrics(
-                rank, int(iteration), picked.iloc[idx], net[idx], span["end"] - span["start"]
-            )
+            overlap_figures(
+                rank,
+                int(iteration),
+                starts[lo:hi],
+                durations[lo:hi],
+                net[lo:hi],
+                span_of[iteration],
+            )  # fmt: skip
         )
     return out
 
 
 def rank_windows(job: Job, rank: str) -> pd.DataFrame:
     """Transfer windows of one rank's collectives (ns, absolute)."""
+    windows = _rank_windows(job, rank, _rank_columns(job, rank))
+    frame = pd.DataFrame(
+        {k: windows[k] for k in ("iteration", "op", "start", "duration", "wait", "ready")}
+    )
+    frame["window_end"] = windows["window_end"]
+    frame["window"] = windows["window"]
+    frame["slack"] = windows["slack"]
+    return frame
+
+
+def _rank_windows(job: Job, rank: str, columns: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """`rank_windows` as numpy columns, from the rank's `_rank_columns`: the collectives'
+    rows (``iteration``, ``op`` (object), ``start``, ``duration``, ``wait``) with
+    ``ready``, ``window_end``, ``window`` and ``slack`` (float64, NaN without an end;
+    ``window_end`` int64 when every row has one)."""
     graph = job.graphs[rank]
-    rows = job.trace.of(rank)
-    is_coll = _of_rows(graph, rows["op"], "kind", "collective")
-    coll = rows[is_coll].reset_index(drop=True)
-    if "wait" not in coll:  # a job without multi-rank waits (planner JSON, one rank)
-        coll = coll.assign(wait=0)
+    iteration, start = columns["iteration"], columns["start"]
+    is_coll = np.flatnonzero(_named(graph, columns, lambda o: o.kind == "collective"))
+    coll = {k: columns[k][is_coll] for k in ("iteration", "op", "start", "duration")}
+    wait = columns.get("wait")
+    coll["wait"] = wait[is_coll] if wait is not None else np.zeros(len(is_coll), np.int64)
     c_ops = coll["op"].tolist()
     launchers = _launchers(graph, list(dict.fromkeys(c_ops)))
     wanted = set(launchers.values())
     starts: dict[tuple[int, str], int] = {}  # (step, launcher) -> its first row's start
-    columns = (rows["iteration"].tolist(), rows["op"].tolist(), rows["start"].tolist())
-    for it, op, start in zip(*columns, strict=True):
-        if op in wanted:
-            starts.setdefault((it, op), start)
-    ready = pd.Series(
+    hit = np.flatnonzero([n in wanted for n in columns["names"]])
+    launching = np.flatnonzero(np.isin(columns["code"], hit))
+    names = columns["names"]
+    for it, code, first in zip(
+        iteration[launching].tolist(),
+        columns["code"][launching].tolist(),
+        start[launching].tolist(),
+        strict=True,
+    ):
+        starts.setdefault((it, names[code]), first)
+    ready = np.array(
         [
-            starts.get((it, launchers[op]), start) if launchers[op] else start
-            for it, op, start in zip(
-                coll["iteration"].tolist(), c_ops, coll["start"].tolist(), strict=False
+            starts.get((it, launchers[op]), first) if launchers[op] else first
+            for it, op, first in zip(
+                coll["iteration"].tolist(), c_ops, coll["start"].tolist(), strict=True
             )
         ],
-        dtype="float64",
+        dtype=np.float64,
     )
-    forward = _of_rows(graph, rows["op"], "phase", "forward")
-    first_read = rows[forward].groupby("iteration")["start"].min().to_dict()
+    forward = np.flatnonzero(_named(graph, columns, lambda o: o.phase == "forward"))
+    first_read = _first_starts(iteration[forward], start[forward])
     if not first_read:  # no phase ranges: the next step's start is the earliest read
-        spans = job.trace.spans[job.trace.spans["rank"] == rank]
-        first_read = dict(zip(spans["iteration"], spans["start"], strict=False))
-    return transfer_windows(coll, ready, first_read, collective_first_reads(job, rank))
+        spans = job.trace.span_table
+        mine = spans["rank"] == rank
+        first_read = dict(
+            zip(spans["iteration"][mine].tolist(), spans["start"][mine].tolist(), strict=False)
+        )
+    own = _first_reads(job, rank, columns)
+    ends = [
+        own[op].get(s + 1, np.nan) if op in own else first_read.get(s + 1, np.nan)
+        for s, op in zip(coll["iteration"].tolist(), c_ops, strict=True)
+    ]
+    # int64 when every row has an end, as pandas makes the column: ns since the epoch
+    # pass 2**53, so an end less its step's start is exact only in integers
+    whole = bool(ends) and not any(type(e) is float for e in ends)
+    window_end = np.array(ends, dtype=np.int64 if whole else np.float64)
+    coll["ready"] = np.minimum(ready, coll["start"])
+    coll["window_end"] = window_end
+    coll["window"] = window_end - coll["ready"]
+    coll["slack"] = coll["window"] - (coll["start"] + coll["duration"] - coll["ready"])
+    return coll
+
+
+def _first_starts(iteration: np.ndarray, start: np.ndarray) -> dict[int, int]:
+    """Iteration -> the earliest `start` of its rows, in iteration order."""
+    if not len(iteration):
+        return {}
+    order = np.lexsort((start, iteration))
+    steps, first = np.unique(iteration[order], return_index=True)
+    return dict(zip(steps.tolist(), start[order][first].tolist(), strict=True))
 
 
 def rank_parameters(job: Job, rank: str) -> list[dict[str, Any]]:
@@ -140,6 +220,11 @@ def collective_first_reads(job: Job, rank: str) -> dict[str, dict[int, int]]:
     Only collectives whose parameters are known (`rank_parameters`) and all have a
     first-read op appear; the others keep the conservative end (first forward op).
     """
+    return _first_reads(job, rank, _rank_columns(job, rank))
+
+
+def _first_reads(job: Job, rank: str, columns: Mapping[str, Any]) -> dict[str, dict[int, int]]:
+    """`collective_first_reads` from the rank's `_rank_columns`."""
     params = rank_parameters(job, rank)
     if not params:
         return {}
@@ -153,23 +238,31 @@ def collective_first_reads(job: Job, rank: str) -> dict[str, dict[int, int]]:
             unknown.add(coll)
         else:
             readers.setdefault(coll, set()).add(op)
-    rows = job.trace.of(rank)
-    starts = rows.groupby(["op", "iteration"])["start"].min()
+    code = {name: i for i, name in enumerate(columns["names"])}
     out: dict[str, dict[int, int]] = {}
     for coll, ops in readers.items():
         if coll in unknown:
             continue
-        picked = starts[starts.index.get_level_values("op").isin(list(ops))]
-        per_step = picked.groupby(level="iteration").min()
-        out[coll] = {int(k): int(v) for k, v in per_step.items()}
+        rows = np.flatnonzero(np.isin(columns["code"], [code[o] for o in ops if o in code]))
+        found = _first_starts(columns["iteration"][rows], columns["start"][rows])
+        out[coll] = {int(k): int(v) for k, v in found.items()}
     return out
 
 
 def transfer_orders(job: Job, rank: str) -> int:
     """How many distinct collective orders (by start) the steps of a rank show."""
-    graph = job.graphs[rank]
-    rows = job.trace.of(rank)
-    coll = rows[_of_rows(graph, rows["op"], "kind", "collective")]
+    return _transfer_orders(_rank_windows_rows(job, rank))
+
+
+def _rank_windows_rows(job: Job, rank: str) -> Mapping[str, np.ndarray]:
+    columns = _rank_columns(job, rank)
+    rows = _named(job.graphs[rank], columns, lambda o: o.kind == "collective")
+    return {k: columns[k][rows] for k in ("iteration", "start", "op")}
+
+
+def _transfer_orders(coll: Mapping[str, np.ndarray]) -> int:
+    """`transfer_orders` from the rank's collective rows (``iteration``, ``start``,
+    ``op``, in table order)."""
     steps: dict[int, list[tuple[int, str]]] = {}
     for it, start, op in zip(
         coll["iteration"].tolist(), coll["start"].tolist(), coll["op"].tolist(), strict=True
@@ -192,40 +285,51 @@ def allreduce_metrics(job: Job) -> dict[str, Any]:
     steps: list[dict[str, Any]] = []
     ranks: list[dict[str, Any]] = []
     transfers: list[dict[str, Any]] = []
-    collective_rows = []
+    collective_rows: dict[str, list[Any]] = {
+        k: [] for k in ("iteration", "op", "start", "duration", "wait", "rank")
+    }
+    spans = job.trace.span_table
     for rank in job.ranks:
         graph = job.graphs[rank]
-        per_step = rank_steps(job, rank)
+        columns = _rank_columns(job, rank)
+        per_step = _rank_steps(job, rank, columns)
         steps.extend(_step_dict(s) for s in per_step)
-        spans = job.trace.spans[job.trace.spans["rank"] == rank].set_index("iteration")["start"]
-        windows = rank_windows(job, rank)
+        mine = spans["rank"] == rank
+        base_of = dict(zip(spans["iteration"][mine].tolist(), spans["start"][mine].tolist(),
+                           strict=False))  # fmt: skip
+        windows = _rank_windows(job, rank, columns)
         counts = Counter(p.get("collective") for p in rank_parameters(job, rank))
-        for row in windows.itertuples(index=False):
-            base = spans.get(row.iteration, row.start)
-            op = graph.ops[row.op]
+        listed = {k: v.tolist() for k, v in windows.items()}
+        for it, name, start, duration, wait, ready, end, window, slack in zip(
+            *(listed[k] for k in ("iteration", "op", "start", "duration", "wait")),
+            *(listed[k] for k in ("ready", "window_end", "window", "slack")),
+            strict=True,
+        ):
+            base = base_of.get(it, start)
+            op = graph.ops[name]
             transfers.append(
                 {
                     "rank": rank,
-                    "iteration": int(row.iteration),
-                    "name": row.op,
+                    "iteration": int(it),
+                    "name": name,
                     "param": op.param,
                     "collective": op.type,
                     "resource": op.resource,
                     "nbytes": op.nbytes,
-                    "parameters": counts.get(row.op),
-                    "ready": float(row.ready - base) / 1e9,
-                    "start": float(row.start - base) / 1e9,
-                    "duration": float(row.duration) / 1e9,
-                    "wait": float(row.wait) / 1e9,
-                    "transfer": float(row.duration - row.wait) / 1e9,
-                    "window_end": _seconds(row.window_end - base),
-                    "window": _seconds(row.window),
-                    "slack": _seconds(row.slack),
+                    "parameters": counts.get(name),
+                    "ready": float(ready - base) / 1e9,
+                    "start": float(start - base) / 1e9,
+                    "duration": float(duration) / 1e9,
+                    "wait": float(wait) / 1e9,
+                    "transfer": float(duration - wait) / 1e9,
+                    "window_end": _seconds(end - base),
+                    "window": _seconds(window),
+                    "slack": _seconds(slack),
                 }
             )
-        collective_rows.append(
-            windows[["iteration", "op", "start", "duration", "wait"]].assign(rank=rank)
-        )
+        for k in ("iteration", "op", "start", "duration", "wait"):
+            collective_rows[k].extend(listed[k])
+        collective_rows["rank"].extend([rank] * len(listed["op"]))
         ranks.append(
             {
                 "rank": rank,
@@ -237,11 +341,11 @@ def allreduce_metrics(job: Job) -> dict[str, Any]:
                 "rho_mean": _mean([s.rho for s in per_step]),
                 "alpha_mean": _mean([s.alpha for s in per_step]),
                 "utilization_mean": _mean([s.utilization for s in per_step]),
-                "collectives_per_step": int(len(windows) / max(len(per_step), 1)),
-                "distinct_transfer_orders": transfer_orders(job, rank),
+                "collectives_per_step": int(len(listed["op"]) / max(len(per_step), 1)),
+                "distinct_transfer_orders": _transfer_orders(windows),
             }
         )
-    straggler_list = with_step_waits(pd.concat(collective_rows, ignore_index=True), steps)
+    straggler_list = with_step_waits(collective_rows, steps)
     return {
         "schema": SCHEMA,
         "framework": job.framework,

@@ -22,15 +22,14 @@ from planner.metrics import (
     StepMetrics,
     bounds,
     device_ops,
+    rank_step_metrics,
     speedup_bound,
-    step_metrics,
     summarize,
 )
 from planner.oracle import NetworkModel, TimeOracle
 from planner.plan import Plan
-from planner.records import partial_steps
 from planner.schedule import caramel, tictac
-from planner.trace import Job, with_dedicated
+from planner.trace import Job, dedicated_columns, rank_partial_steps
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -274,20 +273,20 @@ def metrics(job: Job, oracle: Mapping[str, TimeOracle] | None = None) -> dict[st
         raise InputError(_first_source(job), "metrics need timings; input has none")
     # per-rank figures from what each rank saw (a collective's whole span), so that a
     # rank reads the same alone (analyze-ranks) or in its job; waits are reported apart
-    frame = with_dedicated(job.trace, job.graphs, transfer_only=False)
+    resource, dedicated = dedicated_columns(job.trace, job.graphs, transfer_only=False)
     oracle = oracle or oracles(job)
+    table = job.trace.table
     steps: list[dict[str, Any]] = []
     ranks: list[dict[str, Any]] = []
     notes: list[str] = []
     for rank in job.ranks:
         graph = job.graphs[rank]
-        of_rank = frame[frame["rank"] == rank]
+        rows = job.trace.rows_of(rank)
+        of_rank = {k: table[k][rows] for k in ("op", "iteration", "start", "duration")}
+        of_rank.update(resource=resource[rows], dedicated=dedicated[rows])
         device = device_ops(graph)
-        per_step = [
-            step_metrics(graph, rank, int(number), rows, device)
-            for number, rows in of_rank.groupby("iteration", sort=True)
-        ]
-        partial = partial_steps(of_rank, graph.ops)
+        per_step = rank_step_metrics(graph, rank, of_rank, device)
+        partial = rank_partial_steps(job.trace, rank, graph)
         for s in per_step:
             entry = _step_dict(s)
             if s.iteration in partial:

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from planner.oracle import TimeOracle, min_of_columns
-from planner.trace import Job, dedicated_columns, job_parameters
+from planner.oracle import TimeOracle, min_of_codes
+from planner.trace import Job, dedicated_columns, job_parameters, rank_partial_steps
 
 
 def oracles(job: Job) -> dict[str, TimeOracle]:
@@ -26,12 +26,14 @@ def _each_oracle(job: Job, order: list[str]) -> Iterator[tuple[str, TimeOracle]]
     """(rank, its min-of-runs oracle), one rank at a time: a caller that needs one rank's
     oracle at a time holds one, not all (`inspect`'s peak memory on many ranks)."""
     _, dedicated = dedicated_columns(job.trace, job.graphs)
-    table = job.trace.table
+    iteration = job.trace.table["iteration"]
+    names, codes = job.trace.op_codes
     for rank in order:
         graph = job.graphs[rank]
-        rows = np.flatnonzero(table["rank"] == rank)
-        yield rank, min_of_columns(graph, table["op"][rows], table["iteration"][rows],
-                                   dedicated[rows])  # fmt: skip
+        rows = job.trace.rows_of(rank)
+        partial = rank_partial_steps(job.trace, rank, graph)
+        yield rank, min_of_codes(graph, names, codes[rows], iteration[rows], dedicated[rows],
+                                 partial)  # fmt: skip
 
 
 def mean_waits(job: Job) -> dict[tuple[str, str], float]:

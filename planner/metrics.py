@@ -88,39 +88,124 @@ def step_metrics(
 
     `device` (`device_ops`) restricts a GPU rank's rows to its device work.
     """
-    ops = rows["op"].tolist()  # plain strings: a pandas string column iterates slowly
+    columns = {k: rows[k].to_numpy() for k in ("op", "start", "duration", "dedicated")}
+    columns["resource"] = rows["resource"].to_numpy(object)
+    columns["iteration"] = np.full(len(rows), iteration, dtype=np.int64)
+    found = rank_step_metrics(graph, rank, columns, device)
+    return found[0] if found else _empty_step(rank, iteration)
+
+
+def _empty_step(rank: str, iteration: int) -> StepMetrics:
+    return StepMetrics(rank, iteration, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, ())
+
+
+def rank_step_metrics(
+    graph: OpGraph,
+    rank: str,
+    columns: Mapping[str, np.ndarray],
+    device: frozenset[str] | None = None,
+) -> list[StepMetrics]:
+    """`step_metrics` of every iteration of one rank, in iteration order, from its rows
+    as numpy columns (`op`, `iteration`, `start`, `duration`, `resource`, `dedicated`).
+
+    (speed) One pass over the rank instead of a pandas group-by per step: the sums per
+    step and resource are pandas' (`group_sums`), so the figures are the same to the bit.
+    """
+    ops = np.asarray(columns["op"], dtype=object)
+    iteration = np.asarray(columns["iteration"], dtype=np.int64)
+    steps = np.unique(iteration, return_index=True)[0].tolist()
     if device is not None:
-        keep = np.fromiter((n in device for n in ops), dtype=bool, count=len(ops))
-        rows = rows[keep]
-        ops = [n for n, k in zip(ops, keep.tolist(), strict=True) if k]
-    starts = rows["start"].to_numpy()
-    durations = rows["duration"].to_numpy()
-    if len(rows) == 0:
-        return StepMetrics(rank, iteration, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, ())
-    span = float((starts + durations).max() - starts.min())
-    busy = float(busy_time(starts, durations))
-    per_resource = rows.groupby("resource")["dedicated"].sum()
-    umax = float(per_resource.sum()) / 1e9
-    lmin = float(per_resource.max()) / 1e9
-    m = busy / 1e9
+        keep = np.fromiter((n in device for n in ops.tolist()), dtype=bool, count=len(ops))
+    else:
+        keep = np.ones(len(ops), dtype=bool)
+    rows = np.flatnonzero(keep)
+    rows = rows[np.argsort(iteration[rows], kind="stable")]
+    starts = np.asarray(columns["start"], dtype=np.int64)[rows]
+    durations = np.asarray(columns["duration"], dtype=np.int64)[rows]
+    ends = starts + durations
+    kept_steps = iteration[rows]
+    names = ops[rows].tolist()
+    labels, resource = np.unique(np.asarray(columns["resource"], dtype=object)[rows],
+                                 return_inverse=True)  # fmt: skip
+    step_of = np.searchsorted(np.array(steps, dtype=np.int64), kept_steps)
+    dedicated = np.asarray(columns["dedicated"], dtype=np.float64)[rows]
+    present = np.zeros((len(steps), max(len(labels), 1)), dtype=bool)
+    present[step_of, resource] = True
     ordered = {name for name, op in graph.ops.items() if op.kind in ("recv", "collective")}
-    ends = (starts + durations).tolist()
-    # by (end, op): rows equal in both name the same op, so any stable order is this one
-    pairs = sorted((e, n) for e, n in zip(ends, ops, strict=True) if n in ordered)
-    order = tuple(n for _, n in pairs)
     applies = any(op.is_transfer for op in graph.ops.values())
-    return StepMetrics(
-        rank=rank,
-        iteration=iteration,
-        makespan=span / 1e9,
-        idle=(span - busy) / 1e9,
-        busy_makespan=m,
-        umax=umax,
-        lmin=lmin,
-        efficiency=efficiency(umax, lmin, m) if applies else None,
-        speedup_bound=speedup_bound(umax, lmin) if applies else None,
-        transfer_order=order,
-    )
+    cuts = np.searchsorted(kept_steps, steps + [steps[-1] + 1] if steps else [])
+    out = []
+    for i, number in enumerate(steps):
+        lo, hi = int(cuts[i]), int(cuts[i + 1])
+        if lo == hi:
+            out.append(_empty_step(rank, number))
+            continue
+        span = float(ends[lo:hi].max() - starts[lo:hi].min())
+        busy = float(busy_time(starts[lo:hi], durations[lo:hi]))
+        # as pandas' groupby("resource") of the step's rows: each resource's sum (the
+        # resources present, in sorted order), in the rows' order
+        code = np.cumsum(present[i]) - 1
+        per_resource = group_sums(dedicated[lo:hi], code[resource[lo:hi]], int(present[i].sum()))
+        umax = float(per_resource.sum()) / 1e9
+        lmin = float(per_resource.max()) / 1e9
+        m = busy / 1e9
+        # by (end, op): rows equal in both name the same op, so any stable order is this one
+        pairs = sorted(
+            (e, n) for e, n in zip(ends[lo:hi].tolist(), names[lo:hi], strict=True) if n in ordered
+        )
+        out.append(
+            StepMetrics(
+                rank=rank,
+                iteration=number,
+                makespan=span / 1e9,
+                idle=(span - busy) / 1e9,
+                busy_makespan=m,
+                umax=umax,
+                lmin=lmin,
+                efficiency=efficiency(umax, lmin, m) if applies else None,
+                speedup_bound=speedup_bound(umax, lmin) if applies else None,
+                transfer_order=tuple(n for _, n in pairs),
+            )
+        )
+    return out
+
+
+def group_sums(values: np.ndarray, labels: np.ndarray, groups: int) -> np.ndarray:
+    """Per label in ``range(groups)``: the sum of its `values` as pandas (3.x)
+    ``Series(values).groupby(labels).sum()`` gives it, to the bit: with labels that
+    never decrease in row order (and no NaN), ``np.add.reduceat`` over each label's run
+    (pandas' fast path); else each label's values added in row order, Kahan-compensated
+    (pandas' Cython ``group_sum``).
+
+    (speed) A label whose values are all whole numbers summing below 2**53 adds exactly
+    in any order: those are summed at once; only the others are added one by one.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    labels = np.asarray(labels, dtype=np.int64)
+    out = np.zeros(groups, dtype=np.float64)
+    if not len(values):
+        return out
+    if not (np.diff(labels) < 0).any() and not np.isnan(values).any():
+        starts = np.flatnonzero(np.concatenate([[True], labels[1:] != labels[:-1]]))
+        out[labels[starts]] = np.add.reduceat(values, starts)
+        return out
+    whole = np.isfinite(values) & (values == np.floor(values))
+    size = np.bincount(labels[whole], weights=np.abs(values[whole]), minlength=groups)
+    inexact = (np.bincount(labels[~whole], minlength=groups) > 0) | (size >= 2.0**53)
+    out = np.bincount(labels, weights=np.where(whole, values, 0.0), minlength=groups)
+    for label in np.flatnonzero(inexact).tolist():
+        total = compensation = 0.0
+        for value in values[labels == label].tolist():
+            if value != value:  # NaN: skipped, as pandas skips it
+                continue
+            y = value - compensation
+            t = total + y
+            compensation = t - total - y
+            if compensation != compensation:  # an infinite value: pandas resets it
+                compensation = 0.0
+            total = t
+        out[label] = total
+    return out
 
 
 def distinct_orders(steps: list[StepMetrics]) -> int:
@@ -203,8 +288,20 @@ def overlap_metrics(
     (the caller picks the compute device: GPU kernels when there are any); `is_network`
     marks the collectives; `span` is the iteration time T in ns.
     """
-    starts = rows["start"].to_numpy()
-    durations = rows["duration"].to_numpy()
+    return overlap_figures(
+        rank, iteration, rows["start"].to_numpy(), rows["duration"].to_numpy(), is_network, span
+    )
+
+
+def overlap_figures(
+    rank: str,
+    iteration: int,
+    starts: np.ndarray,
+    durations: np.ndarray,
+    is_network: np.ndarray,
+    span: float,
+) -> OverlapMetrics:
+    """`overlap_metrics` of the rows' `starts` and `durations` (ns, numpy)."""
     net = np.asarray(is_network, dtype=bool)
     c = busy_time(starts[~net], durations[~net]) / 1e9
     n = busy_time(starts[net], durations[net]) / 1e9

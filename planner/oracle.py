@@ -118,18 +118,31 @@ def min_of_columns(
     """`min_of_runs` of one rank's rows given as numpy columns (`Trace.table` and
     `trace.dedicated_columns`): the same oracle, without pandas."""
     partial = partial_steps({"op": op, "iteration": iteration}, graph.ops) if len(op) else {}
+    names, inverse = np.unique(op, return_inverse=True)
+    return min_of_codes(graph, names.tolist(), inverse, iteration, dedicated, partial)
+
+
+def min_of_codes(
+    graph: OpGraph,
+    names: list[str],
+    code: np.ndarray,
+    iteration: np.ndarray,
+    dedicated: np.ndarray,
+    partial: Mapping[int, object],
+) -> TimeOracle:
+    """`min_of_columns` of rows whose ops are given as indices (`code`) into `names`
+    (`Trace.op_codes`) and whose partial steps (`records.partial_steps`) are known: no
+    strings sorted or compared per row."""
     if partial and len(unique(iteration)) > len(partial):
         keep = ~np.isin(iteration, list(partial))
-        op, dedicated = op[keep], dedicated[keep]
-    names, inverse = np.unique(op, return_inverse=True)
+        code, dedicated = code[keep], dedicated[keep]
     minimum = np.full(len(names), np.inf)
-    np.minimum.at(minimum, inverse, dedicated)
-    count = np.bincount(inverse, minlength=len(names))
-    named = names.tolist()
+    np.minimum.at(minimum, code, dedicated)
+    count = np.bincount(code, minlength=len(names))
+    seen = np.flatnonzero(count).tolist()
+    seconds, counted = (minimum / 1e9).tolist(), count.tolist()
     return _oracle(
-        graph,
-        dict(zip(named, (minimum / 1e9).tolist(), strict=True)),
-        dict(zip(named, count.tolist(), strict=True)),
+        graph, {names[i]: seconds[i] for i in seen}, {names[i]: counted[i] for i in seen}
     )
 
 

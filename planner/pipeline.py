@@ -14,7 +14,7 @@ the same order as `planner.metrics.bounds`, so that the floats are the same.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -86,9 +86,8 @@ def summary_of(
     document = analysis.metrics(job, oracle)
     (rank,) = job.ranks
     graph = job.graphs[rank]
-    rows = job.trace.of(rank)
     collective = [n for n, op in graph.ops.items() if op.kind == "collective"]
-    coll = rows[rows["op"].isin(collective)]
+    coll = _rows_of_ops(job, rank, collective)
     return {
         "rank": rank,
         "framework": job.framework,
@@ -131,6 +130,31 @@ def _columns(rows: Any) -> dict[str, list[Any]]:
     }
 
 
+def _rows_of_ops(
+    job: Job, rank: str, ops: Collection[str], leave_out: Collection[int] = ()
+) -> dict[str, list[Any]]:
+    """`_columns` of one rank's timing rows whose op is one of `ops` (and whose step is
+    not in `leave_out`), in table order. (speed) From the trace's numpy columns and op
+    codes (`Trace.op_codes`): no DataFrame filtered per call."""
+    import numpy as np
+
+    table = job.trace.table
+    rows = job.trace.rows_of(rank)
+    names, codes = job.trace.op_codes
+    wanted = set(ops)
+    hit = np.array([n in wanted for n in names], dtype=bool)
+    keep = hit[codes[rows]] if len(names) else np.zeros(len(rows), dtype=bool)
+    if leave_out:
+        keep &= ~np.isin(table["iteration"][rows], list(leave_out))
+    rows = rows[keep]
+    return {
+        "iteration": table["iteration"][rows].tolist(),
+        "op": [str(v) for v in table["op"][rows].tolist()],
+        "start": table["start"][rows].tolist(),
+        "duration": table["duration"][rows].tolist(),
+    }
+
+
 def _bound_terms(job: Job, rank: str, times: Mapping[str, float]) -> dict[str, Any]:
     """What `job_metrics` needs to redo the oracle bounds of a rank once waits are known.
 
@@ -139,7 +163,7 @@ def _bound_terms(job: Job, rank: str, times: Mapping[str, float]) -> dict[str, A
     times is final here, taken in the order `metrics.bounds` adds them.
     """
     from planner.metrics import device_ops
-    from planner.records import partial_steps
+    from planner.trace import rank_partial_steps
 
     graph = job.graphs[rank]
     device = device_ops(graph)
@@ -160,15 +184,14 @@ def _bound_terms(job: Job, rank: str, times: Mapping[str, float]) -> dict[str, A
             sums[op.resource] = sums.get(op.resource, 0.0) + t
     for entry in order:
         entry[1] = sums.get(entry[0])
-    rows = job.trace.of(rank)
-    partial = partial_steps(rows, graph.ops) if len(rows) else {}
-    if partial and rows["iteration"].nunique() > len(partial):
-        rows = rows[~rows["iteration"].isin(list(partial))]
+    partial = rank_partial_steps(job.trace, rank, graph)
+    stepped = set(job.trace.table["iteration"][job.trace.rows_of(rank)].tolist())
+    left_out = list(partial) if partial and len(stepped) > len(partial) else []
     on_open = {n for n, op in graph.ops.items() if op.resource in open_resources}
     return {
         "order": order,
         "ops": ops,
-        "rows": _columns(rows[rows["op"].isin(on_open)]),
+        "rows": _rows_of_ops(job, rank, on_open, left_out),
         "transfers": [[n, int(graph.ops[n].nbytes)] for n in graph.transfers],
         "applies": bool(graph.transfers),
     }
@@ -184,8 +207,7 @@ def _caramel_terms(job: Job, rank: str, times: Mapping[str, float]) -> dict[str,
 
     graph = job.graphs[rank]
     open_resources = {graph.ops[n].resource for n in graph.transfers}
-    rows = job.trace.of(rank)
-    rows = rows[rows["op"].isin(graph.transfers)]
+    rows = _rows_of_ops(job, rank, graph.transfers)
     return {
         "fixed": [[n, t] for n, t in times.items() if graph.ops[n].resource not in open_resources],
         "open": [
@@ -193,12 +215,7 @@ def _caramel_terms(job: Job, rank: str, times: Mapping[str, float]) -> dict[str,
             for n, op in graph.ops.items()
             if op.resource in open_resources
         ],
-        "transfer_rows": {
-            "iteration": [int(v) for v in rows["iteration"]],
-            "op": [str(v) for v in rows["op"]],
-            "start": [int(v) for v in rows["start"]],
-            "duration": [int(v) for v in rows["duration"]],
-        },
+        "transfer_rows": rows,
         "material": analysis.plan_material(graph, rank, graph.transfers, job.meta),
     }
 

@@ -1,10 +1,14 @@
 """A loaded one-rank Job kept on disk between the two passes of a job (`planner analyze`
 of many ranks), so that the second pass does not parse the rank's trace again.
 
-The first pass writes the Job as numpy columns (`save`: an uncompressed ``.npz``; text
-as UTF-8 joined by NUL, the meta as JSON with its tuples and integer keys tagged); the
-second reads it back (`load`), equal field by field to the one the trace gives. Read
-with ``allow_pickle=False``: the file is data, never code (`tests/test_safety.py`). A
+The first pass writes the Job as numpy columns (`save`: one file, a JSON header that
+names each column's dtype and place, then the columns' bytes; text as UTF-8 joined by
+NUL, a text column of the trace as its distinct values and each row's index into them,
+the meta as JSON with its tuples and integer keys tagged); the second reads it back
+(`load`), equal field by field to the one the trace gives. The file is data, never
+code: bytes read into arrays of the dtypes the header names, nothing unpickled
+(`tests/test_safety.py`). (speed) One read and one write per rank, no zip members and
+no per-array header to parse as ``.npz`` has. A
 Job that does not round-trip exactly (a meta value JSON cannot hold, a NUL in a name)
 is not kept, and a missing or unreadable file means reading the trace again: the store
 only saves time, it never changes an answer. On a Dask cluster a worker that cannot
@@ -17,6 +21,7 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +33,16 @@ from planner.trace import Job, Trace
 _SEP = "\0"
 _INT_KEYS = "\0int_keys"
 _TUPLE = "\0tuple"
+_TUPLES = "\0tuples"
 _OP_TEXT = ("name", "kind", "resource", "phase", "type")
+_SCALARS = {str, int, float, bool, type(None)}
 
 
 def path_of(folder: str, paths: Sequence[str]) -> Path:
     """The file that holds the rank read from `paths` in `folder` (named by a digest of
     the paths, so that both passes find it without being told)."""
     digest = hashlib.sha256(_SEP.join(paths).encode()).hexdigest()[:32]
-    return Path(folder) / f"{digest}.npz"
+    return Path(folder) / f"{digest}.rank"
 
 
 def save(folder: str, paths: Sequence[str], job: Job) -> bool:
@@ -51,7 +58,7 @@ def save(folder: str, paths: Sequence[str], job: Job) -> bool:
     part = target.with_suffix(f".{os.getpid()}.part")
     try:
         with open(part, "wb") as out:
-            np.savez(out, **arrays)
+            out.write(_packed(arrays))
         part.replace(target)
     except OSError:
         part.unlink(missing_ok=True)
@@ -64,14 +71,55 @@ def load(folder: str, paths: Sequence[str]) -> Job | None:
     once); None when there is none to read."""
     target = path_of(folder, paths)
     try:
-        with np.load(target, allow_pickle=False) as stored:
-            arrays = {k: stored[k] for k in stored.files}
-    except (OSError, ValueError):
+        with open(target, "rb") as stored:
+            arrays = _unpacked(bytearray(stored.read()))
+        job = _job(arrays)
+    except (OSError, ValueError, KeyError, TypeError, IndexError):  # not one `save` wrote
         return None
     target.unlink(missing_ok=True)
     from planner.pipeline import plain_text
 
-    return plain_text(_job(arrays))
+    return plain_text(job)
+
+
+_MAGIC = b"planner.rank/1\n"
+
+
+def _packed(arrays: Mapping[str, np.ndarray]) -> bytes:
+    """The file of `arrays` (1-D, plain dtypes): magic, the header's length (8 bytes),
+    the header (JSON: name, dtype, length, offset of each), then the arrays' bytes, each
+    at an offset that is a multiple of 8 (aligned views on load)."""
+    layout, parts, offset = [], [], 0
+    for name, array in arrays.items():
+        data = np.ascontiguousarray(array).tobytes()
+        layout.append([name, array.dtype.str, len(array), offset])
+        pad = -len(data) % 8
+        parts.append(data + b"\0" * pad)
+        offset += len(data) + pad
+    header = json.dumps(layout).encode()
+    header += b" " * (-(len(_MAGIC) + 8 + len(header)) % 8)
+    return b"".join([_MAGIC, len(header).to_bytes(8, "little"), header, *parts])
+
+
+def _unpacked(data: bytearray) -> dict[str, np.ndarray]:
+    """The arrays of `_packed` (views of `data`, writable); ValueError for a file that
+    is not one."""
+    if not data.startswith(_MAGIC):
+        raise ValueError("not a kept rank")
+    start = len(_MAGIC) + 8
+    size = int.from_bytes(data[len(_MAGIC) : start], "little")
+    try:
+        layout = json.loads(data[start : start + size])
+        base = start + size
+        out = {}
+        for name, dtype, count, offset in layout:
+            kind = np.dtype(dtype)
+            if kind.hasobject:
+                raise ValueError("an object column")
+            out[name] = np.frombuffer(data, dtype=kind, count=count, offset=base + offset)
+    except (TypeError, KeyError) as err:
+        raise ValueError(f"a damaged kept rank: {err}") from None
+    return out
 
 
 def _arrays(job: Job) -> dict[str, np.ndarray]:
@@ -101,8 +149,28 @@ def _arrays(job: Job) -> dict[str, np.ndarray]:
     arrays.update(src=graph.src, dst=graph.dst, control=graph.control)
     for prefix, table in (("table", job.trace.table), ("span_table", job.trace.span_table)):
         for name, column in table.items():
-            arrays[f"{prefix}.{name}"] = _text(column) if column.dtype == object else column
+            if column.dtype == object:
+                names, codes = _coded(job.trace, prefix, name)
+                arrays[f"{prefix}.{name}"] = _text(names)
+                arrays[f"{prefix}.{name}.codes"] = codes
+            else:
+                arrays[f"{prefix}.{name}"] = column
+    if any(a.ndim != 1 or a.dtype.hasobject for a in arrays.values()):
+        raise ValueError("a column that is not a plain 1-D array")
     return arrays
+
+
+def _coded(trace: Trace, table: str, column: str) -> tuple[list[str], np.ndarray]:
+    """(the distinct strings of a text `column` of the trace's `table`, each row's index
+    into them: `Trace.codes_of`, numbered once); ValueError when a value is not a str."""
+    values = getattr(trace, table)[column]
+    if set(map(type, values.tolist())) - {str}:
+        raise ValueError("not text")
+    if table == "table":
+        return trace.codes_of(column)
+    number: dict[str, int] = {}
+    codes = np.array([number.setdefault(v, len(number)) for v in values.tolist()], np.int64)
+    return list(number), codes
 
 
 def _job(arrays: Mapping[str, np.ndarray]) -> Job:
@@ -115,7 +183,7 @@ def _job(arrays: Mapping[str, np.ndarray]) -> Job:
         None if none else p for none, p in zip(header["param_none"], text["param"], strict=True)
     ]
     ops = {
-        name: Op(name=name, kind=kind, resource=res, param=param, nbytes=b, phase=ph, type=t)
+        name: Op(name, kind, res, param, b, ph, t)
         for name, kind, res, param, b, ph, t in zip(
             text["name"],
             text["kind"],
@@ -131,7 +199,7 @@ def _job(arrays: Mapping[str, np.ndarray]) -> Job:
     tables = {}
     for prefix in ("table", "span_table"):
         tables[prefix] = {
-            name: _object(arrays[f"{prefix}.{name}"])
+            name: _object(arrays[f"{prefix}.{name}"])[arrays[f"{prefix}.{name}.codes"]]
             if kind == "text"
             else arrays[f"{prefix}.{name}"]
             for name, kind in header[prefix]
@@ -155,7 +223,7 @@ def _text(values: Any) -> np.ndarray:
     """Strings as one UTF-8 byte array, NUL between them; ValueError for a non-str or a
     string holding NUL."""
     values = list(values)
-    if any(type(v) is not str for v in values):
+    if set(map(type, values)) - {str}:
         raise ValueError("not text")
     joined = _SEP.join(values)
     if joined.count(_SEP) != max(len(values) - 1, 0):
@@ -181,15 +249,29 @@ def _object(array: np.ndarray) -> np.ndarray:
 def _tagged(value: Any) -> Any:
     """`value` as plain JSON, its tuples and integer-keyed dicts tagged; ValueError for
     anything else JSON cannot hold."""
-    if value is None or type(value) in (str, int, float, bool):
+    if value is None or type(value) in _SCALARS:
         return value
     if type(value) is list:
+        kinds = set(map(type, value))
+        if not kinds - _SCALARS:  # (speed) a list of scalars is as it is
+            return value
+        if kinds == {tuple} and not set(map(type, chain.from_iterable(value))) - _SCALARS:
+            return {_TUPLES: [list(v) for v in value]}  # (speed) one tag, not one a tuple
         return [_tagged(v) for v in value]
     if type(value) is tuple:
         return {_TUPLE: [_tagged(v) for v in value]}
+    if (
+        type(value) is dict
+        and not set(map(type, value.values())) - _SCALARS
+        and not set(map(type, value)) - {str}
+        and _INT_KEYS not in value
+        and _TUPLE not in value
+        and _TUPLES not in value
+    ):
+        return value  # (speed) a flat dict of text keys is as it is
     if isinstance(value, Mapping):
         keys = list(value)
-        if all(type(k) is str for k in keys) and _INT_KEYS not in value and _TUPLE not in value:
+        if all(type(k) is str for k in keys) and not {_INT_KEYS, _TUPLE, _TUPLES} & set(keys):
             return {k: _tagged(v) for k, v in value.items()}
         if all(type(k) is int for k in keys):
             return {_INT_KEYS: [[k, _tagged(v)] for k, v in value.items()]}
@@ -199,8 +281,14 @@ def _tagged(value: Any) -> Any:
 def _untagged(value: Any) -> Any:
     """The value of `_tagged`."""
     if type(value) is list:
+        if not set(map(type, value)) - _SCALARS:
+            return value
         return [_untagged(v) for v in value]
     if type(value) is dict:
+        if len(value) == 1 and _TUPLES in value:
+            return [tuple(v) for v in value[_TUPLES]]
+        if not set(map(type, value.values())) - _SCALARS:
+            return value
         if _INT_KEYS in value and len(value) == 1:
             return {k: _untagged(v) for k, v in value[_INT_KEYS]}
         if _TUPLE in value and len(value) == 1:

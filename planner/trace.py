@@ -89,12 +89,46 @@ class Trace:
         spans = self.span_table
         return sorted(spans["iteration"][spans["rank"] == rank].tolist())
 
+    @property
+    def op_codes(self) -> tuple[list[str], np.ndarray]:
+        """(the distinct op names, in order of first row; each row's index into them):
+        (speed) an op's attributes are looked up once per name, not once per row."""
+        return self.codes_of("op")
+
+    def codes_of(self, column: str) -> tuple[list[str], np.ndarray]:
+        """(the distinct values of a text column of `table`, in order of first row; each
+        row's index into them), numbered once per trace."""
+        kept = self.__dict__.setdefault("_codes", {})
+        if column not in kept:
+            kept[column] = _codes(self.table[column])
+        return kept[column]
+
+    @cached_property
+    def _rank_rows(self) -> dict[str, np.ndarray]:
+        names, codes = self.codes_of("rank")
+        order = np.argsort(codes, kind="stable")
+        cuts = np.flatnonzero(np.diff(codes[order])) + 1
+        return dict(zip(names, np.split(order, cuts), strict=True)) if len(order) else {}
+
+    def rows_of(self, rank: str) -> np.ndarray:
+        """The indices of one rank's rows in `table`, in table order."""
+        return self._rank_rows.get(rank, np.zeros(0, dtype=np.int64))
+
     def of(self, rank: str, iteration: int | None = None) -> pd.DataFrame:
         """The timings of one rank (and one iteration)."""
         mask = self.timings["rank"] == rank
         if iteration is not None:
             mask &= self.timings["iteration"] == iteration
         return self.timings.loc[mask]
+
+
+def _codes(values: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """(the distinct values in order of first appearance, each value's index into them),
+    numbered with a dict: sorting an object array (`np.unique`) is several times slower."""
+    number: dict[str, int] = {}
+    listed = values.tolist()
+    codes = np.fromiter((number.setdefault(v, len(number)) for v in listed), np.int64, len(listed))
+    return list(number), codes
 
 
 def _frame(table: Columns, *text: str) -> pd.DataFrame:
@@ -191,31 +225,65 @@ def dedicated_columns(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per timing row: the op's `resource` and its `dedicated` ns (`dedicated_durations`
     within each rank, iteration and resource); rows of ranks not in `graphs` get None
-    and 0. See `with_dedicated` for `transfer_only`."""
+    and 0. See `with_dedicated` for `transfer_only`.
+
+    (speed) Kept on the trace for the same `graphs`: the oracle's (transfer_only) and the
+    metrics' view of a job are one table when no collective waited (one rank)."""
     table = trace.table
-    rank, op, iteration = table["rank"], table["op"], table["iteration"]
-    resource = np.empty(len(op), dtype=object)
-    dedicated = np.zeros(len(op), dtype=np.float64)
+    waited = transfer_only and "wait" in table and bool(np.any(table["wait"]))
+    kept = trace.__dict__.setdefault("_dedicated", {})
+    if waited not in kept or kept[waited][0] is not graphs:
+        kept[waited] = (graphs, *_dedicated_columns(trace, graphs, waited))
+    _, resource, dedicated = kept[waited]
+    return resource.copy(), dedicated.copy()
+
+
+def _dedicated_columns(
+    trace: Trace, graphs: Mapping[str, OpGraph], transfer_only: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """`dedicated_columns`, computed."""
+    table = trace.table
+    iteration = table["iteration"]
+    resource = np.empty(len(iteration), dtype=object)
+    dedicated = np.zeros(len(iteration), dtype=np.float64)
     if transfer_only:
         starts, durations = transfer_part(table)
     else:
         starts = np.asarray(table["start"], dtype=np.int64)
         durations = np.asarray(table["duration"], dtype=np.int64)
+    names, codes = trace.op_codes
     for name, graph in graphs.items():
-        rows = np.flatnonzero(rank == name)
+        rows = trace.rows_of(name)
         if not len(rows):
             continue
-        names, inverse = np.unique(op[rows], return_inverse=True)
-        found = [graph.ops.get(n) for n in names.tolist()]
+        found = [graph.ops.get(n) for n in names]
         labels = sorted({"?" if o is None else o.resource for o in found})
-        code = np.array([labels.index("?" if o is None else o.resource) for o in found])
-        resource[rows] = np.array(labels, dtype=object)[code[inverse]]
-        key = np.asarray(iteration[rows], dtype=np.int64) * len(labels) + code[inverse]
+        place = {label: i for i, label in enumerate(labels)}
+        label = np.array([place["?" if o is None else o.resource] for o in found], np.int64)
+        code = label[codes[rows]]
+        resource[rows] = np.array(labels, dtype=object)[code]
+        key = np.asarray(iteration[rows], dtype=np.int64) * len(labels) + code
         order = np.argsort(key, kind="stable")
         bounds = np.flatnonzero(np.diff(key[order])) + 1
         for group in np.split(rows[order], bounds):
             dedicated[group] = dedicated_durations(starts[group], durations[group])
     return resource, dedicated
+
+
+def rank_partial_steps(trace: Trace, rank: str, graph: OpGraph) -> dict[int, tuple[str, ...]]:
+    """`records.partial_steps` of one rank's rows of `trace` and its `graph`'s ops. (speed)
+    Kept on the trace for that graph: the oracle, the metrics and the bound terms of a
+    rank all leave the same steps out."""
+    from planner.records import partial_steps
+
+    kept = trace.__dict__.setdefault("_partial", {})
+    if rank not in kept or kept[rank][0] is not graph:
+        rows = trace.rows_of(rank)
+        table = trace.table
+        found = partial_steps({"op": table["op"][rows], "iteration": table["iteration"][rows]},
+                              graph.ops) if len(rows) else {}  # fmt: skip
+        kept[rank] = (graph, found)
+    return dict(kept[rank][1])
 
 
 def with_dedicated(

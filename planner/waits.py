@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -151,10 +151,17 @@ def straggler_times(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def with_step_waits(rows: pd.DataFrame, steps: list[dict]) -> list[dict]:
-    """`straggler_times` of the collective `rows` as records; sets each step document's
-    ``wait`` (`steps`: rank, iteration) to its rank's time waiting in that step."""
-    stragglers = straggler_times(rows)
+def with_step_waits(rows: pd.DataFrame | Mapping[str, Any], steps: list[dict]) -> list[dict]:
+    """`straggler_times` of the collective `rows` (a DataFrame or columns) as records; sets
+    each step document's ``wait`` (`steps`: rank, iteration) to its rank's time waiting in
+    that step. (speed) Rows of one rank have no stragglers: no DataFrame is built."""
+    import pandas as pd
+
+    if len(set(np.asarray(rows["rank"], dtype=object).tolist())) < 2:
+        for step in steps:
+            step["wait"] = 0.0
+        return []
+    stragglers = straggler_times(rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows))
     records = stragglers.to_dict("records") if len(stragglers) else []
     waited = {s["iteration"]: s["waits"] for s in records}
     for step in steps:

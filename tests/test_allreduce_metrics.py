@@ -168,3 +168,33 @@ def test_a_step_of_collectives_only_has_no_ratios_and_no_traceback():
     assert step["rho"] is None
     (rank,) = doc["ranks"]
     assert rank["rho_mean"] is None and rank["compute_mean"] == 0
+
+
+HTA_TEST = SHARED / "public/HolisticTraceAnalysis/tests/data/trace_compare/test/test.json.gz"
+
+
+@needs(HTA_TEST)
+def test_window_ends_are_exact_past_2_to_the_53_ns():
+    """A trace whose ns since the epoch pass 2**53 (a float64 no longer holds each ns):
+    a transfer's window end, the next step's first forward read (without phases: the
+    next step's start) less this step's start, is the exact integer difference, not one
+    rounded through float64."""
+    job = load_kineto([HTA_TEST])
+    timings, spans = job.trace.timings, job.trace.spans
+    assert int(timings["start"].max()) > 2**53
+    assert not any((job.meta.get("parameters") or {}).values())  # ends: forward reads
+    doc = allreduce_metrics(job)
+    checked = 0
+    for t in doc["transfers"]:
+        graph = job.graphs[t["rank"]]
+        rows = timings[timings["rank"] == t["rank"]]
+        own = spans[spans["rank"] == t["rank"]].set_index("iteration")["start"]
+        forward = rows[[graph.ops[n].phase == "forward" for n in rows["op"]]]
+        reads = forward.groupby("iteration")["start"].min() if len(forward) else own
+        if t["iteration"] + 1 in reads.index:
+            exact = int(reads[t["iteration"] + 1]) - int(own[t["iteration"]])
+            assert t["window_end"] == exact / 1e9
+            checked += 1
+        else:
+            assert t["window_end"] is None
+    assert checked

@@ -8,9 +8,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from planner.analysis import metrics
 from planner.graph import Op, build_graph
-from planner.metrics import bounds, efficiency, speedup_bound, step_metrics
-from planner.trace import busy_time, dedicated_durations
+from planner.ingest import detect
+from planner.metrics import (
+    bounds,
+    device_ops,
+    efficiency,
+    group_sums,
+    speedup_bound,
+    step_metrics,
+)
+from planner.trace import busy_time, dedicated_durations, with_dedicated
+from tests.conftest import REPO, SHARED, need
+
+RESNET = REPO / "traces" / "torch" / "resnet_ddp"
+HTA_COMPARE = SHARED / "public/HolisticTraceAnalysis/tests/data/trace_compare/test/test.json.gz"
 
 
 def test_dedicated_durations_share_overlaps_equally():
@@ -95,3 +108,51 @@ def test_lmin_busy_umax_hold_for_any_observed_step(items):
         assert total == pytest.approx(
             busy_time(rows["start"].to_numpy(), rows["duration"].to_numpy())
         )
+
+
+values = st.one_of(
+    st.floats(0, 1e12, allow_nan=False),
+    st.integers(0, 2**40).map(float),
+    st.sampled_from([2.0**53, 2.0**53 + 2, 1e16, float("inf"), 0.1, 1 / 3]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), values), max_size=60))
+def test_group_sums_are_pandas_groupby_sums_to_the_bit(rows):
+    """`group_sums` (numpy where whole numbers add exactly, else one by one) gives what
+    pandas' compensated ``groupby().sum()`` gives, bit for bit: the step figures of the
+    metrics stay byte-identical to the pandas path they replace."""
+    labels = np.array([g for g, _ in rows], dtype=np.int64)
+    numbers = np.array([v for _, v in rows], dtype=np.float64)
+    ours = group_sums(numbers, labels, 6)
+    theirs = pd.Series(numbers).groupby(labels).sum()
+    for label in range(6):
+        expected = theirs.get(label, 0.0)
+        assert ours[label] == expected or (np.isnan(ours[label]) and np.isnan(expected))
+
+
+@pytest.mark.parametrize("path", [RESNET, HTA_COMPARE], ids=["resnet_ddp", "hta_gpu"])
+def test_step_bounds_are_the_pandas_sums_on_a_real_trace(path):
+    """Umax and Lmin of every step of real traces (CPU ranks with nested ops: fractional
+    dedicated times; a GPU rank: its device rows) equal, to the bit, the per-resource
+    pandas group sums of those rows (`with_dedicated` on the whole spans)."""
+    job = detect.load([need(path)])
+    frame = with_dedicated(job.trace, job.graphs, transfer_only=False)
+    doc = metrics(job)
+    fractional = 0
+    for step in doc["steps"]:
+        graph = job.graphs[step["rank"]]
+        device = device_ops(graph)
+        rows = frame[(frame["rank"] == step["rank"]) & (frame["iteration"] == step["iteration"])]
+        if device is not None:
+            rows = rows[[n in device for n in rows["op"]]]
+        if not len(rows):  # a step without device work: figures 0 (`step_metrics`)
+            assert step["umax"] == step["lmin"] == 0.0
+            continue
+        fractional += int((rows["dedicated"] % 1 != 0).sum())
+        per_resource = rows.groupby("resource")["dedicated"].sum()
+        assert step["umax"] == float(per_resource.sum()) / 1e9
+        assert step["lmin"] == float(per_resource.max()) / 1e9
+    if path == RESNET:  # the compensated path is exercised, not only whole numbers
+        assert fractional

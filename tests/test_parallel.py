@@ -10,7 +10,8 @@ import pytest
 from conftest import DEMO, REPO, SHARED, need, run_cli
 from test_schemas import validate
 
-from planner import analysis, inspection, parallel, pipeline
+from planner import analysis, parallel, pipeline
+from planner import trace as trace_module
 from planner.errors import InputError
 from planner.ingest import detect
 from planner.parallel import analyze_ranks
@@ -342,33 +343,32 @@ def test_analyze_computes_the_oracle_once_and_hands_it_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Inspect, the plans and the metrics of `analyze` share one time oracle (and so one
-    dedicated-time table for it), with the figures each would compute on its own."""
-    job = detect.load([RESNET])
-    calls = {"oracles": 0, "with_dedicated": 0, "dedicated_columns": 0}
-    real_oracles, real_dedicated = analysis.oracles, analysis.with_dedicated
-    real_columns = inspection.dedicated_columns
-
-    def counted_columns(*args, **kwargs):  # type: ignore[no-untyped-def]
-        calls["dedicated_columns"] += 1
-        return real_columns(*args, **kwargs)
+    dedicated-time table for it), with the figures each would compute on its own; the
+    metrics' own view (whole spans) is one more table where collectives waited for peers,
+    and the same one on a rank alone (no waits)."""
+    calls = {"oracles": 0, "tables": 0}
+    real_oracles, real_tables = analysis.oracles, trace_module._dedicated_columns
 
     def counted_oracles(*args, **kwargs):  # type: ignore[no-untyped-def]
         calls["oracles"] += 1
         return real_oracles(*args, **kwargs)
 
-    def counted_dedicated(*args, **kwargs):  # type: ignore[no-untyped-def]
-        calls["with_dedicated"] += 1
-        return real_dedicated(*args, **kwargs)
+    def counted_tables(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls["tables"] += 1
+        return real_tables(*args, **kwargs)
 
-    monkeypatch.setattr(analysis, "oracles", counted_oracles)
-    monkeypatch.setattr(analysis, "with_dedicated", counted_dedicated)
-    monkeypatch.setattr(inspection, "dedicated_columns", counted_columns)
-    report = analysis.analyze(job, samples=5)
-    # one oracle (its transfer-only columns) and the metrics' own view (whole spans)
-    assert calls == {"oracles": 1, "with_dedicated": 1, "dedicated_columns": 1}
-    monkeypatch.undo()
-    assert report["inspect"] == analysis.inspect(job)
-    assert report["metrics"] == analysis.metrics(job)
+    for inputs, tables in (([RESNET], 2), ([RESNET / "rank0.json.gz"], 1)):
+        job = detect.load(inputs)
+        assert bool(job.trace.table["wait"].any()) == (tables == 2)
+        calls.update(oracles=0, tables=0)
+        monkeypatch.setattr(analysis, "oracles", counted_oracles)
+        monkeypatch.setattr(trace_module, "_dedicated_columns", counted_tables)
+        report = analysis.analyze(job, samples=5)
+        assert calls == {"oracles": 1, "tables": tables}
+        monkeypatch.undo()
+        fresh = detect.load(inputs)  # nothing kept on its trace
+        assert report["inspect"] == analysis.inspect(fresh)
+        assert report["metrics"] == analysis.metrics(fresh)
 
 
 def test_a_summary_is_small_beside_its_rank() -> None:
@@ -516,6 +516,24 @@ def test_a_rank_that_would_not_read_back_the_same_is_not_kept(tmp_path: Path) ->
     assert not rank_store.save(str(tmp_path), paths, odd)
     assert not rank_store.save(str(tmp_path / "elsewhere"), paths, job)
     assert not list(tmp_path.iterdir()) and rank_store.load(str(tmp_path), paths) is None
+
+
+def test_a_damaged_kept_rank_reads_as_none(tmp_path: Path) -> None:
+    """A kept file cut short or overwritten (a full disk, another program) is no rank:
+    `load` gives None, so that the second pass reads the trace again, never a traceback."""
+    from planner import rank_store
+
+    paths = [str(RESNET / "rank0.json.gz")]
+    job = pipeline.load_one_rank(paths)
+    target = rank_store.path_of(str(tmp_path), paths)
+    assert rank_store.save(str(tmp_path), paths, job)
+    whole = target.read_bytes()
+    for damaged in (whole[: len(whole) // 2], whole[:40], b"PK\x03\x04 not ours", b""):
+        target.write_bytes(damaged)
+        assert rank_store.load(str(tmp_path), paths) is None
+    target.write_bytes(whole)
+    back = rank_store.load(str(tmp_path), paths)
+    assert back is not None and back.trace.rows == job.trace.rows
 
 
 def _count_reads(monkeypatch: pytest.MonkeyPatch, module: Any) -> dict[str, int]:
