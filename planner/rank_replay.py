@@ -154,7 +154,7 @@ def simulation_of(
     graph = job.graphs[rank]
     frame = sim._frame(job)
     compiled = sim.compile_graph(graph)
-    rows = frame[frame["rank"] == rank]
+    rows = sim.rank_rows(frame, rank)
     oracle = sim.mean_of_runs(graph, rows)
     arrays = {}
     for it, times in ready.items():

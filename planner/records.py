@@ -10,7 +10,7 @@ the step partial (an op seen in only some steps is not taken as missing).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -42,14 +42,24 @@ def partial_steps(
     wanted = set(ops)
     keep = np.fromiter((n in wanted for n in number), dtype=bool, count=len(names))
     chosen = keep[codes]
-    steps, step_of = np.unique(iteration[chosen], return_inverse=True)
+    return missing_ops(codes[chosen], iteration[chosen], names)
+
+
+def missing_ops(
+    codes: np.ndarray, iteration: np.ndarray, names: Sequence[str] | np.ndarray
+) -> dict[int, tuple[str, ...]]:
+    """`partial_steps` of rows given as op numbers (`codes`, indices into `names`) and
+    their steps: for a caller that has numbered the ops already (the replay, by its
+    compiled graph), so no name is looked up again."""
+    steps, step_of = np.unique(iteration, return_inverse=True)
     if len(steps) < 2:
         return {}
     present = np.zeros((len(names), len(steps)), dtype=bool)
-    present[codes[chosen], step_of] = True
+    present[codes, step_of] = True
     candidates = np.flatnonzero(present.sum(axis=1) == len(steps) - 1)
     if not len(candidates):
         return {}
+    names = np.asarray(names, dtype=object)
     out = {}
     for column, step in enumerate(steps.tolist()):
         gone = tuple(sorted(names[candidates[~present[candidates, column]]].tolist()))

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -41,7 +42,7 @@ from planner.graph import OpGraph
 from planner.metrics import caramel_figures, efficiency
 from planner.oracle import TimeOracle, mean_of_runs
 from planner.plan import Plan
-from planner.records import partial_steps
+from planner.records import missing_ops
 from planner.schedule.ticks import TICKS_PER_SECOND
 from planner.trace import Job, busy_time, with_dedicated
 
@@ -83,7 +84,23 @@ class Run:
 
 
 def compile_graph(graph: OpGraph) -> Compiled:
-    """Op index, resource id per op and the edge arrays of `graph`."""
+    """Op index, resource id per op and the edge arrays of `graph`. (speed) The last
+    graph's is kept: a rank's replay, its comparison and its ready times ask for it
+    again (a graph is not changed once built; the arrays are only read)."""
+    held = _COMPILED.get(id(graph))
+    if held is not None and held.graph is graph:
+        return held
+    compiled = _compile(graph)
+    _COMPILED.clear()
+    _COMPILED[id(graph)] = compiled
+    return compiled
+
+
+_COMPILED: dict[int, Compiled] = {}
+
+
+def _compile(graph: OpGraph) -> Compiled:
+    """The arrays of `compile_graph`, built."""
     names = tuple(graph.ops)
     index = {name: i for i, name in enumerate(names)}
     resources = tuple(sorted({op.resource for op in graph.ops.values()}))
@@ -99,15 +116,28 @@ def op_rows(compiled: Compiled, rows: pd.DataFrame) -> tuple[pd.DataFrame, np.nd
     """(the rows of `rows` whose op `compiled` holds, in order; their op indices).
 
     (speed) One dict look-up per row: pandas' ``isin`` and ``map`` over the op names
-    cost about a millisecond per call, and the replay asks once per step and stage."""
-    index = compiled.index
-    idx = np.fromiter(
-        (index.get(op, -1) for op in rows["op"].tolist()), dtype=np.int64, count=len(rows)
-    )
+    cost about a millisecond per call. The last answer is kept: a rank's replay, its
+    queues carried over and its comparison ask for the same rows (the same object,
+    `rank_rows`; rows are only read once made)."""
+    held = _OP_ROWS.get("last")
+    if held is not None and held[0] is compiled and held[1] is rows:
+        return held[2]
+    ops = rows["op"].tolist()
+    idx = np.fromiter(map(compiled.index.get, ops, repeat(-1)), dtype=np.int64, count=len(ops))
     keep = idx >= 0
-    if keep.all():
-        return rows, idx
-    return rows[keep], idx[keep]
+    found = (rows, idx) if keep.all() else (rows[keep], idx[keep])
+    _OP_ROWS["last"] = (compiled, rows, found)
+    return found
+
+
+_OP_ROWS: dict[str, tuple[Compiled, pd.DataFrame, tuple[pd.DataFrame, np.ndarray]]] = {}
+
+
+def rank_rows(frame: pd.DataFrame, rank: str) -> pd.DataFrame:
+    """The rows of `rank` in `frame`: `frame` itself where it holds that rank alone (a
+    one-rank job: no copy, and `op_rows` answers its callers from the one look-up)."""
+    mask = frame["rank"] == rank
+    return frame if mask.all() else frame[mask]
 
 
 def op_seconds(
@@ -122,7 +152,7 @@ def op_seconds(
     if bandwidth_scale <= 0 or compute_scale <= 0 or latency < 0:
         raise InputError(None, "bandwidth and compute scales must be > 0 and latency >= 0")
     table = times.times if isinstance(times, TimeOracle) else times
-    seconds = np.fromiter((float(table.get(n, 0.0)) for n in compiled.names), np.float64)
+    seconds = np.array([table.get(n, 0.0) for n in compiled.names], dtype=np.float64)
     if seconds.size and (~np.isfinite(seconds) | (seconds < 0)).any():
         bad = compiled.names[int(np.flatnonzero(~np.isfinite(seconds) | (seconds < 0))[0])]
         raise InputError(None, f"op {bad!r} has time {table.get(bad)}; need a finite time >= 0")
@@ -145,7 +175,7 @@ def capacities(compiled: Compiled, channels: int = 1) -> np.ndarray:
     if channels < 1:
         raise InputError(None, f"channels must be >= 1, got {channels}")
     cap = np.ones(len(compiled.resources), dtype=np.int64)
-    cap[np.unique(compiled.res[compiled.transfer])] = int(channels)
+    cap[sorted_unique(compiled.res[compiled.transfer])] = int(channels)
     return cap
 
 
@@ -424,6 +454,32 @@ def observed_priority(compiled: Compiled, rows: pd.DataFrame) -> np.ndarray:
     return out
 
 
+def observed_priorities(compiled: Compiled, rows: pd.DataFrame) -> list[tuple[int, np.ndarray]]:
+    """(step, `observed_priority` of its rows) for each step of one rank's `rows`, in
+    step order. (speed) The ops are looked up and their names ordered once for the
+    rank, and the steps split with numpy, not a pandas group-by: the same priorities."""
+    steps = sorted_unique(rows["iteration"].to_numpy(dtype=np.int64))
+    known, idx = op_rows(compiled, rows)
+    iteration = known["iteration"].to_numpy(dtype=np.int64)
+    start = known["start"].to_numpy()
+    # ties in start time go by name: the names' sorted positions order them alike
+    by_name = np.empty(len(compiled.names), dtype=np.int64)
+    by_name[sorted(range(len(compiled.names)), key=compiled.names.__getitem__)] = np.arange(
+        len(compiled.names)
+    )
+    name_key, res = by_name[idx], compiled.res[idx]
+    out = []
+    for it in steps.tolist():
+        of = np.flatnonzero(iteration == it)
+        order = of[np.lexsort((name_key[of], start[of], res[of]))]
+        res_sorted = res[order]
+        first = np.searchsorted(res_sorted, res_sorted, side="left")
+        priority = np.full(len(compiled.names), -1, dtype=np.int64)
+        priority[idx[order]] = np.arange(len(order)) - first
+        out.append((int(it), priority))
+    return out
+
+
 def step_seconds(compiled: Compiled, rows: pd.DataFrame, fallback: np.ndarray) -> np.ndarray:
     """Op times of one step: its dedicated times, the oracle's for ops it did not run."""
     seconds = fallback.copy()
@@ -432,9 +488,10 @@ def step_seconds(compiled: Compiled, rows: pd.DataFrame, fallback: np.ndarray) -
     return seconds
 
 
-def measured(rows: pd.DataFrame) -> tuple[float, float]:
-    """(busy makespan, span) of one step in seconds, from its op intervals."""
-    starts, durations = rows["start"].to_numpy(), rows["duration"].to_numpy()
+def measured(rows: pd.DataFrame | Mapping[str, np.ndarray]) -> tuple[float, float]:
+    """(busy makespan, span) of one step in seconds, from its op intervals (`rows`: a
+    DataFrame or numpy columns with ``start`` and ``duration``)."""
+    starts, durations = np.asarray(rows["start"]), np.asarray(rows["duration"])
     span = float((starts + durations).max() - starts.min()) / 1e9
     return busy_time(starts, durations) / 1e9, span
 
@@ -499,14 +556,15 @@ def step_model(
       ones this step contradicts are, and a pool runs as many ops as it ever did.
     Ops without a record this step run at their `fallback` time, unconstrained (their
     edges dropped), so a partial step still replays (and is flagged). `idx`: the op
-    index of each of `rows` (`op_rows`), when the caller has them.
+    index of each of `rows` (`op_rows`), when the caller has them; `rows` may then be
+    numpy columns (``start``, ``duration``) rather than a DataFrame.
     """
     n = len(compiled.names)
     if idx is None:
         rows, idx = op_rows(compiled, rows)
     t0, t1 = span
-    start = rows["start"].to_numpy(dtype=np.int64) - t0
-    dur = rows["duration"].to_numpy(dtype=np.int64)
+    start = np.asarray(rows["start"], dtype=np.int64) - t0
+    dur = np.asarray(rows["duration"], dtype=np.int64)
     lane = lanes(compiled.res[idx], start.astype(np.float64), dur.astype(np.float64))
     observed = np.zeros(n, dtype=bool)
     observed[idx] = True
@@ -580,8 +638,7 @@ def step_model(
     expanded = Compiled(
         compiled.graph,
         (
-            *compiled.names,
-            *(f"(overhead) {name}" for name in compiled.names),
+            *_with_overheads(compiled),
             *(f"(peers) {compiled.names[i]}" for i in held),
             *(
                 f"(issued) {compiled.names[u]} -> {compiled.names[v]}"
@@ -604,6 +661,21 @@ def step_model(
     )  # fmt: skip
 
 
+def _with_overheads(compiled: Compiled) -> tuple[str, ...]:
+    """The op names of `compiled` followed by their overhead ops' (``(overhead) op``),
+    named once per graph: (speed) every step of the rank has them."""
+    held = _NAMED.get(id(compiled))
+    if held is not None and held[0] is compiled:
+        return held[1]
+    names = (*compiled.names, *(f"(overhead) {name}" for name in compiled.names))
+    _NAMED.clear()
+    _NAMED[id(compiled)] = (compiled, names)
+    return names
+
+
+_NAMED: dict[int, tuple[Compiled, tuple[str, ...]]] = {}
+
+
 MIN_COVER = 0.5  # a step whose records cover less of its wall-clock time is untypical
 
 
@@ -616,6 +688,18 @@ def _others(lending: np.ndarray, row: int) -> np.ndarray:
         mask = np.ones(len(lending), dtype=bool)
         mask[row] = False
     return mask
+
+
+def nan_medians(table: np.ndarray) -> np.ndarray:
+    """`np.nanmedian(table, axis=0)` for a 2-d `table` whose every column holds a
+    number: the same values bit for bit (the mean of the two middle numbers is their sum
+    halved, as numpy's masked median takes it), without the masked arrays numpy goes
+    through for short columns (the replay asks once per step and rank)."""
+    ordered = np.sort(table, axis=0)  # NaN last
+    count = (~np.isnan(table)).sum(axis=0)
+    cols = np.arange(table.shape[1])
+    low, high = ordered[(count - 1) // 2, cols], ordered[count // 2, cols]
+    return (low + high) / 2.0
 
 
 def typical_overheads(
@@ -641,7 +725,7 @@ def typical_overheads(
         typical = np.full(table.shape[1], np.nan)
         seen = (~np.isnan(others)).any(axis=0) if len(others) else np.zeros(len(typical), bool)
         if seen.any():
-            typical[seen] = np.nanmedian(others[:, seen], axis=0)
+            typical[seen] = nan_medians(others[:, seen])
         out[it] = np.where(np.isnan(typical), models[it].overhead, typical)
     return out
 
@@ -679,9 +763,9 @@ def thread_speedups(
         if not seen.any():
             continue
         typical = np.full(n, np.nan)
-        typical[seen] = np.nanmedian(others[:, seen], axis=0)
+        typical[seen] = nan_medians(others[:, seen])
         ratio = table[row] / typical
-        for r in np.unique(compiled.res[:n][seen]):
+        for r in sorted_unique(compiled.res[:n][seen]):
             of_r = seen & (compiled.res[:n] == r)
             k = float(np.median(ratio[of_r]))
             if k < 1.0:
@@ -690,19 +774,31 @@ def thread_speedups(
 
 
 def covered_steps(
-    models: Mapping[int, tuple[pd.DataFrame, tuple[int, int], StepModel]], mine: Collection[str]
+    models: Mapping[int, tuple[Mapping[str, np.ndarray], tuple[int, int], StepModel]],
+    own: int | None = None,
 ) -> set[int]:
-    """The steps whose records (of the rank's own ops, `mine`) cover at least `MIN_COVER`
-    of their wall-clock span. A step covered less (a warm-up spent in what the trace
-    does not record: TF1's first run of the merged timeline, 114 ms with 1% covered) is
-    not judged by the bench and lends no overheads: its waits are not typical."""
+    """The steps whose records of the rank's own ops (the first `own` of the compiled
+    graph, all when None) cover at least `MIN_COVER` of their wall-clock span (`models`:
+    as `_step_models` gives them). A step covered less (a warm-up spent in what the
+    trace does not record: TF1's first run of the merged timeline, 114 ms with 1%
+    covered) is not judged by the bench and lends no overheads: its waits are not
+    typical."""
     out = set()
     for it, (known, span, _) in models.items():
-        rows = known[np.fromiter((op in mine for op in known["op"].tolist()), bool, len(known))]
+        rows = own_rows(known, own)
         wall = (span[1] - span[0]) / 1e9
-        if len(rows) and wall > 0 and measured(rows)[0] >= MIN_COVER * wall:
+        if len(rows["idx"]) and wall > 0 and measured(rows)[0] >= MIN_COVER * wall:
             out.add(it)
     return out
+
+
+def own_rows(rows: Mapping[str, np.ndarray], own: int | None) -> dict[str, np.ndarray]:
+    """The numpy columns `rows` (with ``idx``, the op index of each) of the rank's own
+    ops: those numbered below `own` (all when None)."""
+    if own is None:
+        return dict(rows)
+    keep = rows["idx"] < own
+    return {k: v[keep] for k, v in rows.items()}
 
 
 def with_overhead(model: StepModel, overhead: np.ndarray) -> StepModel:
@@ -732,7 +828,7 @@ def critical_waits(model: StepModel, start: np.ndarray, end: np.ndarray, last: i
     # else the op of the same resource that ended as it started: the last of its run, by
     # (resource, end, index) as a dict would keep; (resource, end) as one sortable key
     known = np.flatnonzero(end >= 0)
-    ends = np.unique(end[known])
+    ends = sorted_unique(end[known])
     key_of = np.int64(len(ends) + 1)
     by_end = known[np.lexsort((known, end[known], c.res[known]))]
     keys = c.res[by_end] * key_of + np.searchsorted(ends, end[by_end])
@@ -745,17 +841,38 @@ def critical_waits(model: StepModel, start: np.ndarray, end: np.ndarray, last: i
     k = np.searchsorted(keys, query, "right") - 1
     hit = (k >= 0) & (keys[np.maximum(k, 0)] == query)
     after[free[hit]] = by_end[k[hit]]
-    steps, starts = after.tolist(), start.tolist()
-    path, x = [], last
-    for _ in steps:  # a walk that comes back to an op would only go round again
-        if x < 0 or starts[x] <= 0:
-            break
-        path.append(x)
-        x = steps[x]
+    waits = _walk(after, start > 0, last)
     on = np.zeros(n, dtype=bool)
-    waits = np.array(path, dtype=np.int64)
     on[waits[(waits >= n) & (waits < 2 * n)] - n] = True
     return on
+
+
+def _walk(after: np.ndarray, open_: np.ndarray, last: int) -> np.ndarray:
+    """The ops from `last` on, each followed by ``after[op]``, up to (not with) the first
+    that is -1 or not `open_`, and at most ``len(after)`` of them (a walk that comes back
+    to an op would only go round again). (speed) By pointer doubling: a few numpy
+    steps, not one Python step per op of the path."""
+    m = len(after)
+    jump = np.append(np.where(after >= 0, after, m), m)  # m: the end, where it stays
+    valid = np.append(open_, False)
+    path = np.array([last if last >= 0 else m], dtype=np.int64)
+    while True:
+        stop = np.flatnonzero(~valid[path])
+        if len(stop):
+            return path[: stop[0]]
+        if len(path) >= m:
+            return path[:m]
+        path = np.concatenate([path, jump[path]])  # ops 0..2k-1 of the walk from 0..k-1
+        jump = jump[jump]
+
+
+def sorted_unique(values: np.ndarray) -> np.ndarray:
+    """`np.unique(values)` of a 1-d integer array by one sort: (speed) numpy 2's
+    `unique` hashes first and costs ~15x a sort on the few thousand ends of a step."""
+    ordered = np.sort(values, kind="stable")
+    keep = np.ones(len(ordered), dtype=bool)
+    keep[1:] = ordered[1:] != ordered[:-1]
+    return ordered[keep]
 
 
 def observed_times(model: StepModel, start_of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -854,7 +971,8 @@ def rank_shape(
     Dropped only in the steps that contradict it and kept in the others, it would make
     v's wait swing between steps with the GPU queue, and the typical wait of the other
     steps would miss by as much: it is dropped in every step of the rank. A step is its
-    rows, or (its rows of `compiled`'s ops, their `op_rows` indices).
+    rows, or (its rows of `compiled`'s ops, their `op_rows` indices), those rows a
+    DataFrame or numpy columns (``start``, ``duration``).
     """
     g_src, g_dst = compiled.src, compiled.dst
     dropped = np.zeros(len(g_src), dtype=bool)
@@ -862,13 +980,13 @@ def rank_shape(
     for step in steps:
         rows, idx = step if isinstance(step, tuple) else op_rows(compiled, step)
         start = np.full(len(compiled.names), -1, dtype=np.int64)
-        start[idx] = rows["start"].to_numpy(dtype=np.int64)
+        start[idx] = np.asarray(rows["start"], dtype=np.int64)
         seen = (start[g_src] >= 0) & (start[g_dst] >= 0)
         dropped |= seen & (start[g_dst] < start[g_src])
         lane = lanes(
             compiled.res[idx],
-            rows["start"].to_numpy(dtype=np.float64),
-            rows["duration"].to_numpy(dtype=np.float64),
+            np.asarray(rows["start"], dtype=np.float64),
+            np.asarray(rows["duration"], dtype=np.float64),
         )
         np.maximum.at(width, compiled.res[idx], lane + 1)
     return dropped, width
@@ -882,7 +1000,7 @@ def _step_models(
     releases: Mapping[int, np.ndarray] | None = None,
     own: int | None = None,
     pools: bool = False,
-) -> dict[int, tuple[pd.DataFrame, tuple[int, int], StepModel]]:
+) -> dict[int, tuple[dict[str, np.ndarray], tuple[int, int], StepModel]]:
     """Step -> (its rows, its span, its `step_model`) for each step of one rank; `own`:
     the rank's ops are the first `own` of `compiled` (the rest, PS work joined for the
     replay, count neither in the step's span nor in its missing records).
@@ -892,25 +1010,38 @@ def _step_models(
     elsewhere (a Python thread, a GPU stream: one op at a time, a rare overlap in one
     step being that step's) each step keeps its own width.
     The edges the trace contradicts are dropped rank-wide either way. Partial steps do
-    not shape the rank."""
+    not shape the rank. A step's rows are numpy columns of its records of `compiled`'s
+    ops: ``start``, ``duration`` (ns) and ``idx`` (the op index, `op_rows`)."""
     fallback = op_seconds(compiled, oracle)
-    mine = compiled.names[:own]
-    gone = partial_steps(rows_of_rank, mine)
-    # (speed) the op indices looked up once for the rank, then split by step (a step
-    # without a record of `compiled`'s ops has no model and does not shape the rank)
+    # (speed) the op indices looked up once for the rank and the columns taken as numpy,
+    # then split by step (a step without a record of `compiled`'s ops has no model and
+    # does not shape the rank); no pandas per step
     rows_known, idx_known = op_rows(compiled, rows_of_rank)
-    steps = [
-        (int(it), rows_known.iloc[at], idx_known[at])
-        for it, at in sorted(rows_known.groupby("iteration").indices.items())
-    ]
+    iteration = rows_known["iteration"].to_numpy(dtype=np.int64)
+    columns = {
+        "start": rows_known["start"].to_numpy(dtype=np.int64),
+        "duration": rows_known["duration"].to_numpy(dtype=np.int64),
+        "idx": idx_known,
+    }
+    mine = idx_known < own if own is not None else np.ones(len(idx_known), dtype=bool)
+    gone = missing_ops(idx_known[mine], iteration[mine], compiled.names)
+    order = np.argsort(iteration, kind="stable")
+    ordered = iteration[order]
+    at = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if len(order) else order
+    its = ordered[at]
+    cuts = [*at.tolist(), len(order)]
+    steps = []
+    for k, it in enumerate(its.tolist()):
+        take = order[cuts[k] : cuts[k + 1]]
+        steps.append((int(it), {name: c[take] for name, c in columns.items()}))
     dropped, width = rank_shape(
-        compiled, ((known, idx) for it, known, idx in steps if it not in gone)
+        compiled, ((known, known["idx"]) for it, known in steps if it not in gone)
     )
     shape = (dropped, width if pools else np.ones_like(width))
     models = {}
-    for it, known, idx in steps:
-        of_rank = known[idx < own] if own is not None else known  # the first own are mine
-        if not len(of_rank):
+    for it, known in steps:
+        of_rank = own_rows(known, own)  # the first own are mine
+        if not len(of_rank["idx"]):
             continue
         first = int(of_rank["start"].min())
         last = int((of_rank["start"] + of_rank["duration"]).max())
@@ -923,14 +1054,17 @@ def _step_models(
         models[it] = (
             known,
             span,
-            step_model(compiled, known, span, fallback, gone.get(it, ()), release, own, shape, idx),
-        )
+            step_model(
+                compiled, known, span, fallback, gone.get(it, ()), release, own, shape,
+                known["idx"],
+            ),
+        )  # fmt: skip
     return models
 
 
 def peer_releases(
     compiled: Mapping[str, Compiled],
-    models: Mapping[str, Mapping[int, tuple[pd.DataFrame, tuple[int, int], StepModel]]],
+    models: Mapping[str, Mapping[int, tuple[Any, tuple[int, int], StepModel]]],
 ) -> dict[str, dict[int, np.ndarray]]:
     """Rank -> step -> per op the latest time (epoch ns, -1 none) another rank was ready
     for the same collective or transfer (same name) in the same step.
@@ -976,7 +1110,7 @@ def _replay_rank(
 ) -> list[dict[str, Any]]:
     """The replayed steps of one rank (see `replay`); `own`, `pools`: as in `_step_models`."""
     models = _step_models(compiled, rows_of_rank, oracle, spans, releases, own, pools)
-    lenders = covered_steps(models, set(compiled.names[:own]))
+    lenders = covered_steps(models, own)
     overheads = typical_overheads({it: m for it, (_, _, m) in models.items()}, lenders)
     if not pools:
         faster = thread_speedups(compiled, {it: m for it, (_, _, m) in models.items()}, lenders)
@@ -995,7 +1129,7 @@ def _replay_rank(
         )
         predicted = busy_time(begin[keep], took[keep]) / TICKS_PER_SECOND
         path = _critical(traced, start[0], ticks, n)
-        known = known[op_rows(compiled, known)[1] < n]
+        known = own_rows(known, n)
         busy, op_span = measured(known)
         wall = (span[1] - span[0]) / 1e9
         error = predicted / busy - 1.0 if busy > 0 else None
@@ -1012,11 +1146,11 @@ def _replay_rank(
             "wall_error": wall_error,
             "overhead": float(model.overhead[:n][keep].sum()),
             "overhead_from": "other steps" if len(models) > 1 else "own step",
-            "ops_observed": int(len(known)),
+            "ops_observed": int(len(known["idx"])),
             "cause": _cause(traced, model, path),
         }
         if model.missing:
-            step["partial"] = records.note(str(known["rank"].iloc[0]), it, model.missing)
+            step["partial"] = records.note(str(rows_of_rank["rank"].iloc[0]), it, model.missing)
         steps.append(step)
     return steps
 
@@ -1165,7 +1299,7 @@ def carried_over(
         table = np.stack(list(queue.values()))
         typical = np.full(n_res, np.nan)
         seen = (~np.isnan(table)).any(axis=0)
-        typical[seen] = np.nanmedian(table[:, seen], axis=0)
+        typical[seen] = nan_medians(table[:, seen])
         queue[int(steps[0])] = typical
     out = {}
     for it, q in queue.items():
@@ -1247,13 +1381,12 @@ def joint_work(
 
 
 def spans_of(job: Job, rank: str) -> dict[int, tuple[int, int]]:
-    """Iteration -> (start, end) ns of the rank's recorded step spans (wall-clock)."""
-    spans = job.trace.spans
-    mine = spans[spans["rank"] == rank]
-    return {
-        int(i): (int(a), int(b))
-        for i, a, b in zip(mine["iteration"], mine["start"], mine["end"], strict=True)
-    }
+    """Iteration -> (start, end) ns of the rank's recorded step spans (wall-clock).
+    (speed) From the trace's numpy columns: no DataFrame view is built for them."""
+    spans = job.trace.span_table
+    mine = np.asarray(spans["rank"], dtype=object) == rank
+    columns = (np.asarray(spans[k])[mine].tolist() for k in ("iteration", "start", "end"))
+    return {int(i): (int(a), int(b)) for i, a, b in zip(*columns, strict=True)}
 
 
 def replayed_steps(document: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
@@ -1337,20 +1470,20 @@ def _compare_rank(
     runs["baseline"] = run(
         compiled, seconds, None, channels=channels, samples=samples, seed=seed, record=True
     )
-    steps = [(int(i), r) for i, r in rows.groupby("iteration", sort=True)]
+    steps = observed_priorities(compiled, rows)
     if steps:
         per_step = max(1, -(-samples // len(steps)))
         step_runs = [
             run(
                 compiled,
                 seconds,
-                observed_priority(compiled, r),
+                priority,
                 channels=channels,
                 samples=per_step,
                 seed=seed,
                 record=True,
             )
-            for _, r in steps
+            for _, priority in steps
         ]
         means = np.array([r.makespan.mean() for r in step_runs])
         pick = int(np.argsort(means, kind="stable")[(len(means) - 1) // 2])
@@ -1435,7 +1568,7 @@ def compare(
     for rank in job.ranks:
         graph = job.graphs[rank]
         compiled = compile_graph(graph)
-        rows = frame[frame["rank"] == rank]
+        rows = rank_rows(frame, rank)
         oracle = oracles[rank] if oracles is not None else mean_of_runs(graph, rows)
         steps = replayed[rank]
         of_rank = {name: p[rank] for name, p in plans.items() if rank in p}

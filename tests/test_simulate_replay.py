@@ -467,7 +467,7 @@ def test_a_step_its_records_barely_cover_lends_no_overheads():
     rows = frame[frame["rank"] == rank]
     oracle = sim.mean_of_runs(job.graphs[rank], rows)
     models = sim._step_models(compiled, rows, oracle, sim.spans_of(job, rank), pools=True)
-    assert sim.covered_steps(models, set(compiled.names)) == {1, 2, 3, 4}
+    assert sim.covered_steps(models) == {1, 2, 3, 4}
     wall, _ = _judged(sim.replay(job))
     assert np.median(wall) < 0.04 and wall.max() < 0.045
     original = sim.covered_steps
