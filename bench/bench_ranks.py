@@ -150,6 +150,7 @@ else:
 try:
     from planner.export.files import json_pieces
 except ImportError:  # code from before json_pieces
+    from planner.export.files import dumps
     json_pieces = lambda document: [dumps(document)]
 digest = hashlib.sha256()
 for piece in json_pieces(document):
