@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from planner.graph import Op, OpGraph
-from planner.trace import Job, Trace
+from planner.trace import Job, Trace, text_codes
 
 _SEP = "\0"
 _INT_KEYS = "\0int_keys"
@@ -166,11 +166,7 @@ def _coded(trace: Trace, table: str, column: str) -> tuple[list[str], np.ndarray
     values = getattr(trace, table)[column]
     if set(map(type, values.tolist())) - {str}:
         raise ValueError("not text")
-    if table == "table":
-        return trace.codes_of(column)
-    number: dict[str, int] = {}
-    codes = np.array([number.setdefault(v, len(number)) for v in values.tolist()], np.int64)
-    return list(number), codes
+    return trace.codes_of(column) if table == "table" else text_codes(values)
 
 
 def _job(arrays: Mapping[str, np.ndarray]) -> Job:

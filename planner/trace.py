@@ -100,7 +100,7 @@ class Trace:
         row's index into them), numbered once per trace."""
         kept = self.__dict__.setdefault("_codes", {})
         if column not in kept:
-            kept[column] = _codes(self.table[column])
+            kept[column] = text_codes(self.table[column])
         return kept[column]
 
     @cached_property
@@ -122,7 +122,7 @@ class Trace:
         return self.timings.loc[mask]
 
 
-def _codes(values: np.ndarray) -> tuple[list[str], np.ndarray]:
+def text_codes(values: np.ndarray) -> tuple[list[str], np.ndarray]:
     """(the distinct values in order of first appearance, each value's index into them),
     numbered with a dict: sorting an object array (`np.unique`) is several times slower."""
     number: dict[str, int] = {}
