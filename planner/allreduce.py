@@ -129,7 +129,11 @@ def _rank_steps(job: Job, rank: str, columns: Mapping[str, Any]) -> list[Overlap
 
 
 def rank_windows(job: Job, rank: str) -> pd.DataFrame:
-    """Transfer windows of one rank's collectives (ns, absolute)."""
+    """Transfer windows of one rank's collectives (ns, absolute): per collective, the
+    window from its gradient being ready (its launch, never after its start) to the first
+    read of its parameters in the next step (else the next step's first forward read, or
+    its start); `slack` is the window less the time from ready to the transfer's end.
+    The last step's windows are NaN."""
     windows = _rank_windows(job, rank, _rank_columns(job, rank))
     frame = pd.DataFrame(
         {k: windows[k] for k in ("iteration", "op", "start", "duration", "wait", "ready")}

@@ -279,20 +279,6 @@ def caramel_figures(compute: float, network: float, iteration: float) -> tuple[f
     return float(rho), float(alpha), float(utilization)
 
 
-def overlap_metrics(
-    rank: str, iteration: int, rows: pd.DataFrame, is_network: np.ndarray, span: float
-) -> OverlapMetrics:
-    """Figures of one iteration from its compute rows and collective rows.
-
-    `rows` holds `start`/`duration` (ns) of the ops that count as compute or network
-    (the caller picks the compute device: GPU kernels when there are any); `is_network`
-    marks the collectives; `span` is the iteration time T in ns.
-    """
-    return overlap_figures(
-        rank, iteration, rows["start"].to_numpy(), rows["duration"].to_numpy(), is_network, span
-    )
-
-
 def overlap_figures(
     rank: str,
     iteration: int,
@@ -301,7 +287,12 @@ def overlap_figures(
     is_network: np.ndarray,
     span: float,
 ) -> OverlapMetrics:
-    """`overlap_metrics` of the rows' `starts` and `durations` (ns, numpy)."""
+    """Figures of one iteration from its compute rows and collective rows.
+
+    `starts`/`durations` (ns) of the ops that count as compute or network (the caller
+    picks the compute device: GPU kernels when there are any); `is_network` marks the
+    collectives; `span` is the iteration time T in ns.
+    """
     net = np.asarray(is_network, dtype=bool)
     c = busy_time(starts[~net], durations[~net]) / 1e9
     n = busy_time(starts[net], durations[net]) / 1e9
@@ -309,35 +300,6 @@ def overlap_figures(
     rho, alpha, utilization = caramel_figures(c, n, busy)
     t = max(float(span) / 1e9, busy)
     return OverlapMetrics(rank, iteration, c, n, t, busy, t - busy, rho, alpha, utilization)
-
-
-def transfer_windows(
-    collectives: pd.DataFrame,
-    ready: pd.Series,
-    first_read: Mapping[int, int],
-    op_first_read: Mapping[str, Mapping[int, int]] | None = None,
-) -> pd.DataFrame:
-    """Per collective: the window from gradient ready to its first read in the next step.
-
-    `collectives`: rows (iteration, op, start, duration) of one rank; `ready`: the ns
-    time each row's gradient is ready (its launch), aligned with `collectives`;
-    `first_read`: iteration -> ns time of the first read of the parameters in that
-    iteration (the window of step s ends at ``first_read[s + 1]``). Returns the rows
-    with `ready`, `window_end`, `window` and `slack` (window less the time from ready
-    to transfer end), in ns; windows of the last step are NaN. `op_first_read`, where
-    known (op -> iteration -> ns: the first read of that collective's own parameters),
-    overrides `first_read` for that op.
-    """
-    frame = collectives.copy()
-    frame["ready"] = np.minimum(ready.to_numpy(), frame["start"].to_numpy())
-    own = op_first_read or {}
-    frame["window_end"] = [
-        own[op].get(int(s) + 1, np.nan) if op in own else first_read.get(int(s) + 1, np.nan)
-        for s, op in zip(frame["iteration"].tolist(), frame["op"].tolist(), strict=True)
-    ]
-    frame["window"] = frame["window_end"] - frame["ready"]
-    frame["slack"] = frame["window"] - (frame["start"] + frame["duration"] - frame["ready"])
-    return frame
 
 
 from planner.api import callable_module  # noqa: E402
