@@ -1,7 +1,12 @@
 """Bucket advice against real runs: predicted vs measured step time per bucket_cap_mb.
 
-1. Times gloo all-reduce on this machine (`planner.netbench`, the `planner
-   bench-network` code) unless `--network FILE` is given: the network model.
+1. The network model, unless `--network FILE` is given: gloo all-reduce timed on this
+   machine by the `planner bench-network` code (`planner.netbench`), before the training,
+   as a user runs it. With `--network-between-steps` the same passes over the sizes
+   (`netbench.allreduce_pass`) run in the training processes instead, in blocks of their
+   own shuffled among the caps' blocks below (as many passes per round as a cap has
+   steps), so that the network is measured in the machine states the steps see (what
+   that shows: docs/algorithms.md, "The network measured between the steps").
 2. Trains the repo's CPU DDP example model (`examples/train_ddp.make_model`, an MLP of
    `--layers` Linear layers of width `--width`; gloo, 2 ranks on 127.0.0.1) at every cap
    of the sweep and with `bucket_cap_mb` unset (DDP's default: 25 MiB after a 1 MiB
@@ -63,6 +68,7 @@ from train_ddp import make_model  # noqa: E402  (the repo's CPU DDP example)
 DROP = 2  # steps dropped after each wrap (bucket rebuild, warm caches)
 TIE = 0.05  # predictions closer than this claim no order
 DEFAULT = "default"  # bucket_cap_mb unset
+NETWORK = "network"  # a block of the network benchmark
 
 
 def _step(ddp: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -82,8 +88,17 @@ def _wrap(model: nn.Module, cap: float | str) -> nn.Module:
 
 
 def _worker(
-    rank: int, port: int, out: str, shape: dict, caps: list, trace_cap: float, runs: tuple
+    rank: int,
+    port: int,
+    out: str,
+    shape: dict,
+    caps: list,
+    trace_cap: float,
+    runs: tuple,
+    net_sizes: list[int],
 ) -> None:
+    from planner import netbench
+
     rounds, steps, window, block = runs
     warnings.filterwarnings("ignore", ".*Profiler clears events")  # one file per window: wanted
     torch.set_num_threads(1)
@@ -93,6 +108,12 @@ def _worker(
     models = {key: make_model(shape["width"], shape["layers"]) for key in keys}
     x, y = torch.randn(shape["batch"], shape["width"]), torch.randn(shape["batch"], shape["width"])
     times: dict[str, list[float]] = {}
+    # the network benchmark: passes over the sizes in blocks of their own among the caps'
+    tensors = [torch.ones(n // 4) for n in net_sizes]
+    net_samples: list[list[float]] = [[] for _ in net_sizes]
+    turns = itertools.count()
+    if tensors:
+        netbench.allreduce_pass(tensors)  # warm-up, not kept
     cycles = itertools.count()
     # one profiling session over the whole run: per round a window of `window` steps (one
     # step waited, one warmed up first), idle while the other caps run; a file per window
@@ -119,8 +140,15 @@ def _worker(
                     _step(ddp, opt, x, y)
                 wrapped[key] = (ddp, opt)
             order = [k for k in keys[:-1] for _ in range(steps // block)] + [traced_key]
+            order += [NETWORK] * (steps // block if tensors else 0)
             random.Random(number).shuffle(order)
             for key in order:
+                if key == NETWORK:
+                    for _ in range(block):
+                        elapsed = netbench.allreduce_pass(tensors, next(turns))
+                        for kept, seconds in zip(net_samples, elapsed, strict=True):
+                            kept.append(seconds)
+                    continue
                 ddp, opt = wrapped[key]
                 traced = key == traced_key
                 dist.barrier()
@@ -137,6 +165,10 @@ def _worker(
             del wrapped, ddp, opt
     if rank == 0:
         Path(out, "times.json").write_text(json.dumps(times))
+        if tensors:
+            samples = list(zip(net_sizes, net_samples, strict=True))
+            Path(out, "net.csv").write_text(netbench.to_csv(netbench.rows_of(samples, 2)))
+            Path(out, "net_samples.json").write_text(json.dumps(dict(samples)))
     dist.destroy_process_group()
 
 
@@ -146,8 +178,11 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def _run(out: str, shape: dict, caps: list, trace_cap: float, runs: tuple[int, ...]) -> None:
-    mp.spawn(_worker, args=(_port(), out, shape, caps, trace_cap, runs), nprocs=2, join=True)
+def _run(
+    out: str, shape: dict, caps: list, trace_cap: float, runs: tuple[int, ...], net_sizes: list
+) -> None:
+    args = (_port(), out, shape, caps, trace_cap, runs, net_sizes)
+    mp.spawn(_worker, args=args, nprocs=2, join=True)
 
 
 def _network(path: Path | None, out: str, shape: dict):
@@ -156,13 +191,18 @@ def _network(path: Path | None, out: str, shape: dict):
 
     if path is not None:
         return netbench.read_model(path), str(path)
-    layer = shape["width"] * (shape["width"] + 1) * 4
-    total = layer * shape["layers"]
-    sizes = sorted({2048, 65536, layer, 4 * layer, total})
+    sizes = _net_sizes(shape)
     rows = netbench.bench_allreduce(sizes, repeats=30)
     csv_path = Path(out, "net.csv")
     csv_path.write_text(netbench.to_csv(rows))
     return netbench.read_model(csv_path), f"bench-network now ({len(sizes)} sizes)"
+
+
+def _net_sizes(shape: dict) -> list[int]:
+    """The benchmark's message sizes: small ones for the latency, one layer, four layers
+    and the whole model (one bucket) for the per-byte cost."""
+    layer = shape["width"] * (shape["width"] + 1) * 4
+    return sorted({2048, 65536, layer, 4 * layer, layer * shape["layers"]})
 
 
 def _ranking(caps: list[str], predicted: dict, measured: dict) -> tuple[bool, list[str]]:
@@ -195,16 +235,32 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--network", type=Path, help="benchmark model (bench-network CSV)")
+    parser.add_argument(
+        "--network-between-steps",
+        action="store_true",
+        help="time the network in the training processes, between the caps' steps",
+    )
     args = parser.parse_args()
-    from planner import analysis, buckets
+    from planner import analysis, buckets, netbench
     from planner.ingest.kineto import load_kineto
 
     shape = {"width": args.width, "layers": args.layers, "batch": args.batch}
     caps = [float(c) for c in buckets.DEFAULT_CAPS_MB] + [DEFAULT]
+    between = args.network_between_steps and not args.network
+    net_sizes = _net_sizes(shape) if between else []
     with tempfile.TemporaryDirectory() as out:
-        network, source = _network(args.network, out, shape)
-        _run(out, shape, caps, args.trace_cap, (args.rounds, args.steps, args.window, args.block))
+        if not between:
+            network, source = _network(args.network, out, shape)
+        runs = (args.rounds, args.steps, args.window, args.block)
+        _run(out, shape, caps, args.trace_cap, runs, net_sizes)
         times = json.loads((Path(out) / "times.json").read_text())
+        if between:
+            network = netbench.read_model(Path(out, "net.csv"))
+            repeats = args.rounds * (args.steps // args.block) * args.block
+            source = (
+                f"gloo all-reduce timed between the steps ({len(net_sizes)} sizes, "
+                f"{repeats} each, in blocks of their own among the caps')"
+            )
         job = load_kineto(sorted(Path(out).glob("rank*.w*.json")))  # windows, rank by rank
         if args.keep:
             import shutil

@@ -36,6 +36,45 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def allreduce_pass(tensors: Sequence[Any], turn: int = 0) -> list[float]:
+    """One all-reduce of each tensor (in a joined process group), a barrier before each;
+    the seconds each took, in the order of `tensors`.
+
+    The pass starts at tensor ``turn % len(tensors)`` and takes the others in turn, so
+    that over passes every size samples the machine's states alike (one size after
+    another put a busy spell into one size's median). A job's own benchmark can run
+    passes between its steps (`bench/bench_ddp_buckets.py`)."""
+    import time
+
+    import torch.distributed as dist
+
+    elapsed = [0.0] * len(tensors)
+    for i in range(len(tensors)):
+        index = (i + turn) % len(tensors)
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(tensors[index])
+        elapsed[index] = time.perf_counter() - start
+    return elapsed
+
+
+def rows_of(
+    samples: Sequence[tuple[int, Sequence[float]]], world_size: int
+) -> list[dict[str, Any]]:
+    """One row per size from its timed all-reduces (median, min): `bench_allreduce`'s."""
+    return [
+        {
+            "nbytes": nbytes,
+            "seconds": statistics.median(times),
+            "seconds_min": min(times),
+            "repeats": len(times),
+            "world_size": world_size,
+            "backend": "gloo",
+        }
+        for nbytes, times in samples
+    ]
+
+
 def _worker(
     rank: int,
     world_size: int,
@@ -45,8 +84,6 @@ def _worker(
     warmup: int,
     queue: Any,
 ) -> None:
-    import time
-
     import torch
     import torch.distributed as dist
 
@@ -57,17 +94,11 @@ def _worker(
         torch.set_num_threads(1)
         tensors = [torch.ones(max(1, nbytes // 4), dtype=torch.float32) for nbytes in sizes]
         samples: list[list[float]] = [[] for _ in sizes]
-        # the sizes interleaved, each round in turn: every size samples the machine's
-        # states alike (one size after another put a busy spell into one size's median)
         for k in range(warmup + repeats):
-            for i in range(len(sizes)):
-                index = (i + k) % len(sizes)
-                dist.barrier()
-                start = time.perf_counter()
-                dist.all_reduce(tensors[index])
-                elapsed = time.perf_counter() - start
-                if k >= warmup:
-                    samples[index].append(elapsed)
+            elapsed = allreduce_pass(tensors, k)
+            if k >= warmup:
+                for kept, seconds in zip(samples, elapsed, strict=True):
+                    kept.append(seconds)
         rows = [(int(t.numel() * 4), s) for t, s in zip(tensors, samples, strict=True)]
         dist.barrier()
         dist.destroy_process_group()
@@ -122,17 +153,7 @@ def bench_allreduce(
                 p.terminate()
     if status != "ok":
         raise RuntimeError(str(payload))
-    return [
-        {
-            "nbytes": nbytes,
-            "seconds": statistics.median(samples),
-            "seconds_min": min(samples),
-            "repeats": len(samples),
-            "world_size": world_size,
-            "backend": "gloo",
-        }
-        for nbytes, samples in payload
-    ]
+    return rows_of(payload, world_size)
 
 
 def to_csv(rows: Sequence[dict[str, Any]]) -> str:
