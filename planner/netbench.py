@@ -143,9 +143,7 @@ def bench_allreduce(
     for p in procs:
         p.start()
     try:
-        status, payload = queue.get(timeout=timeout)
-    except Exception as exc:
-        raise RuntimeError(f"all-reduce benchmark gave no result in {timeout:.0f} s") from exc
+        status, payload = _result(queue, procs, timeout)
     finally:
         for p in procs:
             p.join(timeout=10)
@@ -154,6 +152,31 @@ def bench_allreduce(
     if status != "ok":
         raise RuntimeError(str(payload))
     return rows_of(payload, world_size)
+
+
+def _result(queue: Any, procs: Sequence[Any], timeout: float) -> tuple[str, Any]:
+    """The first report on `queue`; RuntimeError as soon as a process has died without
+    one (its peers would wait in a collective for gloo's own timeout, 30 min) or after
+    `timeout` seconds."""
+    import queue as queues
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return queue.get(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+        except queues.Empty:
+            pass
+        dead = [(rank, p.exitcode) for rank, p in enumerate(procs) if p.exitcode not in (None, 0)]
+        if dead:
+            rank, code = dead[0]
+            raise RuntimeError(
+                f"rank {rank} exited with code {code} before the benchmark ended (spawned "
+                "processes re-import the caller's main module: call it under "
+                "`if __name__ == '__main__':`)"
+            )
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"all-reduce benchmark gave no result in {timeout:.0f} s")
 
 
 def to_csv(rows: Sequence[dict[str, Any]]) -> str:
