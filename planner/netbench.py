@@ -142,11 +142,12 @@ def bench_allreduce(
     ]
     for p in procs:
         p.start()
+    status, payload = "error", "no result"
     try:
         status, payload = _result(queue, procs, timeout)
     finally:
-        for p in procs:
-            p.join(timeout=10)
+        for p in procs:  # after a failure the others may wait in a collective: stop them
+            p.join(timeout=10 if status == "ok" else 0.1)
             if p.is_alive():
                 p.terminate()
     if status != "ok":
