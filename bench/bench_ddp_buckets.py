@@ -19,12 +19,16 @@
    warmed up first: one profiling session over the whole run whose schedule has
    ``repeat`` = rounds, idle while the other caps run, writing a file per window and
    rank; planner joins a rank's windows. Those steps are timed too (the profiler's own
-   cost against the same cap untraced).
+   cost against the same cap untraced). With `--reference-cap` (100 MB by default: one
+   bucket, whose all-reduce runs after the backward pass) a second configuration is
+   traced the same way, each round: the reference trace.
 3. `planner.analysis.bucket_sweep` on that trace predicts the step time of every cap,
    told the traced cap's untraced step time, as a user reads it from the training log
    (`planner analyze --untraced-step-time`): the profiler's own cost is taken out of the
-   traced steps. The bench takes the recommended cap (else the best predicted), the default and
-   the worst predicted cap, and prints the median measured step time beside each
+   traced steps; with the reference trace (and its untraced step time) the backward
+   pass's own contention factor is measured from it (`planner.buckets.backward_factor`).
+   The bench takes the recommended cap (else the best predicted), the default and the
+   worst predicted cap, and prints the median measured step time beside each
    prediction, the error, and whether the ranking by prediction matches: caps whose
    predictions differ by less than `TIE` are a tie (no order is claimed); every other
    pair must be measured in the predicted order. The strict order is printed too.
@@ -37,7 +41,7 @@ steps. The default traced cap is 1 MB: its 24 buckets overlap the backward pass 
 for the contention factor `kappa` to be calibrated (a 4 MB trace often cannot tell it).
 
     python bench/bench_ddp_buckets.py [--rounds 5] [--steps 10] [--block 2]
-                                       [--trace-cap 1] [--window 2]
+                                       [--trace-cap 1] [--reference-cap 100] [--window 2]
 
 Needs torch (CPU is enough). Figures depend on the machine's load: run it on a quiet one.
 """
@@ -47,7 +51,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import random
 import socket
 import statistics
@@ -93,7 +96,7 @@ def _worker(
     out: str,
     shape: dict,
     caps: list,
-    trace_cap: float,
+    traced_caps: list[float],
     runs: tuple,
     net_sizes: list[int],
 ) -> None:
@@ -103,8 +106,8 @@ def _worker(
     warnings.filterwarnings("ignore", ".*Profiler clears events")  # one file per window: wanted
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    traced_key = f"{trace_cap}/profiled"
-    keys = [str(c) for c in caps] + [traced_key]
+    traced_keys = [f"{c}/profiled" for c in traced_caps]
+    keys = [str(c) for c in caps] + traced_keys
     models = {key: make_model(shape["width"], shape["layers"]) for key in keys}
     x, y = torch.randn(shape["batch"], shape["width"]), torch.randn(shape["batch"], shape["width"])
     times: dict[str, list[float]] = {}
@@ -114,15 +117,23 @@ def _worker(
     turns = itertools.count()
     if tensors:
         netbench.allreduce_pass(tensors)  # warm-up, not kept
-    cycles = itertools.count()
-    # one profiling session over the whole run: per round a window of `window` steps (one
-    # step waited, one warmed up first), idle while the other caps run; a file per window
+    cycles = {key: itertools.count() for key in traced_keys}
+    tracing = [traced_keys[0]]  # the traced configuration whose window runs now
+
+    def export(p: torch.profiler.profile) -> None:
+        folder = Path(out, _trace_folder(float(tracing[0].split("/")[0])))
+        folder.mkdir(exist_ok=True)
+        p.export_chrome_trace(str(folder / f"rank{rank}.w{next(cycles[tracing[0]]):03d}.json"))
+
+    # one profiling session over the whole run: per round and traced configuration a
+    # window of `window` steps (one step waited, one warmed up first), idle while the
+    # other caps run; a file per window, in a folder per traced configuration
     prof = torch.profiler.profile(
         activities=[torch.profiler.ProfilerActivity.CPU],
-        schedule=torch.profiler.schedule(wait=1, warmup=1, active=window, repeat=rounds),
-        on_trace_ready=lambda p: p.export_chrome_trace(
-            os.path.join(out, f"rank{rank}.w{next(cycles):03d}.json")
+        schedule=torch.profiler.schedule(
+            wait=1, warmup=1, active=window, repeat=rounds * len(traced_keys)
         ),
+        on_trace_ready=export,
         record_shapes=True,
     )
     with prof:
@@ -132,14 +143,14 @@ def _worker(
             # traced window, in a new order each round, the same on both ranks: every cap
             # samples the machine's states alike, none keeps a fixed neighbour
             wrapped = {}
-            for key, cap in zip(keys, [*caps, trace_cap], strict=True):
+            for key, cap in zip(keys, [*caps, *traced_caps], strict=True):
                 ddp = _wrap(models[key], cap)
                 opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
                 for _ in range(DROP):
                     dist.barrier()
                     _step(ddp, opt, x, y)
                 wrapped[key] = (ddp, opt)
-            order = [k for k in keys[:-1] for _ in range(steps // block)] + [traced_key]
+            order = [str(c) for c in caps for _ in range(steps // block)] + traced_keys
             order += [NETWORK] * (steps // block if tensors else 0)
             random.Random(number).shuffle(order)
             for key in order:
@@ -150,7 +161,8 @@ def _worker(
                             kept.append(seconds)
                     continue
                 ddp, opt = wrapped[key]
-                traced = key == traced_key
+                traced = key in traced_keys
+                tracing[0] = key if traced else tracing[0]
                 dist.barrier()
                 for i in range(window + 2 if traced else block):
                     if not traced:
@@ -172,6 +184,10 @@ def _worker(
     dist.destroy_process_group()
 
 
+def _trace_folder(cap: float) -> str:
+    return f"trace_{cap:g}"
+
+
 def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -179,9 +195,9 @@ def _port() -> int:
 
 
 def _run(
-    out: str, shape: dict, caps: list, trace_cap: float, runs: tuple[int, ...], net_sizes: list
+    out: str, shape: dict, caps: list, traced: list[float], runs: tuple[int, ...], net_sizes: list
 ) -> None:
-    args = (_port(), out, shape, caps, trace_cap, runs, net_sizes)
+    args = (_port(), out, shape, caps, traced, runs, net_sizes)
     mp.spawn(_worker, args=args, nprocs=2, join=True)
 
 
@@ -228,6 +244,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--trace-cap", type=float, default=1.0, help="bucket_cap_mb traced")
+    parser.add_argument(
+        "--reference-cap",
+        type=float,
+        default=100.0,
+        help="bucket_cap_mb of the reference trace (one bucket); 0: none",
+    )
     parser.add_argument("--window", type=int, default=2, help="steps traced in every round")
     parser.add_argument("--block", type=int, default=2, help="consecutive steps of one cap")
     parser.add_argument("--keep", type=Path, help="copy the traces and step times here")
@@ -252,7 +274,8 @@ def main() -> int:
         if not between:
             network, source = _network(args.network, out, shape)
         runs = (args.rounds, args.steps, args.window, args.block)
-        _run(out, shape, caps, args.trace_cap, runs, net_sizes)
+        traced_caps = [args.trace_cap] + ([args.reference_cap] if args.reference_cap else [])
+        _run(out, shape, caps, traced_caps, runs, net_sizes)
         times = json.loads((Path(out) / "times.json").read_text())
         if between:
             network = netbench.read_model(Path(out, "net.csv"))
@@ -261,7 +284,10 @@ def main() -> int:
                 f"gloo all-reduce timed between the steps ({len(net_sizes)} sizes, "
                 f"{repeats} each, in blocks of their own among the caps')"
             )
-        job = load_kineto(sorted(Path(out).glob("rank*.w*.json")))  # windows, rank by rank
+        jobs = [  # windows, rank by rank
+            load_kineto(sorted(Path(out, _trace_folder(c)).glob("rank*.w*.json")))
+            for c in traced_caps
+        ]
         if args.keep:
             import shutil
 
@@ -269,7 +295,12 @@ def main() -> int:
     name = {str(c): f"{c:g}" for c in caps if c != DEFAULT} | {DEFAULT: DEFAULT}
     measured = {name[k]: statistics.median(v) for k, v in times.items() if k in name}
     traced = f"{args.trace_cap:g}"
-    sweep = analysis.bucket_sweep(job, network, untraced_step_time=measured[traced])
+    reference = f"{args.reference_cap:g}" if args.reference_cap else None
+    sweep = analysis.bucket_sweep(
+        jobs[0], network, untraced_step_time=measured[traced],
+        reference=jobs[1] if reference else None,
+        reference_untraced_step_time=measured[reference] if reference else None,
+    )  # fmt: skip
     if sweep is None:
         print("no bucket sweep: the trace has no gradient-ready times", file=sys.stderr)
         return 1
@@ -297,6 +328,9 @@ def main() -> int:
         f"replay of the traced buckets {sweep['replay_error']:+.1%} (worst step "
         f"{sweep['replay_error_worst']:.1%}); kappa {sweep['kappa']} "
         f"({sweep['kappa_source']}); first bucket rule {sweep['first_bucket_rule']}\n"
+        f"backward pass's factor {sweep['kappa_backward']} ({sweep['kappa_backward_source']})"
+        + (f", from the trace at bucket_cap_mb={reference}" if reference else "")
+        + "\n"
         f"advice: {sweep['reason']}"
     )
     print(
@@ -309,7 +343,7 @@ def main() -> int:
             row["bucket_cap_mb"] if row["bucket_cap_mb"] == DEFAULT else f"{row['bucket_cap_mb']:g}"
         )
         p, m = predicted[cap], measured[cap]
-        role = roles.get(cap, "traced" if cap == traced else "")
+        role = roles.get(cap, {traced: "traced", reference: "reference"}.get(cap, ""))
         print(
             f"{cap:>8} {row['buckets']:>7} {role:>16} {p * 1e3:8.1f}ms {m * 1e3:8.1f}ms "
             f"{p / m - 1:+7.1%}"

@@ -283,6 +283,22 @@ def metrics_command(
     "its training log): the DDP bucket advice takes the profiler's own cost out of the "
     "traced steps.",
 )
+@click.option(
+    "--bucket-reference",
+    type=click.Path(exists=True, path_type=Path),
+    default=None,
+    metavar="PATH",
+    help="The same job traced with one DDP bucket (a bucket_cap_mb above its gradients' "
+    "size): the bucket advice measures from it how much the collectives slowed the "
+    "backward pass, apart from how much it slowed them (a CPU job).",
+)
+@click.option(
+    "--reference-untraced-step-time",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="The reference configuration's step time without the profiler.",
+)
 @parallel_commands.parallel_options
 @json_option
 @each_option(output_dir=True)
@@ -293,6 +309,8 @@ def analyze_command(
     rank: str | None,
     network: Any,
     untraced_step_time: float | None,
+    bucket_reference: Path | None,
+    reference_untraced_step_time: float | None,
     workers: int | None,
     dask_address: str | None,
     as_json: bool,
@@ -315,6 +333,7 @@ def analyze_command(
 
     if output is not None:
         check_set_target(output, force)
+    reference = load((bucket_reference,), as_json) if bucket_reference is not None else None
     ranks, skipped = parallel.split_ranks(resolve(paths)) if paths and rank is None else (None, [])
     done = None
     if ranks is not None:
@@ -327,6 +346,8 @@ def analyze_command(
                 network=network,
                 notes=skipped,
                 untraced_step_time=untraced_step_time,
+                reference=reference,
+                reference_untraced_step_time=reference_untraced_step_time,
             )
     if done is not None:
         report, graphs, _ = done
@@ -336,7 +357,12 @@ def analyze_command(
         job = select_ranks(load(paths or (detect.demo_trace(),), as_json), rank)
         with render.progress(enabled=not as_json, what="analysing") as advance:
             report = analysis.analyze(
-                job, progress=advance, network=network, untraced_step_time=untraced_step_time
+                job,
+                progress=advance,
+                network=network,
+                untraced_step_time=untraced_step_time,
+                reference=reference,
+                reference_untraced_step_time=reference_untraced_step_time,
             )
         graphs = job.graphs
     network_notes(report["plans"].get("caramel", {}), as_json)

@@ -303,6 +303,9 @@ def sweep_model_line(sweep: dict[str, Any]) -> str:
         if kappa is not None
         else "contention unknown",
     ]
+    backward = sweep.get("kappa_backward")
+    if backward is not None and backward != kappa:
+        parts.append(f"the backward pass's own {backward:g} ({sweep['kappa_backward_source']})")
     if sweep.get("uncalibrated_replay_error") is not None and kappa not in (None, 1.0):
         parts.append(
             f"without it the traced buckets replay {sweep['uncalibrated_replay_error']:+.1%}"

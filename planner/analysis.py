@@ -357,6 +357,8 @@ def analyze(
     progress: Callable[[str], None] | None = None,
     network: NetworkModel | None = None,
     untraced_step_time: float | None = None,
+    reference: Job | None = None,
+    reference_untraced_step_time: float | None = None,
 ) -> dict[str, Any]:
     """`planner.report/1`: inspect, the plans that apply, metrics and the simulation.
 
@@ -366,7 +368,8 @@ def analyze(
     HTML report: every rank's up to `TIMELINE_RANKS` ranks, above only those of
     `timeline_ranks` (as `planner.rank_analysis`, the same report per rank). `progress`
     is told the name of each stage as it starts. `untraced_step_time`: the job's step
-    time without the profiler, for the bucket advice (`bucket_sweep`).
+    time without the profiler, for the bucket advice (`bucket_sweep`), as are
+    `reference` (the job traced with one bucket) and its untraced step time.
     """
     step = progress or (lambda _stage: None)
     timed = bool(len(job.trace.timings))
@@ -399,7 +402,9 @@ def analyze(
             timelines = report["simulation"]["timelines"]
             report["simulation"]["timelines"] = [s for s in timelines if s["rank"] in kept]
     report["bucket_sweep"] = (
-        bucket_sweep(job, network, untraced_step_time) if "caramel" in plans else None
+        bucket_sweep(job, network, untraced_step_time, reference, reference_untraced_step_time)
+        if "caramel" in plans
+        else None
     )
     if "caramel" in plans:
         report["exports"]["control_deps"] = control_deps_document(plans["caramel"])
@@ -436,11 +441,17 @@ def timeline_ranks(ranks: Sequence[str], metrics: Mapping[str, Any]) -> set[str]
 
 
 def bucket_sweep(
-    job: Job, network: NetworkModel | None = None, untraced_step_time: float | None = None
+    job: Job,
+    network: NetworkModel | None = None,
+    untraced_step_time: float | None = None,
+    reference: Job | None = None,
+    reference_untraced_step_time: float | None = None,
 ) -> dict[str, Any] | None:
     """DDP bucket advice (`planner.buckets.sweep`) with the benchmark model when given,
     else the trace's fit (a note says when that fit does not hold); with the job's step
-    time without the profiler, the profiler's cost taken out of the traced steps."""
+    time without the profiler, the profiler's cost taken out of the traced steps; with a
+    `reference` trace of the job at one bucket (and its untraced step time), the backward
+    pass's own contention factor measured from it (`buckets.backward_factor`)."""
     ranks = sorted(r for r, g in job.graphs.items() if has_collectives(g))
     if not ranks:
         return None
@@ -451,7 +462,20 @@ def bucket_sweep(
         return None if profile is None else no_network_sweep()
     if profile is None:
         return None
-    return profile_sweep(profile, model, fitted, network, untraced_step_time)
+    ref = reference_profile(reference)
+    return profile_sweep(profile, model, fitted, network, untraced_step_time, ref,
+                         reference_untraced_step_time)  # fmt: skip
+
+
+def reference_profile(reference: Job | None) -> buckets.Profile | None:
+    """The bucket profile of a reference trace (`buckets.backward_factor`); `InputError`
+    when it has no gradient-ready times."""
+    if reference is None:
+        return None
+    found = buckets.profile(reference)
+    if found is None:
+        raise InputError(None, "--bucket-reference: the trace has no gradient-ready times")
+    return found
 
 
 def profile_sweep(
@@ -460,14 +484,25 @@ def profile_sweep(
     fitted: NetworkModel | None,
     network: NetworkModel | None,
     untraced_step_time: float | None,
+    reference: buckets.Profile | None = None,
+    reference_untraced_step_time: float | None = None,
 ) -> dict[str, Any]:
     """`buckets.sweep_profile` with `model` and the notes on it (`sweep_notes`);
-    `InputError` when `untraced_step_time` cannot be the traced configuration's."""
+    `InputError` when an untraced step time cannot be its traced configuration's or the
+    reference trace cannot be one."""
     try:
-        document = buckets.sweep_profile(profile, model, untraced_step_time=untraced_step_time)
+        document = buckets.sweep_profile(
+            profile, model, untraced_step_time=untraced_step_time, reference=reference,
+            reference_untraced_step_time=reference_untraced_step_time,
+        )  # fmt: skip
     except ValueError as err:
-        raise InputError(None, f"--untraced-step-time: {err}") from err
+        raise InputError(None, f"{_sweep_option(str(err))}: {err}") from err
     return sweep_notes(document, fitted, network)
+
+
+def _sweep_option(message: str) -> str:
+    """The option a `buckets.sweep_profile` error is about."""
+    return "--bucket-reference" if message.startswith("reference trace") else "--untraced-step-time"
 
 
 def no_network_sweep() -> dict[str, Any]:

@@ -29,6 +29,14 @@ the measured steps) and reported with the per-step replay errors left after it; 
 trace whose collectives never overlap the backward pass cannot tell ``kappa`` and
 gets no recommendation.
 
+**A reference trace** (`backward_factor`). The two sides need not slow alike: on a
+2-core machine the collectives lost 2-4x while the backward pass lost far less, and one
+``kappa`` found from the collectives then takes too much time out of the backward
+pass. A trace of the same job with one bucket (its all-reduce after the backward pass,
+so the backward pass runs alone) shows the backward work directly: the backward pass's
+own factor (``kappa_backward``) is the one that turns the traced ready times into that
+work, and ``kappa`` (the collectives') is then calibrated on the traced steps with it.
+
 **DDP's copy back.** When the backward pass ends, DDP copies each bucket back into the
 gradients once its all-reduce is done (``copy_bucket_to_grad``, on the main thread), at
 the speed the trace shows (`Profile.copy_rate`): a single large bucket's copy is on the
@@ -65,6 +73,11 @@ KAPPA_RANGE = (1.0, 4.0)
 KAPPA_SENSITIVITY = 0.03
 """``kappa`` is measured only when some ``kappa`` in `KAPPA_RANGE` moves the traced
 buckets' replay by this much of the step from its value at ``kappa`` 1."""
+KAPPA_COLLECTIVES_RANGE = (1.0, 8.0)
+"""The collectives' factors searched when the backward pass's is measured apart."""
+REFERENCE_OVERLAP = 0.1
+"""A reference trace shows the backward pass alone only when collectives overlap at
+most this share of its backward pass."""
 
 
 def ddp_buckets(sizes: Sequence[int], cap: int, first_cap: int = FIRST_BUCKET_BYTES) -> list[int]:
@@ -128,6 +141,7 @@ def replay(
     kappa: float,
     lanes: int = 1,
     copy_rate: float = 0.0,
+    kappa_backward: float | None = None,
 ) -> float:
     """When the backward pass, the last all-reduce and DDP's copies of the buckets back
     into the gradients are done, from the step start.
@@ -136,7 +150,8 @@ def replay(
     all-reduces start in order, up to `lanes` at once (gloo runs two worker threads,
     NCCL one stream); each first pays the latency ``a`` (in parallel), then its bytes
     share the link (``b`` per byte, processor-shared). While a collective overlaps the
-    backward pass both progress at ``1/kappa`` of their speed (see the module doc).
+    backward pass both progress at ``1/kappa`` of their speed (see the module doc), the
+    backward pass at ``1/kappa_backward`` when that is given.
     When the backward pass ends, DDP copies each bucket back into the gradients in
     order, once its all-reduce is done (``copy_bucket_to_grad``), `copy_rate` seconds
     a byte.
@@ -162,18 +177,21 @@ def replay(
             for k in range(count):
                 copied = max(copied, float(ends[k])) + copy_rate * float(nbytes[k])
             return max(t, copied)
-        slow = 1.0 / kappa if active and computing else 1.0
+        both = bool(active) and computing
+        slow = 1.0 / kappa if both else 1.0
+        slow_backward = (1.0 / (kappa if kappa_backward is None else kappa_backward)
+                         if both else 1.0)  # fmt: skip
         sharing = sum(1 for lat, *_ in active if lat <= eps) or 1
         rates = [slow if lat > eps else slow / sharing for lat, *_ in active]
         # the next event: a latency or a transfer ends, the backward pass ends, or (a
         # lane free) the next bucket's last gradient is ready
         target = end if len(active) == lanes or nxt >= count else min(marks[nxt], end)
-        dt = (target - done) / slow if computing else np.inf
+        dt = (target - done) / slow_backward if computing else np.inf
         for (lat, rest, _), rate in zip(active, rates, strict=True):
             dt = min(dt, (lat if lat > eps else rest) / rate)
         t += dt
         if computing:
-            done = min(end, done + dt * slow)
+            done = min(end, done + dt * slow_backward)
         for item, rate in zip(active, rates, strict=True):
             if item[0] > eps:
                 item[0] -= dt * rate
@@ -273,15 +291,21 @@ def without_profiler(p: Profile, untraced: float) -> Profile:
 
 
 def step_times(
-    p: Profile, buckets: Sequence[int], network: NetworkModel, kappa: float
+    p: Profile,
+    buckets: Sequence[int],
+    network: NetworkModel,
+    kappa: float,
+    kappa_backward: float | None = None,
 ) -> list[float]:
     """The predicted time of every traced step with gradients grouped as `buckets`: per
-    gradient the latest rank's backward work, the latest rank's tail."""
+    gradient the latest rank's backward work, the latest rank's tail. The backward pass
+    slows by `kappa_backward` where given, else by `kappa` as the collectives do."""
     ids = np.asarray(buckets)
     rate = p.copy_rate
+    backward = kappa if kappa_backward is None else kappa_backward
     out = []
-    for work, ranks in zip(backward_work(p, kappa), p.steps.values(), strict=True):
-        end = replay(work, ids, p.sizes, network, kappa, p.lanes, rate)
+    for work, ranks in zip(backward_work(p, backward), p.steps.values(), strict=True):
+        end = replay(work, ids, p.sizes, network, kappa, p.lanes, rate, kappa_backward)
         out.append(end + max(s.tail - s.copy_tail for s in ranks))
     return out
 
@@ -436,19 +460,25 @@ def _observed_assignment(p: Profile) -> list[int] | None:
     return out if bucket == len(targets) else None
 
 
-def calibrate(p: Profile, ids: Sequence[int], network: NetworkModel) -> tuple[float | None, str]:
+def calibrate(
+    p: Profile, ids: Sequence[int], network: NetworkModel, kappa_backward: float | None = None
+) -> tuple[float | None, str]:
     """``kappa`` whose replay of the traced buckets matches the traced steps (median error
-    nearest 0, on a 0.05 grid), and how it was found; 1 on GPU ranks. None when the
-    traced steps cannot tell it: their collectives overlap the backward pass too little
-    (no ``kappa`` in range moves the replay by `KAPPA_SENSITIVITY` from ``kappa`` 1), or
-    they are slower than any ``kappa`` in range explains."""
+    nearest 0, on a 0.05 grid), and how it was found; 1 on GPU ranks. With
+    `kappa_backward` (`backward_factor`) only the collectives' factor is sought, in
+    `KAPPA_COLLECTIVES_RANGE`. None when the traced steps cannot tell it: their
+    collectives overlap the backward pass too little (no ``kappa`` in range moves the
+    replay by `KAPPA_SENSITIVITY` from ``kappa`` 1), or they are slower than any
+    ``kappa`` in range explains."""
     if not p.cpu:
         return 1.0, "GPU ranks: the backward pass and the collectives use different resources"
     measured = np.array([max(s.measured for s in v) for v in p.steps.values()])
-    grid = np.arange(KAPPA_RANGE[0], KAPPA_RANGE[1] + 1e-9, 0.05)
-    errors = np.array(
-        [float(np.median(np.array(step_times(p, ids, network, k)) / measured - 1)) for k in grid]
-    )
+    low, high = KAPPA_RANGE if kappa_backward is None else KAPPA_COLLECTIVES_RANGE
+    grid = np.arange(low, high + 1e-9, 0.05)
+    errors = np.array([
+        float(np.median(np.array(step_times(p, ids, network, k, kappa_backward)) / measured - 1))
+        for k in grid
+    ])  # fmt: skip
     # the whole range, not 1 -> 2 alone: the replay need not move monotonically with kappa
     # (lanes, latencies), and a trace may tell only a large kappa from 1
     if np.max(np.abs(errors - errors[0])) < KAPPA_SENSITIVITY:
@@ -463,18 +493,63 @@ def calibrate(p: Profile, ids: Sequence[int], network: NetworkModel) -> tuple[fl
             f"the traced steps are {-errors[best]:.0%} slower than the model replays them even "
             f"with kappa {grid[-1]:g}: something the model does not see slows them"
         )
-    return float(round(grid[best], 2)), "calibrated on the traced steps"
+    found = "calibrated on the traced steps"
+    if kappa_backward is not None:
+        found += f", the backward pass's factor {kappa_backward:g} held"
+    return float(round(grid[best], 2)), found
+
+
+def backward_factor(p: Profile, reference: Profile) -> tuple[float, str]:
+    """``kappa_backward``: the factor whose backward work behind `p`'s ready times ends
+    where `reference`'s backward pass ends (the medians over steps of the latest rank's
+    last gradient), on a 0.05 grid in `KAPPA_RANGE`, and what it rests on.
+
+    `reference` is the same job traced with its all-reduces after the backward pass
+    (one bucket): its backward pass ran alone. `ValueError` when it is not the same job
+    (other gradients) or its collectives overlap more than `REFERENCE_OVERLAP` of its
+    backward pass."""
+    if not np.array_equal(p.sizes, reference.sizes):
+        raise ValueError(
+            f"the reference trace has {len(reference.sizes)} gradients of "
+            f"{int(reference.sizes.sum())} B, the traced job {len(p.sizes)} of "
+            f"{int(p.sizes.sum())} B: not the same job"
+        )
+    overlap = float(np.median([
+        sum(max(0.0, min(b, s.ready.max()) - a) for a, b in s.busy) / s.ready.max()
+        for v in reference.steps.values() for s in v
+    ]))  # fmt: skip
+    if overlap > REFERENCE_OVERLAP:
+        raise ValueError(
+            f"collectives overlap {overlap:.0%} of the reference trace's backward pass (at most "
+            f"{REFERENCE_OVERLAP:.0%}): trace the reference with one bucket (a bucket_cap_mb "
+            "above the gradients' size)"
+        )
+    alone = float(np.median([max(s.ready.max() for s in v) for v in reference.steps.values()]))
+    grid = np.arange(KAPPA_RANGE[0], KAPPA_RANGE[1] + 1e-9, 0.05)
+    ends = np.array([float(np.median([w.max() for w in backward_work(p, k)])) for k in grid])
+    kappa_backward = float(round(grid[int(np.argmin(np.abs(ends - alone)))], 2))
+    return kappa_backward, (
+        f"measured: the backward pass of the reference trace ({len(reference.observed_buckets)} "
+        f"bucket(s), {overlap:.0%} of its backward pass overlapped) ends at "
+        f"{alone * 1e3:.1f} ms, this trace's backward work at that factor at "
+        f"{ends[int(np.argmin(np.abs(ends - alone)))] * 1e3:.1f} ms"
+    )
 
 
 def _row(
-    p: Profile, cap: float, first: float, network: NetworkModel, kappa: float
+    p: Profile,
+    cap: float,
+    first: float,
+    network: NetworkModel,
+    kappa: float,
+    kappa_backward: float | None = None,
 ) -> dict[str, Any]:
     ids = ddp_buckets(p.sizes.tolist(), int(cap * MIB), int(first * MIB))
     return {
         "bucket_cap_mb": cap,
         "first_bucket_cap_mb": first,
         "buckets": int(max(ids)) + 1,
-        "predicted_step_time": float(np.median(step_times(p, ids, network, kappa))),
+        "predicted_step_time": float(np.median(step_times(p, ids, network, kappa, kappa_backward))),
     }
 
 
@@ -495,6 +570,8 @@ def sweep(
     network: NetworkModel,
     caps_mb: Sequence[float] = DEFAULT_CAPS_MB,
     untraced_step_time: float | None = None,
+    reference: Job | None = None,
+    reference_untraced_step_time: float | None = None,
 ) -> dict[str, Any] | None:
     """``planner.bucket_sweep/1``: the predicted step time per cap, the recommended cap,
     and the observed configuration's replay error; None without gradient-ready times.
@@ -502,9 +579,19 @@ def sweep(
     With ``kappa`` unknown (a CPU trace whose collectives barely overlap the backward
     pass) every cap is predicted at both ends of `KAPPA_RANGE`, and a cap is recommended
     only when it wins at both. `untraced_step_time`: the job's step time without the
-    profiler at the traced configuration (`without_profiler`)."""
+    profiler at the traced configuration (`without_profiler`). `reference`: the same job
+    traced with one bucket, whose backward pass ran alone (`backward_factor`), and its
+    untraced step time."""
     p = profile(job)
-    return None if p is None else sweep_profile(p, network, caps_mb, untraced_step_time)
+    if p is None:
+        return None
+    ref = None
+    if reference is not None:
+        ref = profile(reference)
+        if ref is None:
+            raise ValueError("reference trace: no gradient-ready times")
+    return sweep_profile(p, network, caps_mb, untraced_step_time, ref,
+                         reference_untraced_step_time)  # fmt: skip
 
 
 def sweep_profile(
@@ -512,9 +599,12 @@ def sweep_profile(
     network: NetworkModel,
     caps_mb: Sequence[float] = DEFAULT_CAPS_MB,
     untraced_step_time: float | None = None,
+    reference: Profile | None = None,
+    reference_untraced_step_time: float | None = None,
 ) -> dict[str, Any]:
-    """`sweep` of a job's `profile` (its ranks' profiles joined, `planner.rank_analysis`);
-    `ValueError` when `untraced_step_time` cannot be the traced configuration's."""
+    """`sweep` of a job's `profile` (its ranks' profiles joined, `planner.rank_analysis`)
+    and of its reference trace's; `ValueError` when an untraced step time cannot be its
+    traced configuration's, or the reference cannot be one (`backward_factor`)."""
     traced = p.measured
     if untraced_step_time is not None:
         p = without_profiler(p, untraced_step_time)
@@ -524,24 +614,44 @@ def sweep_profile(
         "profiler_cost": None if untraced_step_time is None else traced / untraced_step_time - 1,
         "copy_rate": p.copy_rate,
     }
-    document = _sweep(p, network, caps_mb)
+    kappa_backward, source = None, "the one kappa: no reference trace"
+    if reference is not None and not p.cpu:
+        source = "GPU ranks: no contention to measure, the reference trace is not used"
+    elif reference is not None:
+        try:
+            if reference_untraced_step_time is not None:
+                reference = without_profiler(reference, reference_untraced_step_time)
+            kappa_backward, source = backward_factor(p, reference)
+        except ValueError as err:
+            raise ValueError(f"reference trace: {err}") from err
+    document = _sweep(p, network, caps_mb, kappa_backward)
     document.update(profiler)
+    document["kappa_backward"] = kappa_backward if kappa_backward is not None else document["kappa"]
+    document["kappa_backward_source"] = source
     return document
 
 
-def _sweep(p: Profile, network: NetworkModel, caps_mb: Sequence[float]) -> dict[str, Any]:
+def _sweep(
+    p: Profile,
+    network: NetworkModel,
+    caps_mb: Sequence[float],
+    kappa_backward: float | None = None,
+) -> dict[str, Any]:
     observed = _observed_assignment(p)
     if observed is None:
         reason = "the traced buckets do not split the gradients in ready order: no replay"
         return _document(p, None, network, [], {"reason": reason})
     rule = first_bucket_rule(p.sizes.tolist(), observed)
-    kappa, kappa_source = calibrate(p, observed, network)
-    kappas = [kappa] if kappa is not None else list(KAPPA_RANGE)
+    kappa, kappa_source = calibrate(p, observed, network, kappa_backward)
+    kb = kappa_backward
+    searched = KAPPA_RANGE if kb is None else KAPPA_COLLECTIVES_RANGE
+    kappas = [kappa] if kappa is not None else list(searched)
     measured = np.array([max(s.measured for s in v) for v in p.steps.values()])
-    errors = np.array(step_times(p, observed, network, kappas[0])) / measured - 1
+    errors = np.array(step_times(p, observed, network, kappas[0], kb)) / measured - 1
     first = (lambda cap: cap) if rule != "1 MiB" else (lambda cap: FIRST_BUCKET_BYTES / MIB)
-    rows_by_kappa = [[_row(p, cap, first(cap), network, k) for cap in caps_mb] for k in kappas]
-    replays = [float(np.median(step_times(p, observed, network, k))) for k in kappas]
+    rows_by_kappa = [[_row(p, cap, first(cap), network, k, kb) for cap in caps_mb]
+                     for k in kappas]  # fmt: skip
+    replays = [float(np.median(step_times(p, observed, network, k, kb))) for k in kappas]
     error = float(np.median(errors))
     margin = max(abs(error), float(np.median(np.abs(errors))), MIN_GAIN)
     best, gain, wins = _decide(rows_by_kappa, replays, margin)
@@ -559,7 +669,7 @@ def _sweep(p: Profile, network: NetworkModel, caps_mb: Sequence[float]) -> dict[
     elif kappa is None:
         reason = (
             f"predicted {gain:.1%} faster than the traced buckets whatever the contention "
-            f"(kappa {KAPPA_RANGE[0]:g} to {KAPPA_RANGE[1]:g}; replay error {error:+.1%})"
+            f"(kappa {searched[0]:g} to {searched[1]:g}; replay error {error:+.1%})"
         )
     else:
         reason = f"predicted {gain:.1%} faster than the traced buckets (replay error {error:+.1%})"
@@ -573,7 +683,7 @@ def _sweep(p: Profile, network: NetworkModel, caps_mb: Sequence[float]) -> dict[
         "uncalibrated_replay_error": float(
             np.median(np.array(step_times(p, observed, network, 1.0)) / measured - 1)),
         "default_configuration": _row(p, DEFAULT_CAP_MB, FIRST_BUCKET_BYTES / MIB, network,
-                                      kappas[0]),
+                                      kappas[0], kb),
         "best_cap_mb": best["bucket_cap_mb"],
         "best_gain": gain,
         "recommended_cap_mb": best["bucket_cap_mb"] if wins else None,

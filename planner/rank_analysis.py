@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from planner.graph import OpGraph
     from planner.oracle import NetworkModel
     from planner.plan import Plan
+    from planner.trace import Job
 
 ONE_RANK_NOTE = "one rank: a collective's wait for its peers cannot be told"
 
@@ -137,6 +138,8 @@ def report_ranks(
     network: NetworkModel | None = None,
     notes: Sequence[str] = (),
     untraced_step_time: float | None = None,
+    reference: Job | None = None,
+    reference_untraced_step_time: float | None = None,
 ) -> tuple[dict[str, Any], dict[str, OpGraph], list[dict[str, Any]]] | None:
     """(`planner.report/1`, rank -> the ops its timelines name (an `OpGraph` without
     edges, for `report.outputs.analysis_files`), per-worker usage) of a
@@ -144,7 +147,8 @@ def report_ranks(
     when the job is not one (a rank with parameter-server transfers or without
     collectives): one process analyses it (`analysis.analyze`). `notes`: the job's
     notes on skipped files (`parallel.split_ranks`); `untraced_step_time`: the job's
-    step time without the profiler, for the bucket advice."""
+    step time without the profiler, for the bucket advice, as are `reference` (the job
+    traced with one bucket) and its untraced step time."""
     from planner import __version__, _simkernel, analysis, pipeline
     from planner.parallel import pool_size, rank_mapper, usage_of
     from planner.rank_replay import releases
@@ -185,10 +189,10 @@ def report_ranks(
             count = pool_size(workers, len(ranks))
             warming = mapper(warm_task, [[]] * count, None, lazy=True)
         metrics = pipeline.job_metrics(ranks, waits)
-        (reference,) = referenced
-        if "error" in reference:
-            raise InputError(*reference["error"])
-        plan, fitted = reference["plan"], reference["network"]
+        (planned_reference,) = referenced
+        if "error" in planned_reference:
+            raise InputError(*planned_reference["error"])
+        plan, fitted = planned_reference["plan"], planned_reference["network"]
         frame, waited, alignment = waits
         ready = releases(ranks)
         chosen = analysis.timeline_ranks([r["rank"] for r in ranks], metrics)
@@ -207,7 +211,8 @@ def report_ranks(
         framework = ranks[0]["framework"]
         inspected = _inspect(ranks, frame, waited, alignment, sources, notes, opened)
         orders = [o for r in ranks for o in r["observed_orders"]]
-        sweep = _bucket_sweep(ranks, fitted, network, untraced_step_time)
+        sweep = _bucket_sweep(ranks, fitted, network, untraced_step_time,
+                              (reference, reference_untraced_step_time))  # fmt: skip
         ops_of = {r["rank"]: r["caramel"]["material"]["ops"] for r in planned}
         plans = analysis.caramel_rank_plans(plan, ops_of, planned[0]["sources"][0])
         material = {r["rank"]: r["caramel"]["material"] for r in planned}
@@ -334,9 +339,11 @@ def _bucket_sweep(
     fitted: NetworkModel | None,
     network: NetworkModel | None,
     untraced_step_time: float | None,
+    reference: tuple[Job | None, float | None] = (None, None),
 ) -> dict[str, Any] | None:
     """`analysis.bucket_sweep` on the joined profile (`joined_profile`) with the
-    benchmark model when given, else the trace's fit of every rank's transfers."""
+    benchmark model when given, else the trace's fit of every rank's transfers; with
+    the reference trace and its untraced step time (`buckets.backward_factor`)."""
     from planner import analysis
 
     profile = joined_profile(ranks)
@@ -345,4 +352,6 @@ def _bucket_sweep(
         return None if profile is None else analysis.no_network_sweep()
     if profile is None:
         return None
-    return analysis.profile_sweep(profile, model, fitted, network, untraced_step_time)
+    ref = analysis.reference_profile(reference[0])
+    return analysis.profile_sweep(profile, model, fitted, network, untraced_step_time, ref,
+                                  reference[1])  # fmt: skip

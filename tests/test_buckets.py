@@ -253,3 +253,117 @@ def test_the_latest_ranks_work_is_the_largest_decontended_ready_time(kappa):
         if kappa != 1.0:
             assert (work <= np.max([s.ready for s in ranks], axis=0)).all()
     assert buckets.backward_work(profile, kappa) is works
+
+
+REFERENCE_RUN = RUN.parent / "ddp_mlp24_reference"
+"""The example job traced at cap 1 (24 buckets) and at cap 100 (one bucket), interleaved
+in one run of bench/bench_ddp_buckets.py, with every timed step (see its README)."""
+
+
+@pytest.fixture(scope="module")
+def reference_run():
+    times = json.loads((REFERENCE_RUN / "times.json").read_text())
+    measured = {key: float(np.median(v)) for key, v in times.items()}
+    jobs = [load_kineto(sorted((REFERENCE_RUN / f"trace_{c}").glob("rank*.json.gz")))
+            for c in (1, 100)]  # fmt: skip
+    return jobs, measured, netbench.read_model(REFERENCE_RUN / "net.csv")
+
+
+def test_the_backward_pass_factor_makes_the_traced_work_end_where_the_reference_ends(
+    reference_run,
+):
+    """`backward_factor`: of the factors on the grid, the one whose backward work behind
+    the 24-bucket trace's ready times ends nearest where the one-bucket trace's backward
+    pass ends (medians over steps of the latest rank's last gradient, the profiler's cost
+    taken out of both), with nothing of that backward pass overlapped."""
+    (cap1, cap100), measured, _ = reference_run
+    p = buckets.without_profiler(buckets.profile(cap1), measured["1.0"])
+    ref = buckets.without_profiler(buckets.profile(cap100), measured["100.0"])
+    assert len(ref.observed_buckets) == 1 and len(p.observed_buckets) == 24
+    kappa_backward, source = buckets.backward_factor(p, ref)
+    alone = np.median([max(s.ready.max() for s in v) for v in ref.steps.values()])
+
+    def end(k: float) -> float:
+        return float(np.median([w.max() for w in buckets.backward_work(p, k)]))
+
+    assert 1.0 < kappa_backward < buckets.KAPPA_RANGE[1]
+    gap = abs(end(kappa_backward) - alone)
+    assert gap <= abs(end(kappa_backward - 0.05) - alone)
+    assert gap <= abs(end(kappa_backward + 0.05) - alone)
+    assert gap < 0.01 * alone
+    assert source.startswith("measured") and "0% of its backward pass overlapped" in source
+
+
+def test_a_reference_must_be_the_same_job_traced_with_one_bucket(reference_run):
+    """The 24-bucket trace as its own reference (collectives over most of its backward
+    pass) and another job (resnet: other gradients) are refused, saying why."""
+    (cap1, _), _, _ = reference_run
+    p = buckets.profile(cap1)
+    with pytest.raises(ValueError, match="overlap .* of the reference trace's backward pass"):
+        buckets.backward_factor(p, p)
+    resnet = buckets.profile(load_kineto(sorted(RESNET.glob("rank*.json.gz"))))
+    with pytest.raises(ValueError, match="not the same job"):
+        buckets.backward_factor(p, resnet)
+
+
+def test_a_wrong_reference_is_one_line_naming_the_option(capsys):
+    """Through the CLI a reference of another job is one line naming the option, exit 2."""
+    from tests.conftest import run_cli
+
+    code, out, err = run_cli(
+        ["analyze", str(REFERENCE_RUN / "trace_1"), "--network", str(REFERENCE_RUN / "net.csv"),
+         "--bucket-reference", str(RESNET), "--json"],
+        capsys,
+    )  # fmt: skip
+    assert code == 2 and out == ""
+    assert err.strip().count("\n") == 0 and "--bucket-reference" in err and "same job" in err
+
+
+@pytest.mark.parametrize("kappa", [1.0, 1.5, 2.35, 4.0])
+def test_the_backward_factor_equal_to_kappa_is_the_one_kappa_model(reference_run, kappa):
+    """Bit for bit: a backward factor equal to the collectives' is the symmetric model."""
+    (cap1, _), _, network = reference_run
+    p = buckets.profile(cap1)
+    ids = buckets.ddp_buckets(p.sizes.tolist(), 4 * buckets.MIB, 4 * buckets.MIB)
+    assert buckets.step_times(p, ids, network, kappa, kappa) == buckets.step_times(
+        p, ids, network, kappa
+    )
+
+
+def test_the_reference_trace_separates_the_two_factors_and_predicts_every_cap(
+    reference_run, capsys
+):
+    """On this run the reference measures the backward pass's factor at 2.35, and the
+    collectives' `kappa` is then calibrated at 1.5 (one `kappa` for both: 1.7); every
+    cap's prediction lies within 10% of its measured median (the bench's target), the
+    recommendation (16 MB) within 5.3%. Through `planner analyze --bucket-reference` the
+    report carries the same sweep."""
+    from tests.conftest import run_cli
+
+    (cap1, cap100), measured, network = reference_run
+    sweep = analysis.bucket_sweep(cap1, network, measured["1.0"], cap100, measured["100.0"])
+    assert (sweep["kappa_backward"], sweep["kappa"]) == (2.35, 1.5)
+    assert analysis.bucket_sweep(cap1, network, measured["1.0"])["kappa"] == 1.7
+    caps = [row["bucket_cap_mb"] for row in sweep["caps"]]
+    predicted = [row["predicted_step_time"] for row in sweep["caps"]]
+    errors = {c: t / measured[str(float(c))] - 1 for c, t in zip(caps, predicted, strict=True)}
+    assert max(abs(e) for e in errors.values()) < 0.10
+    assert sweep["recommended_cap_mb"] == 16 and abs(errors[16]) < 0.055
+    code, out, _ = run_cli(
+        ["analyze", str(REFERENCE_RUN / "trace_1"), "--network", str(REFERENCE_RUN / "net.csv"),
+         "--untraced-step-time", repr(measured["1.0"]),
+         "--bucket-reference", str(REFERENCE_RUN / "trace_100"),
+         "--reference-untraced-step-time", repr(measured["100.0"]), "--json"],
+        capsys,
+    )  # fmt: skip
+    assert code == 0
+    assert json.loads(out)["bucket_sweep"] == json.loads(json.dumps(sweep))
+    assert render_text(sweep).count("the backward pass's own 2.35 (measured") == 2
+
+
+def render_text(sweep: dict) -> str:
+    """What the terminal and the HTML report say of the sweep's contention."""
+    from planner.report.html import buckets_section
+    from planner_cli.render import sweep_model_line
+
+    return sweep_model_line(sweep) + buckets_section({"bucket_sweep": sweep})

@@ -761,7 +761,13 @@ def buckets_section(report: Mapping[str, Any]) -> str:
     if sweep.get("kappa") is not None:
         head += (
             f"<p>Contention: kappa {sweep['kappa']:g} ({esc(sweep.get('kappa_source', ''))}); "
-            f"worst step error {percent(sweep.get('replay_error_worst'))}.</p>"
+            + (
+                f"the backward pass's own {sweep['kappa_backward']:g} "
+                f"({esc(sweep['kappa_backward_source'])}); "
+                if sweep.get("kappa_backward") not in (None, sweep["kappa"])
+                else ""
+            )
+            + f"worst step error {percent(sweep.get('replay_error_worst'))}.</p>"
         )
     if sweep.get("network_note"):
         head += f"<p><b>Note:</b> {esc(sweep['network_note'])}</p>"
