@@ -333,6 +333,8 @@ def analyze_command(
 
     if output is not None:
         check_set_target(output, force)
+    if reference_untraced_step_time is not None and bucket_reference is None:
+        raise click.UsageError("--reference-untraced-step-time needs --bucket-reference")
     reference = load((bucket_reference,), as_json) if bucket_reference is not None else None
     ranks, skipped = parallel.split_ranks(resolve(paths)) if paths and rank is None else (None, [])
     done = None
@@ -366,6 +368,8 @@ def analyze_command(
             )
         graphs = job.graphs
     network_notes(report["plans"].get("caramel", {}), as_json)
+    if reference is not None and not report.get("bucket_sweep"):
+        render.note("--bucket-reference: no DDP bucket advice for this job, not used", as_json)
     files = analysis_files(report, graphs, output, workers) if output is not None else {}
     if output is not None:
         write_set(output, {path.name: text for path, text in files.items()}, force=force)

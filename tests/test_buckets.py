@@ -307,8 +307,23 @@ def test_a_reference_must_be_the_same_job_traced_with_one_bucket(reference_run):
 
 
 def test_a_wrong_reference_is_one_line_naming_the_option(capsys):
-    """Through the CLI a reference of another job is one line naming the option, exit 2."""
+    """Through the CLI a reference of another job is one line naming the option, exit 2;
+    so is its untraced step time without it. A job without bucket advice (TF) says the
+    reference went unused."""
     from tests.conftest import run_cli
+
+    code, out, err = run_cli(
+        ["analyze", str(REFERENCE_RUN / "trace_1"), "--reference-untraced-step-time", "0.08"],
+        capsys,
+    )
+    assert code == 2 and out == "" and "needs --bucket-reference" in err
+    tf = Path(__file__).resolve().parents[1] / "traces" / "tf" / "mlp_ps_betweengraph_sync"
+    code, out, err = run_cli(
+        ["analyze", str(tf / "worker1"), "--bucket-reference", str(REFERENCE_RUN / "trace_100")],
+        capsys,
+    )  # fmt: skip
+    assert code == 0 and "DDP bucket_cap_mb sweep" not in out
+    assert "--bucket-reference: no DDP bucket advice for this job, not used" in err
 
     code, out, err = run_cli(
         ["analyze", str(REFERENCE_RUN / "trace_1"), "--network", str(REFERENCE_RUN / "net.csv"),
