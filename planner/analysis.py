@@ -495,14 +495,11 @@ def profile_sweep(
             profile, model, untraced_step_time=untraced_step_time, reference=reference,
             reference_untraced_step_time=reference_untraced_step_time,
         )  # fmt: skip
+    except buckets.BadReference as err:
+        raise InputError(None, f"--bucket-reference: {err}") from err
     except ValueError as err:
-        raise InputError(None, f"{_sweep_option(str(err))}: {err}") from err
+        raise InputError(None, f"--untraced-step-time: {err}") from err
     return sweep_notes(document, fitted, network)
-
-
-def _sweep_option(message: str) -> str:
-    """The option a `buckets.sweep_profile` error is about."""
-    return "--bucket-reference" if message.startswith("reference trace") else "--untraced-step-time"
 
 
 def no_network_sweep() -> dict[str, Any]:

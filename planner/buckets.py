@@ -80,6 +80,10 @@ REFERENCE_OVERLAP = 0.1
 most this share of its backward pass."""
 
 
+class BadReference(ValueError):
+    """The reference trace given to the sweep cannot serve as one (`backward_factor`)."""
+
+
 def ddp_buckets(sizes: Sequence[int], cap: int, first_cap: int = FIRST_BUCKET_BYTES) -> list[int]:
     """The bucket of each gradient (sizes in ready order), as DDP fills them."""
     out = []
@@ -589,7 +593,7 @@ def sweep(
     if reference is not None:
         ref = profile(reference)
         if ref is None:
-            raise ValueError("reference trace: no gradient-ready times")
+            raise BadReference("the reference trace has no gradient-ready times")
     return sweep_profile(p, network, caps_mb, untraced_step_time, ref,
                          reference_untraced_step_time)  # fmt: skip
 
@@ -604,7 +608,8 @@ def sweep_profile(
 ) -> dict[str, Any]:
     """`sweep` of a job's `profile` (its ranks' profiles joined, `planner.rank_analysis`)
     and of its reference trace's; `ValueError` when an untraced step time cannot be its
-    traced configuration's, or the reference cannot be one (`backward_factor`)."""
+    traced configuration's, `BadReference` when the reference cannot be one
+    (`backward_factor`)."""
     traced = p.measured
     if untraced_step_time is not None:
         p = without_profiler(p, untraced_step_time)
@@ -618,12 +623,15 @@ def sweep_profile(
     if reference is not None and not p.cpu:
         source = "GPU ranks: no contention to measure, the reference trace is not used"
     elif reference is not None:
-        try:
-            if reference_untraced_step_time is not None:
+        if reference_untraced_step_time is not None:
+            try:
                 reference = without_profiler(reference, reference_untraced_step_time)
+            except ValueError as err:
+                raise BadReference(f"the reference's untraced step time: {err}") from err
+        try:
             kappa_backward, source = backward_factor(p, reference)
         except ValueError as err:
-            raise ValueError(f"reference trace: {err}") from err
+            raise BadReference(str(err)) from err
     document = _sweep(p, network, caps_mb, kappa_backward)
     document.update(profiler)
     document["kappa_backward"] = kappa_backward if kappa_backward is not None else document["kappa"]
