@@ -368,7 +368,7 @@ def analyze_command(
             )
         graphs = job.graphs
     network_notes(report["plans"].get("caramel", {}), as_json)
-    if reference is not None and not report.get("bucket_sweep"):
+    if reference is not None and not (report.get("bucket_sweep") or {}).get("caps"):
         render.note("--bucket-reference: no DDP bucket advice for this job, not used", as_json)
     files = analysis_files(report, graphs, output, workers) if output is not None else {}
     if output is not None:

@@ -318,12 +318,21 @@ def test_a_wrong_reference_is_one_line_naming_the_option(capsys):
     )
     assert code == 2 and out == "" and "needs --bucket-reference" in err
     code, out, err = run_cli(
-        ["analyze", str(REFERENCE_RUN / "trace_1"), "--bucket-reference",
-         str(REFERENCE_RUN / "trace_100"), "--reference-untraced-step-time", "1.0"],
+        ["analyze", str(REFERENCE_RUN / "trace_1"), "--network", str(REFERENCE_RUN / "net.csv"),
+         "--bucket-reference", str(REFERENCE_RUN / "trace_100"),
+         "--reference-untraced-step-time", "1.0"],
         capsys,
     )  # fmt: skip
     assert code == 2 and out == "" and err.strip().count("\n") == 0
     assert "--bucket-reference: the reference's untraced step time: " in err and "2x" in err
+    # no network model (its 24 transfers are of one size) and no benchmark: no advice
+    code, out, err = run_cli(
+        ["analyze", str(REFERENCE_RUN / "trace_1"), "--bucket-reference",
+         str(REFERENCE_RUN / "trace_100")],
+        capsys,
+    )  # fmt: skip
+    assert code == 0 and "no network model" in out
+    assert "--bucket-reference: no DDP bucket advice for this job, not used" in err
     tf = Path(__file__).resolve().parents[1] / "traces" / "tf" / "mlp_ps_betweengraph_sync"
     code, out, err = run_cli(
         ["analyze", str(tf / "worker1"), "--bucket-reference", str(REFERENCE_RUN / "trace_100")],
