@@ -118,10 +118,11 @@ def _worker(
     if tensors:
         netbench.allreduce_pass(tensors)  # warm-up, not kept
     cycles = {key: itertools.count() for key in traced_keys}
+    folders = {key: _trace_folder(c) for key, c in zip(traced_keys, traced_caps, strict=True)}
     tracing = [traced_keys[0]]  # the traced configuration whose window runs now
 
     def export(p: torch.profiler.profile) -> None:
-        folder = Path(out, _trace_folder(float(tracing[0].split("/")[0])))
+        folder = Path(out, folders[tracing[0]])
         folder.mkdir(exist_ok=True)
         p.export_chrome_trace(str(folder / f"rank{rank}.w{next(cycles[tracing[0]]):03d}.json"))
 

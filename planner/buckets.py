@@ -531,12 +531,18 @@ def backward_factor(p: Profile, reference: Profile) -> tuple[float, str]:
     alone = float(np.median([max(s.ready.max() for s in v) for v in reference.steps.values()]))
     grid = np.arange(KAPPA_RANGE[0], KAPPA_RANGE[1] + 1e-9, 0.05)
     ends = np.array([float(np.median([w.max() for w in backward_work(p, k)])) for k in grid])
-    kappa_backward = float(round(grid[int(np.argmin(np.abs(ends - alone)))], 2))
-    return kappa_backward, (
+    best = int(np.argmin(np.abs(ends - alone)))
+    return float(round(grid[best], 2)), (
         f"measured: the backward pass of the reference trace ({len(reference.observed_buckets)} "
         f"bucket(s), {overlap:.0%} of its backward pass overlapped) ends at "
         f"{alone * 1e3:.1f} ms, this trace's backward work at that factor at "
-        f"{ends[int(np.argmin(np.abs(ends - alone)))] * 1e3:.1f} ms"
+        f"{ends[best] * 1e3:.1f} ms"
+        + (
+            f" (the end of the range {KAPPA_RANGE[0]:g}-{KAPPA_RANGE[1]:g}: the two traces "
+            f"disagree by {ends[best] / alone - 1:+.0%})"
+            if best in (0, len(grid) - 1) and abs(ends[best] / alone - 1) > 0.05
+            else ""
+        )
     )
 
 

@@ -292,6 +292,13 @@ def test_the_backward_pass_factor_makes_the_traced_work_end_where_the_reference_
     assert gap <= abs(end(kappa_backward + 0.05) - alone)
     assert gap < 0.01 * alone
     assert source.startswith("measured") and "0% of its backward pass overlapped" in source
+    assert "the end of the range" not in source
+    # a reference whose backward pass ran longer than this trace's even uncontended (its
+    # steps stretched to twice their time): the factor stops at 1 and says so
+    slow = buckets.without_profiler(ref, ref.measured * 2)
+    kappa_backward, source = buckets.backward_factor(p, slow)
+    assert kappa_backward == 1.0
+    assert "the end of the range 1-4: the two traces disagree by -" in source
 
 
 def test_a_reference_must_be_the_same_job_traced_with_one_bucket(reference_run):
