@@ -234,17 +234,18 @@ def main() -> int:
         excluded = sum(bool(exclusion(s)) for x, _, s in steps_all if x == name) * (not own)
         rows.append(
             (name, n, excluded, np.median(wall), max(wall), np.median(busy), max(busy),
-             np.median(cover), own, took)
+             np.median(cover), own, took, "shared_core" in doc)
         )  # fmt: skip
 
     width = max((len(r[0]) for r in rows), default=10)
     print(
         f"{'trace':<{width}}  steps  excl  wall med  wall worst  busy med  busy worst  cover   time"
     )
-    for name, n, excluded, wm, ww, bm, bw, cv, own, took in rows:
+    for name, n, excluded, wm, ww, bm, bw, cv, own, took, core in rows:
         print(
             f"{name:<{width}}  {n:>5}  {excluded:>4}  {pct(wm):>8}  {pct(ww):>10}  {pct(bm):>8}  "
             f"{pct(bw):>10}  {cv * 100:4.0f}%  {took:>5.1f}s{'  (1 step: own overheads)' * own}"
+            f"{'  (one core shared by its processes)' * core}"
         )
     if not steps_all:
         print("no step replayed")
@@ -253,7 +254,9 @@ def main() -> int:
         "\nexcl: steps excluded from the judgement (below). "
         "cover: median share of the step's wall-clock time in which some traced op runs. "
         "A rank with one step has no other step to take overheads from: its replay uses its "
-        "own (it reproduces the step by construction) and is left out of the figures below."
+        "own (it reproduces the step by construction) and is left out of the figures below. "
+        "One core shared by its processes: replayed on one processor shared evenly "
+        "(planner/host.py), as its records show the processes never ran faster than one core."
     )
     steps_all = [x for x in steps_all if x[2]["overhead_from"] == "other steps"]
     summary(steps_all, "all steps replayed from the other steps' overheads")

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from planner import _simkernel, records
+from planner import _simkernel, host, records
 from planner.errors import InputError
 from planner.graph import OpGraph
 from planner.metrics import caramel_figures, efficiency
@@ -566,6 +566,9 @@ def step_model(
     start = np.asarray(rows["start"], dtype=np.int64) - t0
     dur = np.asarray(rows["duration"], dtype=np.int64)
     lane = lanes(compiled.res[idx], start.astype(np.float64), dur.astype(np.float64))
+    observed_end = start + dur
+    if "work" in rows:  # on one shared core an op holds it for its share, not its span
+        dur = np.asarray(rows["work"], dtype=np.int64)
     observed = np.zeros(n, dtype=bool)
     observed[idx] = True
     n_res = len(compiled.resources)
@@ -575,6 +578,7 @@ def step_model(
     if shape is not None:
         dropped, rank_width = shape
         width = np.maximum(width, rank_width)
+    width[np.asarray(compiled.resources) == host.HOST] = max(1, n)  # shared, no lanes
     res = compiled.res.copy()
     res[~observed] = n_res
     # observed start order per resource -> priorities, and chains on one-at-a-time ones
@@ -588,7 +592,7 @@ def step_model(
     same = (o_res[1:] == o_res[:-1]) & (width[o_res[1:]] == 1)
     chain_src, chain_dst = o_idx[:-1][same], o_idx[1:][same]
     end_of = np.zeros(n, dtype=np.int64)
-    end_of[idx] = start + dur
+    end_of[idx] = observed_end
     start_of = np.zeros(n, dtype=np.int64)
     start_of[idx] = start
     # an edge u -> v whose v started before u ended was issued from inside u (a kernel
@@ -1023,6 +1027,8 @@ def _step_models(
         "duration": rows_known["duration"].to_numpy(dtype=np.int64),
         "idx": idx_known,
     }
+    if "work" in rows_known:
+        columns["work"] = rows_known["work"].to_numpy(dtype=np.int64)
     mine = idx_known < own if own is not None else np.ones(len(idx_known), dtype=bool)
     gone = missing_ops(idx_known[mine], iteration[mine], compiled.names)
     order = np.argsort(iteration, kind="stable")
@@ -1118,17 +1124,15 @@ def _replay_rank(
     steps = []
     for it, (known, span, traced) in models.items():
         model = with_overhead(traced, overheads[it])
-        arrays = _arrays(model.compiled, model.priority, (), model.cap)
-        ticks = to_ticks(model.seconds)
-        _, start, _ = _kernel(arrays, ticks, _draws(seed, [0], len(ticks)), True)
+        start, ticks = replay_step(model, seed)
         n = len(compiled.names[:own])
-        begin, took = start[0][:n], ticks[:n]
+        begin, took = start[:n], ticks[:n]
         keep = model.observed[:n]
         predicted_wall = (
             float((begin[keep] + took[keep]).max(initial=0)) / TICKS_PER_SECOND + model.tail
         )
         predicted = busy_time(begin[keep], took[keep]) / TICKS_PER_SECOND
-        path = _critical(traced, start[0], ticks, n)
+        path = _critical(traced, start, ticks, n)
         known = own_rows(known, n)
         busy, op_span = measured(known)
         wall = (span[1] - span[0]) / 1e9
@@ -1153,6 +1157,26 @@ def _replay_rank(
             step["partial"] = records.note(str(rows_of_rank["rank"].iloc[0]), it, model.missing)
         steps.append(step)
     return steps
+
+
+def replay_step(model: StepModel, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(start, duration) in ticks of every op of `model.compiled` as the replay runs the
+    step: list scheduling, or, where the job's processes shared one host core
+    (`planner.host`), that core shared evenly by the ops on it."""
+    ticks = to_ticks(model.seconds)
+    c = model.compiled
+    if host.HOST in c.resources:
+        core = c.resources.index(host.HOST)
+        begin, end = host.shared_schedule(
+            ticks, c.src, c.dst, c.res, model.cap, model.priority, core
+        )
+        if (end < 0).any():
+            raise InputError(None, "the replay's edges make the graph cyclic: ops never run")
+        start = np.rint(begin).astype(np.int64)
+        return start, np.rint(end).astype(np.int64) - start
+    arrays = _arrays(c, model.priority, (), model.cap)
+    _, start, _ = _kernel(arrays, ticks, _draws(seed, [0], len(ticks)), True)
+    return start[0], ticks
 
 
 def _critical(traced: StepModel, begin: np.ndarray, ticks: np.ndarray, own: int) -> np.ndarray:
@@ -1241,19 +1265,27 @@ def replay(job: Job, *, seed: int = 0, frame: pd.DataFrame | None = None) -> dic
     frame = _frame(job) if frame is None else frame
     releases = job_releases(job, frame)
     pools = job.framework == "tensorflow"
+    shared_core = host.one_core(job, frame)
     ranks = []
     for rank in job.ranks:
         own = len(job.graphs[rank].ops)
         graph, rows, release = joint_work(
             job, rank, frame[frame["rank"] == rank], releases.get(rank)
         )
+        if shared_core is not None:
+            graph, rows, release = host.on_one_core(
+                job, rank, graph, rows, release, frame, spans_of(job, rank)
+            )
         compiled = compile_graph(graph)
         oracle = mean_of_runs(graph, rows)
         spans = spans_of(job, rank)
         release = _latest(release, carried_over(compiled, rows, spans))
         steps = _replay_rank(compiled, rows, oracle, seed, spans, release, own, pools)
         ranks.append({"rank": rank, **_error_summary(steps), "steps": steps})
-    return {"schema": SCHEMA, "kind": "replay", "ranks": ranks, **_all_errors(ranks)}
+    document = {"schema": SCHEMA, "kind": "replay", "ranks": ranks, **_all_errors(ranks)}
+    if shared_core is not None:
+        document["shared_core"] = shared_core
+    return document
 
 
 def carried_over(

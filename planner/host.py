@@ -1,0 +1,313 @@
+"""One host core shared by a job's processes: detected from the records, replayed as such.
+
+A TensorFlow job whose PS and workers run as processes on one host share its cores with
+each other. Where the host gave them one core between them (a container limited to one
+CPU, a core pinned, the other cores busy), an op of one process that is ready waits while
+another process's ops hold the core, and an op that started is stalled while they run:
+``generated/tf/cnn_ps_ingraph`` worker0 step 6 waited 4.4 ms for worker1's backward
+pass, and its `Conv2DBackpropFilter` of 0.8 ms took 10.3 ms in step 4 while worker1 ran
+its forward pass. A replay that runs each process on its own threads starts both at once.
+
+`one_core` tells such a job from its records: wherever ops of two processes ran at once,
+their progress (each op's shortest duration in any step over its duration here) never
+added up to more than one core. `on_one_core` then puts the replayed rank's compute
+ops, the PS work joined with them and the other workers' compute ops (from their
+records of the same step, released at their traced start as a peer's collective is)
+on one resource, `HOST`, and `shared_schedule` replays it as one processor shared
+evenly by the ops on it, each needing its share of the core in the step (`shares`),
+not its stretched duration. Replayed with its own waits, a step runs as it ran.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from planner.graph import Op, OpGraph, build_graph
+
+HOST = "(host core)"
+ONE_CORE_RATE = 1.2  # the most progress two processes' ops may add up to on one core
+MIN_OVERLAP = 0.05  # share of the busy time with two processes running that decides it
+MIN_ONE_CORE = 0.9  # share of that time within ONE_CORE_RATE that says one core
+
+
+def process_of(resource: str) -> str:
+    """The process a compute resource belongs to (``worker0/CPU:0`` -> ``worker0``)."""
+    return resource.split("/", 1)[0]
+
+
+def compute_records(job: Any, frame: pd.DataFrame) -> pd.DataFrame:
+    """Every compute record of the job once: each rank's own and the PS work joined for
+    the replay (``Job.meta["replay"]``), with columns iteration, op, start, duration,
+    process (the PS rows appear once though joined with several workers)."""
+    parts = []
+    for rank in job.ranks:
+        graph = job.graphs[rank]
+        rows = frame[frame["rank"] == rank]
+        compute = [n for n, op in graph.ops.items() if not op.is_transfer]
+        mine = rows[rows["op"].isin(compute)]
+        parts.append(
+            pd.DataFrame(
+                {
+                    "iteration": mine["iteration"].to_numpy(),
+                    "op": [f"{rank}:{o}" for o in mine["op"]],
+                    "start": mine["start"].to_numpy(dtype=np.int64),
+                    "duration": mine["duration"].to_numpy(dtype=np.int64),
+                    "process": [process_of(graph.ops[o].resource) for o in mine["op"]],
+                }
+            )
+        )
+    joint = job.meta.get("replay") if isinstance(job.meta, Mapping) else None
+    if joint:
+        ps = pd.DataFrame(
+            list(joint.get("rows", ())), columns=["rank", "iteration", "op", "start", "duration"]
+        ).drop_duplicates(["iteration", "op"])
+        if len(ps):
+            parts.append(
+                pd.DataFrame(
+                    {
+                        "iteration": ps["iteration"].to_numpy(),
+                        "op": ps["op"].to_numpy(),
+                        "start": ps["start"].to_numpy(dtype=np.int64),
+                        "duration": ps["duration"].to_numpy(dtype=np.int64),
+                        "process": [o.split(":", 1)[0] for o in ps["op"]],
+                    }
+                )
+            )
+    if not parts:
+        return pd.DataFrame(columns=["iteration", "op", "start", "duration", "process"])
+    return pd.concat(parts, ignore_index=True)
+
+
+def _segments(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The elementary segments between the intervals' ends (their bounds) and how many
+    intervals run in each."""
+    bounds = np.unique(np.concatenate([start, end]))
+    running = np.zeros(len(bounds), dtype=np.int64)
+    np.add.at(running, np.searchsorted(bounds, start), 1)
+    np.add.at(running, np.searchsorted(bounds, end), -1)
+    return bounds, np.cumsum(running)[:-1]
+
+
+def shares(start: np.ndarray, duration: np.ndarray, since: int | None = None) -> np.ndarray:
+    """Per interval its share of one core: the integral over it (from `since` on, when
+    given) of 1 / (intervals running). They add up to the union of the intervals: the
+    core's busy time is kept, split evenly among the ops that held it at once."""
+    start = np.asarray(start, dtype=np.int64)
+    end = start + np.asarray(duration, dtype=np.int64)
+    if not len(start):
+        return np.zeros(0)
+    bounds, running = _segments(start, end)
+    rate = np.where(running > 0, 1.0 / np.maximum(running, 1), 0.0)
+    cumulative = np.concatenate([[0.0], np.cumsum(rate * np.diff(bounds))])
+    at = lambda t: np.interp(t, bounds, cumulative)  # noqa: E731
+    begin = start if since is None else np.clip(start, since, end)
+    return at(end) - at(begin)
+
+
+def one_core(job: Any, frame: pd.DataFrame) -> dict[str, float] | None:
+    """Evidence that the job's processes shared one core, or None: over the time in
+    which ops of two or more processes ran at once (at least `MIN_OVERLAP` of the busy
+    time), the share in which their progress added up to at most `ONE_CORE_RATE` cores
+    (at least `MIN_ONE_CORE`). An op's progress is its shortest duration over the steps
+    over its duration in this one (1: ran at full speed)."""
+    if job.framework != "tensorflow" or not (job.meta or {}).get("replay"):
+        return None
+    records = compute_records(job, frame)
+    records = records[records["duration"] > 0]
+    if not len(records):
+        return None
+    fastest = records.groupby("op")["duration"].transform("min").to_numpy(dtype=np.float64)
+    progress = fastest / records["duration"].to_numpy(dtype=np.float64)
+    overlap = within = busy = 0.0
+    for _, step in records.assign(progress=progress).groupby("iteration"):
+        start = step["start"].to_numpy(dtype=np.int64)
+        end = start + step["duration"].to_numpy(dtype=np.int64)
+        bounds, running = _segments(start, end)
+        busy += float(np.diff(bounds)[running > 0].sum())
+        process = pd.factorize(step["process"])[0]
+        for k in np.flatnonzero(running > 1):
+            lo, hi = bounds[k], bounds[k + 1]
+            on = (start <= lo) & (end >= hi)
+            if len(np.unique(process[on])) < 2:
+                continue
+            length = float(hi - lo)
+            overlap += length
+            if step["progress"].to_numpy()[on].sum() <= ONE_CORE_RATE:
+                within += length
+    if busy <= 0 or overlap < MIN_OVERLAP * busy or within < MIN_ONE_CORE * overlap:
+        return None
+    return {"overlap": overlap / busy, "within_one_core": within / overlap}
+
+
+def on_one_core(
+    job: Any,
+    rank: str,
+    graph: OpGraph,
+    rows: pd.DataFrame,
+    release: Mapping[int, np.ndarray] | None,
+    frame: pd.DataFrame,
+    spans: Mapping[int, tuple[int, int]],
+) -> tuple[OpGraph, pd.DataFrame, dict[int, np.ndarray]]:
+    """`rank`'s replay graph, records and releases (as `planner.simulate.joint_work`
+    gives them) on one host core: its compute ops and the joined PS work moved to
+    `HOST`, the other ranks' compute ops added on it (``(host) rank:op``, no edges,
+    released at their traced start), and a ``work`` column: each compute record's
+    share of the core (`shares`, over every process's records of the step); transfers
+    keep their durations."""
+    ops = {
+        name: (
+            op
+            if op.is_transfer
+            else Op(op.name, op.kind, HOST, op.param, op.nbytes, op.phase, op.type)
+        )  # fmt: skip
+        for name, op in graph.ops.items()
+    }
+    others = []
+    for peer in job.ranks:
+        if peer == rank:
+            continue
+        g = job.graphs[peer]
+        mine = frame[(frame["rank"] == peer)]
+        mine = mine[[not g.ops[o].is_transfer for o in mine["op"]]]
+        for o in dict.fromkeys(mine["op"]):
+            ops[f"(host) {peer}:{o}"] = Op(
+                f"(host) {peer}:{o}", "compute", HOST, type=g.ops[o].type
+            )
+        others.append(
+            pd.DataFrame(
+                {
+                    "rank": rank,
+                    "iteration": mine["iteration"].to_numpy(),
+                    "op": [f"(host) {peer}:{o}" for o in mine["op"]],
+                    "start": mine["start"].to_numpy(dtype=np.int64),
+                    "duration": mine["duration"].to_numpy(dtype=np.int64),
+                    "dedicated": mine["duration"].to_numpy(dtype=np.float64),
+                }
+            )
+        )
+    names = list(graph.ops)
+    edges = [
+        (names[u], names[v], "control" if c else "data")
+        for u, v, c in zip(graph.src, graph.dst, graph.control, strict=True)
+    ]
+    joined = build_graph(list(ops.values()), edges)
+    rows = pd.concat([rows, *others], ignore_index=True)
+    compute = np.array([not joined.ops[o].is_transfer for o in rows["op"]])
+    start = rows["start"].to_numpy(dtype=np.int64).copy()
+    duration = rows["duration"].to_numpy(dtype=np.int64)
+    work = duration.astype(np.float64)
+    keep = np.ones(len(rows), dtype=bool)
+    own = rows["op"].isin(job.graphs[rank].ops).to_numpy()
+    for it, at in rows[compute].groupby("iteration").groups.items():
+        at = np.asarray(at)
+        # the step's replay begins at the rank's first record: the other processes'
+        # work before it is theirs alone, and what an op straddling it had left is kept
+        of_rank = at[own[at]]
+        first = int(start[of_rank].min()) if len(of_rank) else int(start[at].min())
+        since = min(spans.get(it, (first,))[0], first)
+        work[at] = shares(start[at], duration[at], since)
+        late = start[at] < since
+        keep[at[late & (start[at] + duration[at] <= since)]] = False
+        start[at[late]] = since
+    rows = rows.assign(start=start, work=np.round(work).astype(np.int64))[keep]
+    index = {name: i for i, name in enumerate(joined.ops)}
+    out: dict[int, np.ndarray] = {}
+    for it, step in rows.groupby("iteration"):
+        latest = np.full(len(index), -1, dtype=np.int64)
+        if release is not None and it in release:
+            latest[: len(release[it])] = release[it]
+        peer_rows = step[step["op"].str.startswith("(host) ")]
+        for name, t in zip(peer_rows["op"], peer_rows["start"], strict=True):
+            latest[index[name]] = max(latest[index[name]], int(t))
+        out[int(it)] = latest
+    return joined, rows, out
+
+
+def shared_schedule(
+    ticks: np.ndarray,
+    src: np.ndarray,
+    dst: np.ndarray,
+    res: np.ndarray,
+    cap: np.ndarray,
+    priority: np.ndarray,
+    core: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) per op of a replay in which resource `core` is one processor shared
+    evenly by every op that runs on it (an op of `ticks` work takes longer while others
+    share it); every other resource runs up to `cap` ops at once, the ready ones in
+    `priority` order (lowest first, then the op's index; -1 last). Ticks as given.
+
+    With each op's share of the core as its work (`shares`) and its own waits, the
+    replay runs every op when it ran: the same ops share the core at every instant.
+    """
+    n = len(ticks)
+    succ: list[list[int]] = [[] for _ in range(n)]
+    indeg = np.zeros(n, dtype=np.int64)
+    for u, v in zip(src.tolist(), dst.tolist(), strict=True):
+        succ[u].append(v)
+        indeg[v] += 1
+    start = np.full(n, -1.0)
+    end = np.full(n, -1.0)
+    free = cap.astype(np.int64).copy()
+    queues: dict[int, list[tuple[int, int]]] = {}
+    ends: list[tuple[float, int]] = []  # ops off the core, by end
+    left: dict[int, float] = {}  # ops on the core, their work left
+    now = 0.0
+
+    def ready(i: int) -> None:
+        if res[i] == core:
+            start[i] = now
+            if ticks[i] <= 0:
+                heapq.heappush(ends, (now, i))
+            else:
+                left[i] = float(ticks[i])
+            return
+        key = int(priority[i]) if priority[i] >= 0 else np.iinfo(np.int64).max
+        heapq.heappush(queues.setdefault(int(res[i]), []), (key, i))
+
+    def dispatch() -> None:
+        for r, queue in queues.items():
+            while queue and free[r] > 0:
+                _, i = heapq.heappop(queue)
+                free[r] -= 1
+                start[i] = now
+                heapq.heappush(ends, (now + float(ticks[i]), i))
+
+    for i in np.flatnonzero(indeg == 0).tolist():
+        ready(i)
+    dispatch()
+    done = 0
+    while done < n:
+        shared = len(left)
+        t_core = now + min(left.values()) * shared if shared else np.inf
+        t_off = ends[0][0] if ends else np.inf
+        if t_core == np.inf and t_off == np.inf:
+            break  # a cycle: the rest never runs (end stays -1)
+        t = min(t_core, t_off)
+        if shared:
+            step = (t - now) / shared
+            for i in left:
+                left[i] -= step
+        now = t
+        finished = [i for i, w in left.items() if w <= 0.5]  # ticks: rounding left
+        for i in finished:
+            del left[i]
+        while ends and ends[0][0] <= now:
+            _, i = heapq.heappop(ends)
+            if res[i] != core:
+                free[res[i]] += 1
+            finished.append(i)
+        for i in finished:
+            end[i] = now
+            done += 1
+            for v in succ[i]:
+                indeg[v] -= 1
+                if indeg[v] == 0:
+                    ready(v)
+        dispatch()
+    return start, end

@@ -1,0 +1,103 @@
+"""One host core shared by a job's processes (planner.host): the shares, the shared
+replay, the detection on real TF traces and the replay's consistency with its own
+waits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import SHARED, TF_RUNS, need
+
+from planner import host
+from planner import simulate as sim
+from planner.ingest import detect
+from planner.oracle import mean_of_runs
+
+
+def test_shares_split_overlaps_evenly_and_keep_the_busy_time():
+    # [0, 10) and [5, 15): 5 alone each, 5 shared -> 7.5 each, 15 in all (the union)
+    got = host.shares(np.array([0, 5, 20]), np.array([10, 10, 0]))
+    assert got.tolist() == [7.5, 7.5, 0.0]
+    # from 8 on: the first has 2 shared left (1), the second 2 shared and 5 alone (6)
+    assert host.shares(np.array([0, 5]), np.array([10, 10]), since=8).tolist() == [1.0, 6.0]
+
+
+def test_shared_schedule_shares_the_core_and_leaves_other_resources_alone():
+    # ops 0, 1 on the core (work 1 and 2, both ready at 0); op 2 on resource 1 (3 ticks)
+    # after op 0; op 3 on the core after op 2
+    ticks = np.array([1, 2, 3, 1])
+    src, dst = np.array([0, 2]), np.array([2, 3])
+    res = np.array([0, 0, 1, 0])
+    start, end = host.shared_schedule(ticks, src, dst, res, np.array([1, 1]), np.full(4, -1), 0)
+    # 0 and 1 share: 0 ends at 2 (1 work at half speed), 1 has 1 left alone: ends at 3
+    assert end[:2].tolist() == pytest.approx([2.0, 3.0])
+    assert (start[2], end[2]) == pytest.approx((2.0, 5.0))  # off the core: full speed
+    assert (start[3], end[3]) == pytest.approx((5.0, 6.0))
+
+
+def test_shared_schedule_leaves_a_cycle_unrun():
+    start, end = host.shared_schedule(
+        np.array([1, 1]), np.array([0, 1]), np.array([1, 0]), np.zeros(2, dtype=np.int64),
+        np.array([1]), np.full(2, -1), 0,
+    )  # fmt: skip
+    assert (end < 0).all()
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    job = detect.load([need(p) for p in TF_RUNS["cnn_ps_ingraph"]])
+    return job, sim._frame(job)
+
+
+def test_the_in_graph_cnn_job_ran_on_one_core(cnn):
+    # its three processes' ops, where two ran at once, never progressed faster than one
+    # core (checked by hand: every overlapping pair's progress adds up to <= 1.07)
+    job, frame = cnn
+    evidence = host.one_core(job, frame)
+    assert evidence is not None
+    assert evidence["overlap"] > 0.5 and evidence["within_one_core"] > 0.95
+
+
+def test_jobs_that_had_two_cores_or_are_not_tf_are_not_on_one_core():
+    mlp = detect.load([need(p) for p in TF_RUNS["mlp_ps_betweengraph_sync"]])
+    assert host.one_core(mlp, sim._frame(mlp)) is None  # worker0 + ps reach 2 cores
+    torch = detect.load([need(SHARED / "generated" / "torch" / "resnet_ddp")])
+    assert host.one_core(torch, sim._frame(torch)) is None
+
+
+def test_a_step_replayed_with_its_own_waits_on_the_shared_core_runs_as_it_ran(cnn):
+    # the model's consistency: with each op's share of the core and its own wait, every
+    # op of the rank starts when it started (the same ops share the core at each instant)
+    job, frame = cnn
+    for rank in job.ranks:
+        own = len(job.graphs[rank].ops)
+        graph, rows, release = sim.joint_work(
+            job, rank, frame[frame["rank"] == rank], sim.job_releases(job, frame).get(rank)
+        )
+        spans = sim.spans_of(job, rank)
+        graph, rows, release = host.on_one_core(job, rank, graph, rows, release, frame, spans)
+        compiled = sim.compile_graph(graph)
+        release = sim._latest(release, sim.carried_over(compiled, rows, spans))
+        models = sim._step_models(
+            compiled, rows, mean_of_runs(graph, rows), spans, release, own, True
+        )
+        for it, (_, span, model) in models.items():
+            start, took = sim.replay_step(model)
+            mine = np.flatnonzero(model.observed[:own])
+            shift = start[mine] / sim.TICKS_PER_SECOND * 1e9 - model.start_of[mine]
+            assert np.abs(shift).max() < 1_000, (rank, it)  # ns
+            end = (start[mine] + took[mine]).max() / sim.TICKS_PER_SECOND + model.tail
+            assert end == pytest.approx((span[1] - span[0]) / 1e9, rel=1e-4), (rank, it)
+
+
+def test_the_shared_core_cuts_the_cnn_replay_error(cnn):
+    # before the shared core: wall-clock median 3.67%, worst 9.80% (worker0 step 6)
+    job, frame = cnn
+    document = sim.replay(job, frame=frame)
+    steps = [s for r in document["ranks"] for s in r["steps"]]
+    wall = np.abs([s["wall_error"] for s in steps])
+    assert np.median(wall) < 0.015 and wall.max() < 0.08
+    assert document["shared_core"]["within_one_core"] > 0.95  # the document says why
+    (worker0,) = [r for r in document["ranks"] if r["rank"] == "worker0"]
+    (step6,) = [s for s in worker0["steps"] if s["iteration"] == 6]
+    assert abs(step6["wall_error"]) < 0.05
