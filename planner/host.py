@@ -35,6 +35,12 @@ MIN_OVERLAP = 0.05  # share of the busy time with two processes running that dec
 MIN_ONE_CORE = 0.9  # share of that time within ONE_CORE_RATE that says one core
 
 
+def on_host(op: Op) -> bool:
+    """Whether `op` runs on the host's cores: a compute op of a CPU device (not a
+    transfer, not a GPU kernel)."""
+    return not op.is_transfer and "CPU" in op.resource.upper()
+
+
 def process_of(resource: str) -> str:
     """The process a compute resource belongs to (``worker0/CPU:0`` -> ``worker0``)."""
     return resource.split("/", 1)[0]
@@ -48,7 +54,7 @@ def compute_records(job: Any, frame: pd.DataFrame) -> pd.DataFrame:
     for rank in job.ranks:
         graph = job.graphs[rank]
         rows = frame[frame["rank"] == rank]
-        compute = [n for n, op in graph.ops.items() if not op.is_transfer]
+        compute = [n for n, op in graph.ops.items() if on_host(op)]
         mine = rows[rows["op"].isin(compute)]
         parts.append(
             pd.DataFrame(
@@ -115,7 +121,8 @@ def one_core(job: Any, frame: pd.DataFrame) -> dict[str, float] | None:
     time), the share in which their progress added up to at most `ONE_CORE_RATE` cores
     (at least `MIN_ONE_CORE`). An op's progress is its shortest duration over the steps
     over its duration in this one (1: ran at full speed)."""
-    if job.framework != "tensorflow" or not (job.meta or {}).get("replay"):
+    joint = job.meta.get("replay") if isinstance(job.meta, Mapping) else None
+    if job.framework != "tensorflow" or not joint:
         return None
     records = compute_records(job, frame)
     records = records[records["duration"] > 0]
@@ -156,14 +163,14 @@ def on_one_core(
     """`rank`'s replay graph, records and releases (as `planner.simulate.joint_work`
     gives them) on one host core: its compute ops and the joined PS work moved to
     `HOST`, the other ranks' compute ops added on it (``(host) rank:op``, no edges,
-    released at their traced start), and a ``work`` column: each compute record's
-    share of the core (`shares`, over every process's records of the step); transfers
-    keep their durations."""
+    released at their traced start), and a ``work`` column: each such record's share
+    of the core (`shares`, over every process's records of the step). Transfers and GPU
+    kernels (`on_host`) keep their resources and durations."""
     ops = {
         name: (
-            op
-            if op.is_transfer
-            else Op(op.name, op.kind, HOST, op.param, op.nbytes, op.phase, op.type)
+            Op(op.name, op.kind, HOST, op.param, op.nbytes, op.phase, op.type)
+            if on_host(op)
+            else op
         )  # fmt: skip
         for name, op in graph.ops.items()
     }
@@ -173,7 +180,7 @@ def on_one_core(
             continue
         g = job.graphs[peer]
         mine = frame[(frame["rank"] == peer)]
-        mine = mine[[not g.ops[o].is_transfer for o in mine["op"]]]
+        mine = mine[[on_host(g.ops[o]) for o in mine["op"]]]
         for o in dict.fromkeys(mine["op"]):
             ops[f"(host) {peer}:{o}"] = Op(
                 f"(host) {peer}:{o}", "compute", HOST, type=g.ops[o].type
@@ -197,7 +204,7 @@ def on_one_core(
     ]
     joined = build_graph(list(ops.values()), edges)
     rows = pd.concat([rows, *others], ignore_index=True)
-    compute = np.array([not joined.ops[o].is_transfer for o in rows["op"]])
+    compute = np.array([joined.ops[o].resource == HOST for o in rows["op"]])
     start = rows["start"].to_numpy(dtype=np.int64).copy()
     duration = rows["duration"].to_numpy(dtype=np.int64)
     work = duration.astype(np.float64)

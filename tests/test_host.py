@@ -10,6 +10,7 @@ from conftest import SHARED, TF_RUNS, need
 
 from planner import host
 from planner import simulate as sim
+from planner.graph import Op
 from planner.ingest import detect
 from planner.oracle import mean_of_runs
 
@@ -20,6 +21,13 @@ def test_shares_split_overlaps_evenly_and_keep_the_busy_time():
     assert got.tolist() == [7.5, 7.5, 0.0]
     # from 8 on: the first has 2 shared left (1), the second 2 shared and 5 alone (6)
     assert host.shares(np.array([0, 5]), np.array([10, 10]), since=8).tolist() == [1.0, 6.0]
+
+
+def test_only_cpu_compute_ops_run_on_the_host_core():
+    assert host.on_host(Op("MatMul", "compute", "worker0/CPU:0"))
+    assert host.on_host(Op("ps0:AddN", "compute", "ps0/CPU:0"))
+    assert not host.on_host(Op("MatMul", "compute", "worker0/GPU:0"))
+    assert not host.on_host(Op("recv:w", "recv", "worker0<-ps0"))
 
 
 def test_shared_schedule_shares_the_core_and_leaves_other_resources_alone():
