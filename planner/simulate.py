@@ -557,7 +557,9 @@ def step_model(
     Ops without a record this step run at their `fallback` time, unconstrained (their
     edges dropped), so a partial step still replays (and is flagged). `idx`: the op
     index of each of `rows` (`op_rows`), when the caller has them; `rows` may then be
-    numpy columns (``start``, ``duration``) rather than a DataFrame.
+    numpy columns (``start``, ``duration``) rather than a DataFrame. A ``work`` column
+    (`planner.host`: an op's share of a core the job's processes shared) is what the op
+    needs of its resource in the replay; its waits still run from its observed end.
     """
     n = len(compiled.names)
     if idx is None:
