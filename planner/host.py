@@ -99,6 +99,15 @@ def _segments(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return bounds, np.cumsum(running)[:-1]
 
 
+def _per_segment(k: int, first: np.ndarray, last: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """Per elementary segment of `k` bounds the summed weight of the intervals running in
+    it (interval i covers the segments from bound `first[i]` to bound `last[i]`)."""
+    total = np.zeros(k)
+    np.add.at(total, first, weight)
+    np.add.at(total, last, -weight)
+    return np.cumsum(total)[:-1]
+
+
 def shares(start: np.ndarray, duration: np.ndarray, since: int | None = None) -> np.ndarray:
     """Per interval its share of one core: the integral over it (from `since` on, when
     given) of 1 / (intervals running). They add up to the union of the intervals: the
@@ -135,17 +144,18 @@ def one_core(job: Any, frame: pd.DataFrame) -> dict[str, float] | None:
         start = step["start"].to_numpy(dtype=np.int64)
         end = start + step["duration"].to_numpy(dtype=np.int64)
         bounds, running = _segments(start, end)
-        busy += float(np.diff(bounds)[running > 0].sum())
+        length = np.diff(bounds).astype(np.float64)
+        busy += float(length[running > 0].sum())
+        first, last = np.searchsorted(bounds, start), np.searchsorted(bounds, end)
+        rate = _per_segment(len(bounds), first, last, step["progress"].to_numpy())
         process = pd.factorize(step["process"])[0]
-        for k in np.flatnonzero(running > 1):
-            lo, hi = bounds[k], bounds[k + 1]
-            on = (start <= lo) & (end >= hi)
-            if len(np.unique(process[on])) < 2:
-                continue
-            length = float(hi - lo)
-            overlap += length
-            if step["progress"].to_numpy()[on].sum() <= ONE_CORE_RATE:
-                within += length
+        processes = sum(
+            _per_segment(len(bounds), first, last, (process == p).astype(np.float64)) > 0.5
+            for p in range(process.max() + 1)
+        )
+        both = processes >= 2
+        overlap += float(length[both].sum())
+        within += float(length[both & (rate <= ONE_CORE_RATE + 1e-9)].sum())
     if busy <= 0 or overlap < MIN_OVERLAP * busy or within < MIN_ONE_CORE * overlap:
         return None
     return {"overlap": overlap / busy, "within_one_core": within / overlap}
@@ -263,8 +273,10 @@ def shared_schedule(
     free = cap.astype(np.int64).copy()
     queues: dict[int, list[tuple[int, int]]] = {}
     ends: list[tuple[float, int]] = []  # ops off the core, by end
-    left: dict[int, float] = {}  # ops on the core, their work left
-    now = 0.0
+    # ops on the core, by the service (work per op since the start) at which each is
+    # done: all progress alike, so the next to finish is the heap's first
+    core_ops: list[tuple[float, int]] = []
+    served = now = 0.0
 
     def ready(i: int) -> None:
         if res[i] == core:
@@ -272,7 +284,7 @@ def shared_schedule(
             if ticks[i] <= 0:
                 heapq.heappush(ends, (now, i))
             else:
-                left[i] = float(ticks[i])
+                heapq.heappush(core_ops, (served + float(ticks[i]), i))
             return
         key = int(priority[i]) if priority[i] >= 0 else np.iinfo(np.int64).max
         heapq.heappush(queues.setdefault(int(res[i]), []), (key, i))
@@ -290,20 +302,18 @@ def shared_schedule(
     dispatch()
     done = 0
     while done < n:
-        shared = len(left)
-        t_core = now + min(left.values()) * shared if shared else np.inf
+        shared = len(core_ops)
+        t_core = now + (core_ops[0][0] - served) * shared if shared else np.inf
         t_off = ends[0][0] if ends else np.inf
         if t_core == np.inf and t_off == np.inf:
             break  # a cycle: the rest never runs (end stays -1)
         t = min(t_core, t_off)
         if shared:
-            step = (t - now) / shared
-            for i in left:
-                left[i] -= step
+            served += (t - now) / shared
         now = t
-        finished = [i for i, w in left.items() if w <= 0.5]  # ticks: rounding left
-        for i in finished:
-            del left[i]
+        finished = []
+        while core_ops and core_ops[0][0] - served <= 0.5:  # ticks: rounding left
+            finished.append(heapq.heappop(core_ops)[1])
         while ends and ends[0][0] <= now:
             _, i = heapq.heappop(ends)
             if res[i] != core:
