@@ -185,7 +185,8 @@ def model_view(document: dict[str, Any]) -> None:
     console.print(
         f"calibrated on the traced configuration: network x{cal['network_scale']:.3g} the "
         f"formulas' time (measured N {render.seconds_text(cal['network_time'] or 0.0)}), "
-        f"untraced overhead {render.seconds_text(cal['overhead_time'])} per step; model "
+        f"overhead {render.seconds_text(cal['overhead_time'])} per step (no modelled op "
+        "runs); model "
         + (
             f"{render.seconds_text(val['model_iteration_time'])} vs measured "
             f"{render.seconds_text(val['measured_iteration_time'])} ({val['model_error']:+.1%})"

@@ -260,10 +260,18 @@ def calibrate(
             updates.append(busy_time(starts[in_update[idx]], durations[in_update[idx]]) / 1e9)
             if in_net[idx].any():
                 net.append(busy_time(starts[in_net[idx]], durations[in_net[idx]]) / 1e9)
-            busy = busy_time(starts, durations) / 1e9
+            # the time the model accounts for: its processing, update and network ops
+            # (on a GPU rank the device's); the rest of the step (the device waiting for
+            # the CPU's launches, Python, the input pipeline) is its overhead
+            modelled = (in_layer | in_update | in_net)[idx]
+            busy = busy_time(starts[modelled], durations[modelled]) / 1e9
+            # the step as the profiler marked it (ProfilerStep#N, on a GPU rank the
+            # device's): with the CPU a step or two ahead, the step's own records run
+            # well past it, and the iteration is still the span; only a trace without
+            # spans (TF) is timed from its first to its last record
             first, last = int(starts.min()), int((starts + durations).max())
             begin, end = span_of.get(int(step), (first, last))
-            wall = (max(end, last) - min(begin, first)) / 1e9
+            wall = (end - begin) / 1e9
             idle.append(max(0.0, wall - busy))
             walls.append(wall)
         layer_of = {n: _layer_kind(o.type) for n, o in graph.ops.items() if o.kind == "compute"}
@@ -302,6 +310,12 @@ def calibrate(
         update_time = measured_update
         if measured_update == 0.0:
             notes.append("no update ops on the traced ranks (a PS applies them): update time 0")
+    workers = world_size(job)
+    if workers > len(job.ranks):
+        notes.append(
+            f"{len(job.ranks)} of the job's {workers} ranks traced (distributedInfo."
+            f"world_size): the traced configuration is priced at {workers} workers"
+        )
     meta = _metadata(job)
     if batch_size is None:
         batch_size = _meta_batch_size(meta)
@@ -324,7 +338,7 @@ def calibrate(
         network=network,
         network_source=network_source,
         alpha=measured_alpha(job),
-        workers=len(job.ranks),
+        workers=workers,
         ps=len(ps_names),
         measured_iteration_time=float(statistics.median(walls)) if walls else None,
         batch_size=batch_size,
@@ -335,6 +349,22 @@ def calibrate(
         overhead_time=float(statistics.median(idle)) if idle else 0.0,
     )
     return on_traced_configuration(cal)
+
+
+def world_size(job: Job) -> int:
+    """The workers of the traced job: its ranks, or, where the trace says the job was
+    larger (Kineto's ``distributedInfo.world_size``: often only rank 0 is published),
+    that size. The model prices the traced configuration at the job's size, not at the
+    number of files it was given."""
+    ranks = job.meta.get("ranks") if isinstance(job.meta, Mapping) else None
+    sizes = [
+        int(info["world_size"])
+        for info in (ranks.values() if isinstance(ranks, Mapping) else ())
+        if isinstance(info, Mapping)
+        and isinstance(info.get("world_size"), int)
+        and not isinstance(info.get("world_size"), bool)
+    ]
+    return max([len(job.ranks), *sizes])
 
 
 def _spans(job: Job, rank: str) -> dict[int, tuple[int, int]]:
