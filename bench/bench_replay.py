@@ -173,8 +173,9 @@ def recorded(rows: list[tuple[str, str, dict, float]]) -> None:
 
 
 def cover_of(step: dict) -> float:
-    """Share of the step's wall-clock time in which some traced op runs."""
-    return step["measured"] / step["wall"] if step["wall"] > 0 else 0.0
+    """Share of the step's wall-clock time in which some traced op of the rank runs
+    (the replay's ``cover``: on a GPU rank its CPU's records count too)."""
+    return float(step["cover"])
 
 
 def exclusion(step: dict) -> str:
