@@ -166,20 +166,42 @@ def caramel_reference_plan(
         reference, times, network, rank=rank, channels=channels,
         batching_on=problem is None or source == "benchmark",
     )  # fmt: skip
-    return replace(plan, inputs={**plan.inputs, "network_source": source, "network_note": note})
+    # a GPU op cannot be held back by the hook that applies the plan, and the reference
+    # rank's (``gpu0/...``) are no other rank's: its edges to GPU ops are the DAG's
+    # (a collective enqueued after the kernels before it), already there at run time
+    host = tuple(
+        (u, v)
+        for u, v in plan.control_edges
+        if not (
+            reference.ops[u].resource.startswith("gpu")
+            or reference.ops[v].resource.startswith("gpu")
+        )
+    )
+    return replace(
+        plan,
+        control_edges=host,
+        inputs={**plan.inputs, "network_source": source, "network_note": note},
+    )
 
 
 def caramel_rank_plans(
     plan: Plan, ops_of: Mapping[str, Collection[str]], source: str | None
 ) -> dict[str, Plan]:
     """The reference rank's Caramel `plan` for every rank of `ops_of` (rank -> its op
-    names); InputError naming `source` when a rank lacks one of the planned collectives."""
+    names); InputError naming `source` when a rank lacks one of the planned collectives.
+    Its control edges are kept where every rank has both ends
+    (``inputs["control_edges_dropped"]`` counts the others)."""
     plans = {}
+    common = set.intersection(*(set(ops) for ops in ops_of.values())) if ops_of else set()
+    edges = tuple((u, v) for u, v in plan.control_edges if u in common and v in common)
+    inputs = {**plan.inputs, "planned_on": plan.rank}
+    if len(edges) < len(plan.control_edges):
+        inputs["control_edges_dropped"] = len(plan.control_edges) - len(edges)
     for rank, ops in ops_of.items():
         missing = set(plan.order) - set(ops)
         if missing:
             raise InputError(source, f"{rank} lacks collective {sorted(missing)[0]} of {plan.rank}")
-        plans[rank] = replace(plan, rank=rank, inputs={**plan.inputs, "planned_on": plan.rank})
+        plans[rank] = replace(plan, rank=rank, control_edges=edges, inputs=inputs)
     return plans
 
 

@@ -179,6 +179,7 @@ class _Occ:
     c_nbytes: np.ndarray
     c_launcher: np.ndarray
     c_param: list[str]
+    c_anchor: np.ndarray  # row of the call that issued it (its backend record, or launch)
 
 
 def _occurrences(r: _Rows, is_outer: np.ndarray, coll: Collectives, n_steps: int) -> _Occ:
@@ -219,6 +220,7 @@ def _occurrences(r: _Rows, is_outer: np.ndarray, coll: Collectives, n_steps: int
         c_nbytes=c["nbytes"],
         c_launcher=c["launcher"],
         c_param=c["param"],
+        c_anchor=c["anchor"],
     )
 
 
@@ -348,10 +350,13 @@ def _edges(
     owner = np.where(lr >= 0, r.enclosing[np.maximum(lr, 0)], -1)
     gpu_launcher = np.where(r.is_gpu[comp_rows] & (owner >= 0), op_at_row[np.maximum(owner, 0)], -1)
     n = o.n_comp
+    launched = np.where(r.is_gpu[comp_rows] & (lr >= 0), r.ev.ts[np.maximum(lr, 0)], -1)
+    called = r.ev.ts[o.c_anchor]  # the collective's call: its backend record or launch
     return kineto_dag.step_edges(
         op_id, n, o.step[:n], o.lane[:n], o.phase[:n], o.start, gpu_launcher,
         (o.step[n:], o.end[n:], o.c_launcher), r.ev.ts, o.lane_code_of[r.ev.lane], op_at_row,
         r.is_cpu[comp_rows], o.labels.index("main") if "main" in o.labels else -1,
+        (launched, called),
     )  # fmt: skip
 
 

@@ -115,6 +115,46 @@ def collective_edges(
     )
 
 
+def enqueue_edges(
+    comp: np.ndarray,
+    o_step: np.ndarray,
+    launched: np.ndarray,
+    c_op: np.ndarray,
+    c_step: np.ndarray,
+    c_launched: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Edges GPU op -> collective: the device work the CPU enqueued last before it
+    called the collective. NCCL's stream waits for the caller's stream at the call
+    (ProcessGroupNCCL syncs the two with an event), so a bucket's all-reduce cannot
+    start before the backward kernels launched ahead of it; Kineto records the event
+    calls without saying which streams they join, and without the edge a collective
+    waited only by its typical delay, which the observed order hides and a new order
+    does not (the MI300 DDP trace's second all-reduce, moved first, ran 10 ms before
+    its gradients). `launched`: per compute occurrence the time its launch was called
+    (-1: not a GPU op); `c_launched`: per collective the time it was called (its backend
+    record's start, or its kernel's launch call).
+    """
+    gpu = np.flatnonzero(launched >= 0)
+    order = gpu[np.lexsort((launched[gpu], o_step[gpu]))]
+    key_step, key_at = o_step[order], launched[order]
+    src, dst, tag = [], [], []
+    for cop, step, at in zip(c_op.tolist(), c_step.tolist(), c_launched.tolist(), strict=True):
+        if at < 0:
+            continue
+        a = int(np.searchsorted(key_step, step, side="left"))
+        b = int(np.searchsorted(key_step, step, side="right"))
+        j = a + int(np.searchsorted(key_at[a:b], at, side="left")) - 1
+        if j >= a:
+            src.append(int(comp[order[j]]))
+            dst.append(int(cop))
+            tag.append(int(step))
+    return (
+        np.array(src, dtype=np.int64),
+        np.array(dst, dtype=np.int64),
+        np.array(tag, dtype=np.int64),
+    )
+
+
 def thread_start_edges(
     comp: np.ndarray,
     o_step: np.ndarray,
@@ -213,9 +253,12 @@ def step_edges(
     op_at_row: np.ndarray,
     is_cpu: np.ndarray | None = None,
     main: int = -1,
+    enqueued: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """Step -> (src op ids, dst op ids): lane order, then launches, then collectives,
-    then the threads' starts.
+    then the threads' starts, then the device work each collective was enqueued after
+    (`enqueued`: per compute occurrence the time its launch was called, -1 for none,
+    and per collective the time it was called).
 
     `o_*` describe the compute occurrences (sorted by step, lane, start, row),
     `gpu_launcher` the launching op id of each compute occurrence (-1: none),
@@ -243,6 +286,12 @@ def step_edges(
         src.append(t_src)
         dst.append(t_dst)
         tag.append(t_tag)
+    if enqueued is not None and len(c_step):
+        launched, called = enqueued
+        e_src, e_dst, e_tag = enqueue_edges(comp, o_step, launched, op_id[n_comp:], c_step, called)
+        src.append(e_src)
+        dst.append(e_dst)
+        tag.append(e_tag)
     all_src, all_dst, all_tag = np.concatenate(src), np.concatenate(dst), np.concatenate(tag)
     order = np.argsort(all_tag, kind="stable")
     all_src, all_dst, all_tag = all_src[order], all_dst[order], all_tag[order]
