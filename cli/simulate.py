@@ -198,6 +198,15 @@ def simulate(
         render.note(f"wrote {timeline}", as_json)
 
 
+def _replayed(replayed: dict | None) -> str:
+    """The replayed gain of a plan, or why there is none."""
+    if not replayed:
+        return "-"
+    if replayed["gain"] is None:
+        return "cannot run"
+    return _pct(replayed["gain"])
+
+
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:+.1f}%"
 
@@ -248,6 +257,8 @@ def simulation_view(document: dict[str, Any]) -> None:
                 f"worst {_pct(r['replay_error_max'])} (wall-clock: median "
                 f"{_pct(r.get('wall_error_median'))}, worst {_pct(r.get('wall_error_max'))}); "
                 f"comparison on the observed order {_pct(r.get('comparison_error'))}; "
+                "replayed: the plan's gain over the observed order, each traced step replayed "
+                "both ways (the replay error above is its error); "
                 f"Umax {render.seconds_text(r['umax'])}, Lmin {render.seconds_text(r['lmin'])}"
             ),
         )
@@ -255,7 +266,7 @@ def simulation_view(document: dict[str, Any]) -> None:
         table.title = str(table.title).format(unit=unit)
         columns = ("predicted", "p5", "p50", "p95", "max")
         table.add_column("plan")
-        for column in ("mean", *columns[1:], "vs base", "vs obs", "E", "alpha"):
+        for column in ("mean", *columns[1:], "vs base", "vs obs", "replayed", "E", "alpha"):
             table.add_column(column, justify="right")
         for p in r["plans"]:
             name = p["plan"].upper() if p["plan"] in ("tic", "tac") else p["plan"]
@@ -266,6 +277,7 @@ def simulation_view(document: dict[str, Any]) -> None:
                 *(f"{p[c] * scale:.2f}" for c in columns),
                 _pct(p["speedup_vs_baseline"]),
                 _pct(p["speedup_vs_observed"]),
+                _replayed(p.get("replayed")),
                 _num(p["efficiency"]),
                 _num(p["alpha"]),
             )

@@ -169,11 +169,14 @@ def simulation_of(
     # as `simulate.replay`: peers' readiness, and the queue each stream carries over
     release = sim._latest(arrays if ready else None, sim.carried_over(compiled, rows, spans))
     pools = job.framework == "tensorflow"
-    steps = sim._replay_rank(compiled, rows, oracle, seed, spans, release, len(graph.ops), pools)
     plans = {}
     if plan is not None:
         planned = replace(plan, rank=rank, inputs={**plan.inputs, "planned_on": plan.rank})
         plans = {"caramel": {rank: planned}}
+    steps = sim._replay_rank(
+        compiled, rows, oracle, seed, spans, release, len(graph.ops), pools,
+        {name: p[rank] for name, p in plans.items()},
+    )  # fmt: skip
     knobs = options["knobs"]
     shared = {"samples": samples, "seed": seed, "oracles": {rank: oracle}, "frame": frame}
     comparison = sim.compare(

@@ -497,6 +497,32 @@ def measured(rows: pd.DataFrame | Mapping[str, np.ndarray]) -> tuple[float, floa
 
 
 @dataclass(frozen=True)
+class PlanArrays:
+    """A plan on a compiled graph: per op its position in the plan's order (-1: not
+    planned) and its control edges as op indices."""
+
+    position: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+
+
+def plan_arrays(compiled: Compiled, plan: Plan) -> PlanArrays:
+    """`plan` on `compiled`: its order (priorities, else its order's index) and control
+    edges; InputError naming an op the graph does not hold."""
+    priority, control = _plan_parts(plan)
+    position = np.full(len(compiled.names), -1, dtype=np.int64)
+    for name, p in (priority or {}).items():
+        if name not in compiled.index:
+            raise InputError(None, f"plan {plan.algorithm!r} orders unknown op {name!r}")
+        position[compiled.index[name]] = int(p)
+    ends = [(compiled.index.get(u), compiled.index.get(v)) for u, v in control]
+    if any(u is None or v is None for u, v in ends):
+        raise InputError(None, f"plan {plan.algorithm!r} has a control edge to an unknown op")
+    pairs = np.array(ends, dtype=np.int64).reshape(-1, 2)
+    return PlanArrays(position, pairs[:, 0].copy(), pairs[:, 1].copy())
+
+
+@dataclass(frozen=True)
 class StepModel:
     """One traced step as the replay runs it (see `step_model`).
 
@@ -535,6 +561,7 @@ def step_model(
     own: int | None = None,
     shape: tuple[np.ndarray, np.ndarray] | None = None,
     idx: np.ndarray | None = None,
+    plan: PlanArrays | None = None,
 ) -> StepModel:
     """The replay model of one step: what plain list scheduling misses, taken from it.
 
@@ -560,6 +587,9 @@ def step_model(
     numpy columns (``start``, ``duration``) rather than a DataFrame. A ``work`` column
     (`planner.host`: an op's share of a core the job's processes shared) is what the op
     needs of its resource in the replay; its waits still run from its observed end.
+    `plan` (`plan_arrays`): the step as a plan would run it: the planned ops take the
+    places their resource gave planned ops in the observed order, in the plan's order,
+    and the plan's control edges join the DAG; everything else as observed.
     """
     n = len(compiled.names)
     if idx is None:
@@ -588,6 +618,9 @@ def step_model(
     # against an edge (zero-length ops at one instant)
     order = np.lexsort((topological_positions(compiled)[idx], start, res[idx]))
     o_idx, o_res = idx[order], res[idx][order]
+    if plan is not None:  # the planned ops in the plan's order, in the planned ops' places
+        slots = np.flatnonzero(plan.position[o_idx] >= 0)
+        o_idx[slots] = o_idx[slots][np.lexsort((plan.position[o_idx[slots]], o_res[slots]))]
     first = np.searchsorted(o_res, o_res, side="left")
     priority = np.full(2 * n, -1, dtype=np.int64)
     priority[o_idx] = np.arange(len(o_idx)) - first
@@ -619,6 +652,10 @@ def step_model(
     kept = ~inside & observed[g_src] & observed[g_dst]
     src = np.concatenate([g_src[kept], chain_src])
     dst = np.concatenate([g_dst[kept], chain_dst])
+    if plan is not None and len(plan.src):
+        mine = observed[plan.src] & observed[plan.dst]
+        src = np.concatenate([src, plan.src[mine]])
+        dst = np.concatenate([dst, plan.dst[mine]])
     ready = np.zeros(n, dtype=np.int64)
     both = observed[src] & observed[dst]
     np.maximum.at(ready, dst[both], end_of[src[both]])
@@ -1006,6 +1043,7 @@ def _step_models(
     releases: Mapping[int, np.ndarray] | None = None,
     own: int | None = None,
     pools: bool = False,
+    plan: PlanArrays | None = None,
 ) -> dict[int, tuple[dict[str, np.ndarray], tuple[int, int], StepModel]]:
     """Step -> (its rows, its span, its `step_model`) for each step of one rank; `own`:
     the rank's ops are the first `own` of `compiled` (the rest, PS work joined for the
@@ -1017,7 +1055,8 @@ def _step_models(
     step being that step's) each step keeps its own width.
     The edges the trace contradicts are dropped rank-wide either way. Partial steps do
     not shape the rank. A step's rows are numpy columns of its records of `compiled`'s
-    ops: ``start``, ``duration`` (ns) and ``idx`` (the op index, `op_rows`)."""
+    ops: ``start``, ``duration`` (ns) and ``idx`` (the op index, `op_rows`). `plan`: the
+    steps as the plan would run them (`step_model`)."""
     fallback = op_seconds(compiled, oracle)
     # (speed) the op indices looked up once for the rank and the columns taken as numpy,
     # then split by step (a step without a record of `compiled`'s ops has no model and
@@ -1064,7 +1103,7 @@ def _step_models(
             span,
             step_model(
                 compiled, known, span, fallback, gone.get(it, ()), release, own, shape,
-                known["idx"],
+                known["idx"], plan,
             ),
         )  # fmt: skip
     return models
@@ -1115,8 +1154,10 @@ def _replay_rank(
     releases: Mapping[int, np.ndarray] | None = None,
     own: int | None = None,
     pools: bool = False,
+    plans: Mapping[str, Plan] | None = None,
 ) -> list[dict[str, Any]]:
-    """The replayed steps of one rank (see `replay`); `own`, `pools`: as in `_step_models`."""
+    """The replayed steps of one rank (see `replay`); `own`, `pools`: as in `_step_models`;
+    `plans`: each replayed on every step too (`_replay_plans`)."""
     models = _step_models(compiled, rows_of_rank, oracle, spans, releases, own, pools)
     lenders = covered_steps(models, own)
     overheads = typical_overheads({it: m for it, (_, _, m) in models.items()}, lenders)
@@ -1165,7 +1206,63 @@ def _replay_rank(
         if model.missing:
             step["partial"] = records.note(str(rows_of_rank["rank"].iloc[0]), it, model.missing)
         steps.append(step)
+    if plans:
+        observed = {s["iteration"]: s["predicted_wall"] for s in steps}
+        judged = _replay_plans(
+            compiled, rows_of_rank, oracle, seed, spans, releases, own, pools, plans,
+            overheads, observed,
+        )  # fmt: skip
+        for step in steps:
+            step["plans"] = judged[step["iteration"]]
     return steps
+
+
+def _replay_plans(
+    compiled: Compiled,
+    rows_of_rank: pd.DataFrame,
+    oracle: TimeOracle,
+    seed: int,
+    spans: Mapping[int, tuple[int, int]] | None,
+    releases: Mapping[int, np.ndarray] | None,
+    own: int | None,
+    pools: bool,
+    plans: Mapping[str, Plan],
+    overheads: Mapping[int, np.ndarray],
+    observed: Mapping[int, float],
+) -> dict[int, dict[str, dict[str, Any]]]:
+    """Step -> plan -> the step replayed as the plan would run it: the step's own op
+    times, the typical waits the observed order's replay used, the planned ops in the
+    plan's order and its control edges (`step_model`). ``predicted_wall`` (s, timed as
+    `_replay_rank` times the step) and ``gain`` over the observed order's replay of the
+    same step; ``error`` instead where the plan cannot run on the step (its order or
+    edges close a cycle with what the step observed)."""
+    out: dict[int, dict[str, dict[str, Any]]] = {it: {} for it in observed}
+    for name, plan in plans.items():
+        try:
+            arrays = plan_arrays(compiled, plan)
+        except InputError as exc:
+            for it in out:
+                out[it][name] = {"error": exc.problem}
+            continue
+        models = _step_models(compiled, rows_of_rank, oracle, spans, releases, own, pools, arrays)
+        for it, (_, span, traced) in models.items():
+            try:
+                start, ticks = replay_step(with_overhead(traced, overheads[it]), seed)
+            except InputError:
+                out[it][name] = {"error": "the plan's order closes a cycle with the step's"}
+                continue
+            n = len(compiled.names[:own])
+            keep = traced.observed[:n]
+            recorded = (spans or {}).get(it)
+            ahead = max(0, recorded[0] - span[0]) if recorded is not None else 0
+            wall = (
+                float((start[:n][keep] + ticks[:n][keep]).max(initial=0)) / TICKS_PER_SECOND
+                + traced.tail
+                - ahead / 1e9
+            )
+            gain = observed[it] / wall - 1.0 if wall > 0 else None
+            out[it][name] = {"predicted_wall": wall, "gain": gain}
+    return out
 
 
 def covered(rows: Mapping[str, np.ndarray], window: tuple[int, int]) -> float:
@@ -1275,12 +1372,21 @@ def reliability_warning(summary: Mapping[str, Any]) -> str | None:
     )
 
 
-def replay(job: Job, *, seed: int = 0, frame: pd.DataFrame | None = None) -> dict[str, Any]:
+def replay(
+    job: Job,
+    *,
+    seed: int = 0,
+    frame: pd.DataFrame | None = None,
+    plans: Mapping[str, Mapping[str, Plan]] | None = None,
+) -> dict[str, Any]:
     """Each traced step of each rank with its own op times and observed order.
 
     Per step: predicted and measured (busy makespan) iteration time, span, idle and
     ``replay_error``; per rank the median and the largest-magnitude error (signed).
     `frame`: the job's `with_dedicated` timings, when the caller has them already.
+    `plans` ({name: {rank: Plan}}): each step also replayed as each plan would run it
+    (``plans`` per step, `_replay_plans`): the same model, so the replay error of the
+    observed order is the error beside each plan's prediction.
     """
     frame = _frame(job) if frame is None else frame
     releases = job_releases(job, frame)
@@ -1300,7 +1406,8 @@ def replay(job: Job, *, seed: int = 0, frame: pd.DataFrame | None = None) -> dic
         oracle = mean_of_runs(graph, rows)
         spans = spans_of(job, rank)
         release = _latest(release, carried_over(compiled, rows, spans))
-        steps = _replay_rank(compiled, rows, oracle, seed, spans, release, own, pools)
+        of_rank = {name: p[rank] for name, p in (plans or {}).items() if rank in p}
+        steps = _replay_rank(compiled, rows, oracle, seed, spans, release, own, pools, of_rank)
         ranks.append({"rank": rank, **_error_summary(steps), "steps": steps})
     document = {"schema": SCHEMA, "kind": "replay", "ranks": ranks, **_all_errors(ranks)}
     if shared_core is not None:
@@ -1586,6 +1693,29 @@ def _compare_rank(
     return out
 
 
+def replayed_plan(steps: Sequence[Mapping[str, Any]], name: str) -> dict[str, Any] | None:
+    """A plan's prediction by the replay (`_replay_plans`), over the rank's complete
+    steps: median ``predicted_wall`` (s) and median ``gain`` over the observed order
+    replayed on the same steps, the ``steps`` it ran on and the first ``error`` of a
+    step it could not run on. The observed order is the replay itself (gain 0); None
+    for a plan the steps were not replayed with (the baseline orders nothing)."""
+    complete = [s for s in steps if not s.get("partial")]
+    if name == "observed":
+        runs = [{"predicted_wall": s["predicted_wall"], "gain": 0.0} for s in complete]
+    else:
+        runs = [s.get("plans", {}).get(name) for s in complete]
+        if not complete or any(r is None for r in runs):
+            return None
+    ran = [r for r in runs if r.get("gain") is not None]
+    failed = next((r["error"] for r in runs if "error" in r), None)
+    return {
+        "predicted_wall": float(np.median([r["predicted_wall"] for r in ran])) if ran else None,
+        "gain": float(np.median([r["gain"] for r in ran])) if ran else None,
+        "steps": len(ran),
+        "error": failed,
+    }
+
+
 def compare(
     job: Job,
     plans: Mapping[str, Mapping[str, Plan]] | None = None,
@@ -1638,6 +1768,8 @@ def compare(
         umax, lmin = bounds(compiled, seconds, capacities(compiled, channels))
         transfer = float(seconds[compiled.transfer].sum())
         compute = float(seconds[~compiled.transfer].sum())
+        for entry in entries:
+            entry["replayed"] = replayed_plan(steps, entry["plan"])
         best = min(entries, key=lambda e: (e["predicted"], e["plan"]))
         ranks.append(
             {
@@ -1812,7 +1944,7 @@ def simulation(
         rank: mean_of_runs(graph, frame[frame["rank"] == rank])
         for rank, graph in job.graphs.items()
     }
-    replayed = replay(job, seed=seed, frame=frame)
+    replayed = replay(job, seed=seed, frame=frame, plans=plans)
     steps = replayed_steps(replayed)
     comparison = compare(
         job, plans, samples=samples, seed=seed, timelines=timelines, oracles=oracles,
