@@ -1171,19 +1171,12 @@ def _replay_rank(
         n = len(compiled.names[:own])
         begin, took = start[:n], ticks[:n]
         keep = model.observed[:n]
-        predicted_wall = (
-            float((begin[keep] + took[keep]).max(initial=0)) / TICKS_PER_SECOND + model.tail
-        )
+        recorded = (spans or {}).get(it)
+        predicted_wall, ahead = timed_wall(model, start, ticks, n, span, recorded)
         predicted = busy_time(begin[keep], took[keep]) / TICKS_PER_SECOND
         path = _critical(traced, start, ticks, n)
         known = own_rows(known, n)
         busy, op_span = measured(known)
-        # the step's clock starts at its recorded start: on a GPU rank (the device's
-        # step) the CPU issued its records earlier, a step or two ahead (30 ms before a
-        # 19 ms step on the MI300 DDP trace); they are replayed, not timed
-        recorded = (spans or {}).get(it)
-        ahead = max(0, recorded[0] - span[0]) if recorded is not None else 0  # ns
-        predicted_wall -= ahead / 1e9
         wall = (span[1] - span[0] - ahead) / 1e9
         error = predicted / busy - 1.0 if busy > 0 else None
         wall_error = predicted_wall / wall - 1.0 if wall > 0 else None
@@ -1252,17 +1245,30 @@ def _replay_plans(
                 out[it][name] = {"error": "the plan's order closes a cycle with the step's"}
                 continue
             n = len(compiled.names[:own])
-            keep = traced.observed[:n]
-            recorded = (spans or {}).get(it)
-            ahead = max(0, recorded[0] - span[0]) if recorded is not None else 0
-            wall = (
-                float((start[:n][keep] + ticks[:n][keep]).max(initial=0)) / TICKS_PER_SECOND
-                + traced.tail
-                - ahead / 1e9
-            )
+            wall, _ = timed_wall(traced, start, ticks, n, span, (spans or {}).get(it))
             gain = observed[it] / wall - 1.0 if wall > 0 else None
             out[it][name] = {"predicted_wall": wall, "gain": gain}
     return out
+
+
+def timed_wall(
+    model: StepModel,
+    start: np.ndarray,
+    ticks: np.ndarray,
+    n: int,
+    span: tuple[int, int],
+    recorded: tuple[int, int] | None,
+) -> tuple[float, int]:
+    """(the replayed step's wall-clock time in s, how many ns its records began before
+    its recorded start): from the end of the rank's `n` ops as replayed, plus the
+    close after them as observed. The step's clock starts at its recorded start: on a
+    GPU rank (the device's step) the CPU issued its records earlier, a step or two
+    ahead (30 ms before a 19 ms step on the MI300 DDP trace); they are replayed, not
+    timed. `span`: the step's span as the replay ran it (`_step_models`)."""
+    keep = model.observed[:n]
+    end = float((start[:n][keep] + ticks[:n][keep]).max(initial=0)) / TICKS_PER_SECOND
+    ahead = max(0, recorded[0] - span[0]) if recorded is not None else 0
+    return end + model.tail - ahead / 1e9, ahead
 
 
 def covered(rows: Mapping[str, np.ndarray], window: tuple[int, int]) -> float:

@@ -39,13 +39,14 @@ def test_report_renders_in_chromium(
     assert page.title == "planner report"
     assert {"advice", "summary", "steps", "efficiency", "timeline", "files"} <= set(page.sections)
     assert page.sections[0] == "advice"  # the headline comes first
-    if trace == "demo":  # TF PS worker: TIC/TAC predicted ~10% faster than the observed order
-        assert page.headline.split()[:5] == ["What", "to", "do", "Apply", "the"], page.headline
-        assert "faster" in page.headline and "replay error" in page.headline
+    # TF PS worker: the comparison credits TIC/TAC with ~10%, the replay of the traced
+    # steps with +0.00%: nothing to apply, and the page says why. DDP, 2 buckets: no
+    # order changes the step; never the random baseline as "best"
+    assert "already as good as any plan" in page.headline, page.headline
+    assert "because" in page.headline and "baseline" not in page.headline
+    if trace == "demo":
+        assert "replayed on the traced steps" in page.headline, page.headline
         assert "windows" not in page.sections and "left-out" in page.sections
-    else:  # DDP, 2 buckets: no order changes the step; never the random baseline as "best"
-        assert "already as good as any plan" in page.headline, page.headline
-        assert "because" in page.headline and "baseline" not in page.headline
     # one time unit: every time axis in ms, none in seconds; no negative time tick
     labels = [t for t in page.svg_text if "ms" in t or "second" in t]
     assert labels and all("second" not in t for t in labels), labels

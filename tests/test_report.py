@@ -196,3 +196,21 @@ def test_a_report_of_many_ranks_plots_the_timeline_ranks_and_tables_every_rank(
         table = rest.split("</table>")[0]
         rows = len(copies(metrics["steps"]))
         assert table.count("<tr>") - 1 == min(rows, MAX_ROWS), name  # every rank's rows
+
+
+def test_the_advice_follows_the_replay_of_each_plan() -> None:
+    """The demo's TF worker: the comparison (mean op times, no waits) credits TIC with
+    about 10%, but TIC replayed on the five traced steps (their op times and waits, the
+    model whose error the page gives) gains nothing. The page recommends nothing and
+    says so; with the replay's figures taken away it would recommend TIC."""
+    job = detect.load([DEMO])
+    report = analysis.analyze(job)
+    entry = report["simulation"]["comparison"]["ranks"][0]
+    plans = {p["plan"]: p for p in entry["plans"]}
+    assert plans["tic"]["speedup_vs_observed"] > 0.05
+    assert abs(plans["tic"]["replayed"]["gain"]) < 0.005
+    advice = _sections(render_html(report))["advice"]
+    assert "already as good as any plan" in advice and "replayed on the traced steps" in advice
+    for p in entry["plans"]:
+        p["replayed"] = None
+    assert "Apply the TIC" in _sections(render_html(report))["advice"]

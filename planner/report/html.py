@@ -179,8 +179,9 @@ REFERENCE_PLANS = ("baseline", "observed")
 def recommendation(entry: Mapping[str, Any]) -> dict[str, Any]:
     """What to do on one rank of a comparison: the plan (never the random-order baseline
     nor the observed order) predicted fastest, its gain over the observed order, the
-    replay error beside it, and whether the gain is worth applying (larger than the
-    replay error and than `SAME`)."""
+    replay error beside it, and whether the gain is worth applying: larger than the
+    replay error and than `SAME`, in the comparison and, where the plan was replayed on
+    the traced steps (``replayed``, the model the replay error measures), there too."""
     plans = {p["plan"]: p for p in entry.get("plans") or []}
     observed = plans.get("observed")
     candidates = [p for name, p in plans.items() if name not in REFERENCE_PLANS]
@@ -190,6 +191,8 @@ def recommendation(entry: Mapping[str, Any]) -> dict[str, Any]:
     if best is not None and observed is not None and observed["predicted"] > 0:
         gain = 1.0 - best["predicted"] / observed["predicted"]
     margin = max(abs(error) if error is not None else 0.0, SAME)
+    replayed = (best or {}).get("replayed") or {}
+    replayed_gain = replayed.get("gain")
     same = bool(candidates) and all(
         observed is not None
         and abs(p["predicted"] - observed["predicted"]) <= SAME * observed["predicted"]
@@ -202,7 +205,10 @@ def recommendation(entry: Mapping[str, Any]) -> dict[str, Any]:
         "observed": observed["predicted"] if observed else None,
         "gain": gain,
         "replay_error": error,
-        "apply": gain is not None and gain > margin,
+        "replayed_gain": replayed_gain,
+        "apply": gain is not None
+        and gain > margin
+        and (replayed_gain is None or replayed_gain > margin),
         "same": same,
         "plans": len(candidates),
     }
@@ -234,8 +240,13 @@ def advice_section(report: Mapping[str, Any]) -> str:
             lines.append(
                 f"<p>{esc(r['rank'])}: {esc(r['plan'].upper())} predicts "
                 f"<b>{seconds(r['predicted'])}</b> per step against {seconds(r['observed'])} "
-                f"with the observed order: <b>{r['gain'] * 100:.1f}% faster</b>, replay error "
-                f"of the traced steps {percent(r['replay_error'])} (median).</p>"
+                f"with the observed order: <b>{r['gain'] * 100:.1f}% faster</b>"
+                + (
+                    f" ({percent(r['replayed_gain'])} replayed on the traced steps)"
+                    if r["replayed_gain"] is not None
+                    else ""
+                )
+                + f", replay error of the traced steps {percent(r['replay_error'])} (median).</p>"
             )
     else:
         lines.append('<p class="headline">The observed order is already as good as any plan.</p>')
@@ -250,6 +261,14 @@ def advice_section(report: Mapping[str, Any]) -> str:
                 f"{which} ({esc(str(r['plan']).upper())}) predicts the same step time as the "
                 f"observed order, {seconds(r['observed'])}: the order of its transfers does "
                 "not change the step"
+            )
+        elif r["gain"] is not None and r["gain"] > SAME and r["replayed_gain"] is not None:
+            why = (
+                f"the comparison credits the best plan, {esc(str(r['plan']).upper())}, with "
+                f"{percent(r['gain'])} (mean op times, no waits), but replayed on the traced "
+                f"steps (their op times and waits; replay error {percent(r['replay_error'])}, "
+                f"median) it gains {percent(r['replayed_gain'])}: the order of its transfers "
+                "does not decide the step as it ran"
             )
         else:
             why = (
@@ -661,6 +680,7 @@ def comparison_section(report: Mapping[str, Any]) -> str:
                 seconds(p.get("p95")),
                 percent(p.get("speedup_vs_baseline")),
                 percent(p.get("speedup_vs_observed")),
+                percent((p.get("replayed") or {}).get("gain")),
                 number(p.get("efficiency")),
                 number(p.get("alpha")),
                 esc(p.get("note", "")),
@@ -700,6 +720,7 @@ def comparison_section(report: Mapping[str, Any]) -> str:
                     "p95",
                     "vs baseline",
                     "vs observed",
+                    "replayed",
                     "E",
                     "alpha",
                     "note",
