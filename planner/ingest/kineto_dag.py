@@ -5,8 +5,9 @@ collective; every collective -> the first optimizer op of the step (or, without 
 optimizer range, the first op on the launching thread that starts after the
 collective ends); the main thread's op that started last before another CPU thread's
 first op of the step -> that op (the thread is handed its work: autograd's engine
-thread starts the backward once ``backward()`` has seeded the gradient). Edges are
-gathered per step; the DAG takes them from one reference
+thread starts the backward once ``backward()`` has seeded the gradient); the GPU op
+launched last before a collective was called -> that collective (NCCL's stream waits for
+the caller's). Edges are gathered per step; the DAG takes them from one reference
 step, and ops only seen in other steps get theirs from the first step that has them.
 """
 
