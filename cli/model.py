@@ -240,6 +240,8 @@ def model_view(document: dict[str, Any]) -> None:
         )
     elif val.get("recommendation_withheld"):
         console.print(f"[bold red]no recommendation:[/bold red] {val['recommendation_withheld']}")
+    if val.get("network_warning"):
+        console.print(f"[bold red]warning:[/bold red] {val['network_warning']}")
     omni = document["omnivore"]
     if omni:
         groups = render.new_table(

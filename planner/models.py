@@ -351,6 +351,26 @@ def calibrate(
     return on_traced_configuration(cal)
 
 
+def network_warning(cal: Calibration) -> str | None:
+    """Why the curves over worker counts rest on a network model that does not hold, or
+    None: the calibration fixes the traced configuration, but every other worker count
+    is priced by f(d) = a + b*d, here fitted to the trace's transfers (a transfer's span
+    also holds its waits for peers and the PS). Given a model (``--network``,
+    ``--bandwidth``), None."""
+    from planner.schedule.caramel import network_problem  # late: a sibling of the models
+
+    if not cal.network_source.startswith(("fitted", "mean throughput")):
+        return None
+    problem = network_problem(cal.network)
+    if problem is None:
+        return None
+    return (
+        f"the network model behind every other worker count is the trace's fit, and {problem}: "
+        "the curves' shape over worker counts is uncertain; give a measured model "
+        "(--network from planner bench-network, or --bandwidth)"
+    )
+
+
 def world_size(job: Job) -> int:
     """The workers of the traced job: its ranks, or, where the trace says the job was
     larger (Kineto's ``distributedInfo.world_size``: often only rank 0 is published),
@@ -1144,6 +1164,7 @@ def model_document(
             "model_error": error,
             "tolerance": CALIBRATION_TOLERANCE,
             "recommendation_withheld": withheld,
+            "network_warning": network_warning(cal),
         },
         "omnivore": None if omni is None else omnivore_dict(omni),
         "cross_check": check

@@ -427,3 +427,27 @@ def test_the_iteration_of_a_gpu_rank_whose_cpu_runs_ahead_is_its_step():
     assert cal.workers == 8 and raw["distributedInfo"]["world_size"] == 8
     doc = models.model_document(job, cal, [8])
     assert abs(doc["validation"]["model_error"]) <= 0.05
+
+
+def test_a_network_fit_that_does_not_hold_is_said_beside_the_curves(capsys):
+    """Calibration fixes the traced configuration, but every other worker count is priced
+    by the trace's f(d) = a + b*d. The TF cnn job's transfers fit it with R² 0.10 (each
+    one's span holds its waits for the PS): the document and the text say the curves'
+    shape is uncertain and how to give a measured model. A fit that holds (the torch
+    transformer's, R² 1.00) or a given bandwidth says nothing."""
+    from planner.schedule.caramel import MIN_R2
+
+    cnn = need(TF / "cnn_ps_ingraph")
+    job = detect.load([cnn])
+    cal = models.calibrate(job)
+    assert cal.network.r2 < MIN_R2
+    warning = models.model_document(job, cal, [1, 2])["validation"]["network_warning"]
+    assert warning and f"R² {cal.network.r2:.2f}" in warning and "--network" in warning
+    code, out, _ = run_cli(["model", cnn], capsys)
+    assert code == 0 and any(line.startswith("warning: ") for line in out.splitlines())
+    given = models.calibrate(job, bandwidth=1e9)
+    assert models.model_document(job, given, [1, 2])["validation"]["network_warning"] is None
+    held = detect.load([need(TF.parent / "torch" / "transformer_ddp")])
+    cal = models.calibrate(held)
+    assert cal.network.r2 >= MIN_R2
+    assert models.model_document(held, cal, [1, 2])["validation"]["network_warning"] is None
