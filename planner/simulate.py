@@ -1356,7 +1356,9 @@ def _comparison_error(
         warning = (
             f"the plan comparison predicts the observed order {error * 100:+.1f}% off the "
             "measured busy time (mean op times, one op at a time per resource): its plan "
-            "gains are uncertain by as much"
+            "gains are uncertain by as much; each plan's replayed gain (the traced steps "
+            "replayed with the plan, the replay error above being its error) is the one to "
+            "go by"
         )
     return {"comparison_error": error, "comparison_warning": warning}
 
