@@ -37,6 +37,7 @@ from planner.ingest.files import read_bytes
 from planner.metrics import caramel_figures
 from planner.oracle import NetworkModel, fit_network_model
 from planner.records import partial_steps
+from planner.schedule.caramel import network_problem
 from planner.trace import Job, busy_time, with_dedicated
 
 SCHEMA = "planner.model/1"
@@ -103,6 +104,11 @@ class Calibration:
     @property
     def latency(self) -> float:
         return self.network.a
+
+
+TRACE_FIT = "fitted to the trace's transfers"
+TRACE_MEAN = "mean throughput of the trace's transfers (sizes too alike to fit)"
+"""`Calibration.network_source` of a network model taken from the trace itself."""
 
 
 def _is_gpu(resource: str) -> bool:
@@ -289,9 +295,9 @@ def calibrate(
     network_source = "given"
     if network is None:
         network = _network_from_transfers(job)
-        network_source = "fitted to the trace's transfers"
+        network_source = TRACE_FIT
         if network is not None and math.isnan(network.r2):
-            network_source = "mean throughput of the trace's transfers (sizes too alike to fit)"
+            network_source = TRACE_MEAN
     if bandwidth is not None:
         if bandwidth <= 0:
             raise InputError(None, f"bandwidth must be positive, got {bandwidth}")
@@ -357,9 +363,7 @@ def network_warning(cal: Calibration) -> str | None:
     is priced by f(d) = a + b*d, here fitted to the trace's transfers (a transfer's span
     also holds its waits for peers and the PS). Given a model (``--network``,
     ``--bandwidth``), None."""
-    from planner.schedule.caramel import network_problem  # late: a sibling of the models
-
-    if not cal.network_source.startswith(("fitted", "mean throughput")):
+    if cal.network_source not in (TRACE_FIT, TRACE_MEAN):
         return None
     problem = network_problem(cal.network)
     if problem is None:
