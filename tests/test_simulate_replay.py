@@ -565,18 +565,18 @@ LINEAR = SHARED / "public/param/et_replay/tests/inputs/linear_kineto.json.gz"
 
 
 def test_a_thread_that_ran_its_ops_faster_ran_its_gaps_faster(monkeypatch):
-    """`param/linear_kineto` step 1 ran its main thread's 42 `aten::zero_` at 0.64 of
-    their typical time and the gaps between them (Python, the dispatcher: the thread's
-    own work) at 0.68 (0.31 ms against 0.45 ms): with the other steps' gaps as they are
-    the replay missed it by +11.7%. Scaled by the thread's speed-up (median per-op
-    ratio, only below 1) it replays within 2%; the GPU stream and the slower steps (step
-    10: ops 2.1x, gaps 1.4x) are not scaled."""
+    """`param/linear_kineto` iteration 1 ran its ops faster than the others did, and
+    the gaps between them (Python, the dispatcher: each thread's own work) with them:
+    autograd's thread at 0.72 of its typical op time, the main thread at 0.86. With the
+    other steps' gaps as they are the replay missed it by +4.7%. Scaled by each CPU
+    thread's speed-up (median per-op ratio, only below 1) it replays within 2%; the GPU
+    stream and the slower steps (iteration 10, 48 ms against 24 ms) are not scaled."""
     job = detect.load([need(LINEAR)])
     document = sim.replay(job)
     by_step = {s["iteration"]: s for s in _complete(document)}
     assert abs(by_step[1]["wall_error"]) < 0.02 and abs(by_step[2]["wall_error"]) < 0.02
     errors = _errors(document)
-    assert np.median(errors) < 0.01 and errors.max() < 0.06  # step 39: one 0.12 ms stall
+    assert np.median(errors) < 0.01 and errors.max() < 0.05
 
     frame = sim._frame(job)
     rank = job.ranks[0]
@@ -585,16 +585,18 @@ def test_a_thread_that_ran_its_ops_faster_ran_its_gaps_faster(monkeypatch):
     oracle = sim.mean_of_runs(job.graphs[rank], rows)
     models = {it: m for it, (_, _, m) in sim._step_models(compiled, rows, oracle, None).items()}
     factors = sim.thread_speedups(compiled, models)
-    main = np.array([compiled.resources[r] == "main" for r in compiled.res])
-    assert all((f <= 1).all() and (f[~main] == 1).all() for f in factors.values())
-    assert 0.6 < factors[1][main].max() < 0.7 and (factors[10] == 1).all()
+    lane = np.array(compiled.resources)[compiled.res]
+    gpu = np.char.startswith(lane.astype(str), "gpu")
+    assert all((f <= 1).all() and (f[gpu] == 1).all() for f in factors.values())
+    assert 0.7 < factors[1][lane == "python.0"].max() < 0.75
+    assert 0.8 < factors[1][lane == "main"].max() < 0.9 and (factors[10] == 1).all()
 
     def ones(compiled, models, lenders=None):  # no thread scaled
         return {it: np.ones(len(compiled.names)) for it in models}
 
     monkeypatch.setattr(sim, "thread_speedups", ones)
     before = {s["iteration"]: s for s in _complete(sim.replay(job))}
-    assert before[1]["wall_error"] > 0.10
+    assert before[1]["wall_error"] > 0.04
 
 
 def _step(document: dict, rank: str, iteration: int) -> dict:

@@ -126,6 +126,13 @@ OpMemo = dict[tuple[Any, ...], Op]
 ops, and an Op is a frozen value, so one object (and one name string) serves them all."""
 
 
+INPUT_WAIT = re.compile(r"^enumerate\(DataLoader\)")
+"""The range PyTorch's DataLoader records around each ``__next__``: the time the step
+waited for its batch (the loader's workers, pinning), an op of the thread that ran it
+whose duration is the step's own, not a gap between ops. Ops inside it (the batch's
+``aten::set_``) are part of it."""
+
+
 @dataclass
 class _Rows:
     """What `build_rank` knows about every event row of one rank."""
@@ -144,7 +151,9 @@ class _Rows:
 
 def _rows(ev: RankEvents, rank: str, steps: Steps, notes: list[str]) -> tuple[_Rows, np.ndarray]:
     """Classify the rows of `ev`; also returns which rows are outermost CPU ops."""
-    is_cpu = ev.cat_flags(CPU_OP_CATS)
+    is_cpu = ev.cat_flags(CPU_OP_CATS) | (
+        ev.cat_flags({"user_annotation"}) & ev.name_flags(INPUT_WAIT.match)
+    )
     is_gpu = gpu_rows(ev)
     backend = ev.name_flags(BACKEND.match) & ev.cat_flags({"user_annotation"})
     # outermost CPU ops per thread (comm backend records count as CPU events for nesting)
@@ -356,7 +365,7 @@ def _edges(
         op_id, n, o.step[:n], o.lane[:n], o.phase[:n], o.start, gpu_launcher,
         (o.step[n:], o.end[n:], o.c_launcher), r.ev.ts, o.lane_code_of[r.ev.lane], op_at_row,
         r.is_cpu[comp_rows], o.labels.index("main") if "main" in o.labels else -1,
-        (launched, called),
+        (launched, called), o.end,
     )  # fmt: skip
 
 

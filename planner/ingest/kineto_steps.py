@@ -3,7 +3,9 @@
 A step is a ``ProfilerStep#N`` range; without one, the ranges of `step_marker` (any
 annotation or op name the user gives); without that, the occurrences of the top-level
 annotation that repeats most (covering the most time), else the whole trace as one
-step. Every fallback leaves a note, so a user knows what a "step" means for the trace.
+step. Ranges that cover little of the loop (``Optimizer.zero_grad``) mark its
+iterations from one start to the next. Every fallback leaves a note, so a user knows
+what a "step" means for the trace.
 """
 
 from __future__ import annotations
@@ -81,30 +83,74 @@ def _marker_steps(ev: RankEvents, rank: str, marker: str) -> Steps:
     rows = np.flatnonzero(ev.name_flags(marker.__eq__) & ~ev.cat_flags(_GPU_SIDE))
     if len(rows) == 0:
         raise InputError(ev.path, f"no event named {marker!r} (the --step-marker)")
-    number, start, end = _ranges(ev, rows)
-    note = f"{rank}: steps are the {len(number)} ranges of {marker!r} (--step-marker)"
+    loop = not _covers_loop(ev, rows) and _one_loop(ev, rows)
+    number, start, end = _iterations(ev, rows, loop)
+    note = f"{rank}: steps are the {len(number)} {_what(loop)} {marker!r} (--step-marker)"
     return Steps(number, start, end, _main_lane(ev, rows), "marker", [note])
 
 
+LOOP_COVER = 0.5
+"""Ranges of a repeating annotation whose median length is less than this share of the
+median time from one's start to the next's mark a point of the training loop (the
+optimizer's ``zero_grad``), not its body."""
+
+
+def _covers_loop(ev: RankEvents, rows: np.ndarray) -> bool:
+    """Whether the ranges `rows` are the loop's body (`LOOP_COVER`)."""
+    _, start, end = _ranges(ev, rows)
+    return len(start) < 2 or np.median(end - start) >= LOOP_COVER * np.median(np.diff(start))
+
+
+def _iterations(
+    ev: RankEvents, rows: np.ndarray, loop: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(number, start, end) of the iterations the ranges `rows` mark: the ranges
+    themselves, or with `loop` the time from each one's start to the next's, the last
+    one's to the end of the rank's CPU records."""
+    number, start, end = _ranges(ev, rows)
+    if not loop or len(number) < 2:
+        return number, start, end
+    cpu_end = int(ev.end[~ev.cat_flags(_GPU_SIDE)].max()) + 1
+    return number, start, np.append(start[1:], max(cpu_end, int(end[-1])))
+
+
+def _one_loop(ev: RankEvents, rows: np.ndarray) -> bool:
+    """Whether the ranges `rows` can mark a training loop: on one thread, none inside
+    another (an inference server's stages on many threads cannot)."""
+    return len(unique(ev.lane[rows])) == 1 and len(_ranges(ev, rows)[0]) == len(rows)
+
+
+def _what(loop: bool) -> str:
+    """How a note names the iterations `_iterations` made."""
+    return "iterations from one start to the next of" if loop else "ranges of"
+
+
 def _fallback_steps(ev: RankEvents, rank: str) -> Steps:
-    """The repeating top-level annotation covering most time, else the whole trace."""
+    """The ranges of the repeating top-level annotation covering most time where they
+    are the loop's body; else the iterations from one start to the next of the loop's
+    head (the most frequent repeating top-level annotation, the earliest on ties: the
+    DataLoader's ``__next__`` before ``Optimizer.zero_grad``) where it marks one loop
+    (`_one_loop`); else the whole trace."""
     ann = ev.cat_flags({"user_annotation"}) & ~ev.name_flags(_COMM_ANNOTATION.match)
     rows = np.flatnonzero(ann)
-    best: tuple[int, str, np.ndarray] | None = None
+    candidates: list[tuple[int, int, int, str, np.ndarray]] = []
     if len(rows):
         top = _top_level(ev, rows)
         for code in unique(ev.name_code[top]).tolist():
             mine = top[ev.name_code[top] == code]
-            if len(mine) < 2:
-                continue
-            covered = int((ev.end[mine] - ev.ts[mine]).sum())
-            if best is None or covered > best[0]:
-                best = (covered, ev.names[code], mine)
-    if best is not None:
-        _, name, mine = best
-        number, start, end = _ranges(ev, mine)
+            if len(mine) >= 2:
+                covered = int((ev.end[mine] - ev.ts[mine]).sum())
+                first = int(ev.ts[mine].min())
+                candidates.append((covered, len(mine), first, ev.names[code], mine))
+    if candidates:
+        best = max(candidates, key=lambda c: c[0])
+        alone = all(c is best or c[1] < best[1] for c in candidates)  # nothing beside it
+        head = min(candidates, key=lambda c: (-c[1], c[2]))
+        loop = not (alone and _covers_loop(ev, best[4])) and _one_loop(ev, head[4])
+        _, _, _, name, mine = head if loop else best
+        number, start, end = _iterations(ev, mine, loop)
         note = (
-            f"{rank}: no ProfilerStep#N; steps are the {len(number)} occurrences of the "
+            f"{rank}: no ProfilerStep#N; steps are the {len(number)} {_what(loop)} the "
             f"top-level annotation {name!r} (give --step-marker NAME to choose another)"
         )
         return Steps(number, start, end, _main_lane(ev, mine), "annotation", [note])
