@@ -219,13 +219,16 @@ def thread_join_edges(
     """
     src, dst, tag = [], [], []
     if main >= 0 and len(comp):
-        on_main = np.flatnonzero(o_lane == main)
+        on_main = np.flatnonzero(o_lane == main)  # sorted by step, as are `others`
         others = np.flatnonzero(is_cpu & (o_lane != main))
-        for step in unique(o_step[others]).tolist():
-            mine = on_main[o_step[on_main] == step]
+        main_step, other_step = o_step[on_main], o_step[others]
+        for step in unique(other_step).tolist():
+            lo, hi = np.searchsorted(main_step, [step, step + 1])
+            mine = on_main[lo:hi]
             if not len(mine):
                 continue
-            theirs = others[o_step[others] == step]
+            lo, hi = np.searchsorted(other_step, [step, step + 1])
+            theirs = others[lo:hi]
             for lane in unique(o_lane[theirs]).tolist():
                 lane_ops = theirs[o_lane[theirs] == lane]
                 u = int(lane_ops[np.argmax(end[lane_ops])])
