@@ -4,7 +4,8 @@ A step is a ``ProfilerStep#N`` range; without one, the ranges of `step_marker` (
 annotation or op name the user gives); without that, the occurrences of the top-level
 annotation that repeats most (covering the most time), else the whole trace as one
 step. Ranges that cover little of the loop (``Optimizer.zero_grad``) mark its
-iterations from one start to the next. Every fallback leaves a note, so a user knows
+iterations from one start to the next, the last one to the end of the loop's last
+annotation. Every fallback leaves a note, so a user knows
 what a "step" means for the trace.
 """
 
@@ -84,7 +85,7 @@ def _marker_steps(ev: RankEvents, rank: str, marker: str) -> Steps:
     if len(rows) == 0:
         raise InputError(ev.path, f"no event named {marker!r} (the --step-marker)")
     loop = not _covers_loop(ev, rows) and _one_loop(ev, rows)
-    number, start, end = _iterations(ev, rows, loop)
+    number, start, end = _iterations(ev, rows, rows if loop else None)
     note = f"{rank}: steps are the {len(number)} {_what(loop)} {marker!r} (--step-marker)"
     return Steps(number, start, end, _main_lane(ev, rows), "marker", [note])
 
@@ -102,16 +103,17 @@ def _covers_loop(ev: RankEvents, rows: np.ndarray) -> bool:
 
 
 def _iterations(
-    ev: RankEvents, rows: np.ndarray, loop: bool
+    ev: RankEvents, rows: np.ndarray, loop: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(number, start, end) of the iterations the ranges `rows` mark: the ranges
-    themselves, or with `loop` the time from each one's start to the next's, the last
-    one's to the end of the rank's CPU records."""
+    themselves, or given the rows of the `loop`'s annotations (`rows` among them) the
+    time from each one's start to the next's, the last one's to the end of the loop's
+    last annotation (what the trace holds after the loop is in no iteration)."""
     number, start, end = _ranges(ev, rows)
-    if not loop or len(number) < 2:
+    if loop is None or len(number) < 2:
         return number, start, end
-    cpu_end = int(ev.end[~ev.cat_flags(_GPU_SIDE)].max()) + 1
-    return number, start, np.append(start[1:], max(cpu_end, int(end[-1])))
+    last = int(ev.end[loop[ev.ts[loop] >= start[-1]]].max())
+    return number, start, np.append(start[1:], last)
 
 
 def _one_loop(ev: RankEvents, rows: np.ndarray) -> bool:
@@ -148,7 +150,8 @@ def _fallback_steps(ev: RankEvents, rank: str) -> Steps:
         head = min(candidates, key=lambda c: (-c[1], c[2]))
         loop = not (alone and _covers_loop(ev, best[4])) and _one_loop(ev, head[4])
         _, _, _, name, mine = head if loop else best
-        number, start, end = _iterations(ev, mine, loop)
+        beside = [c[4] for c in candidates if c[1] == head[1]]  # the loop's annotations
+        number, start, end = _iterations(ev, mine, np.concatenate(beside) if loop else None)
         note = (
             f"{rank}: no ProfilerStep#N; steps are the {len(number)} {_what(loop)} the "
             f"top-level annotation {name!r} (give --step-marker NAME to choose another)"
