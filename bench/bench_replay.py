@@ -2,7 +2,8 @@
 
 For every step of every trace in ../shared/traces (generated TF and torch jobs, and the
 Kineto traces of public/ and public/external, one job per file, the 8 DLRM ranks as
-one job; and the H100 trace recorded for this project, traces/torch/h100_cnn_windows),
+one job; and the traces recorded for this project, traces/torch/h100_cnn_windows and
+traces/torch/cpu_dataloader),
 `planner.simulate.replay` predicts the step with the step's own op times and
 observed order. Printed per trace: steps, median and worst |error| against the step's
 wall-clock time (its recorded span: ``ProfilerStep#N`` for PyTorch, first to last
@@ -77,11 +78,16 @@ def public_jobs() -> list[tuple[str, list[Path]]]:
 
 
 def repo_jobs() -> list[tuple[str, list[Path]]]:
-    """Real GPU traces recorded for this project on its GPU machine and kept in the
-    repo's traces/ (their README says how), after the simulator's models were built:
-    judged like the shared ones, never tuned on."""
+    """Real traces recorded for this project and kept in the repo's traces/ (their
+    README says how): the GPU machine's CNN, recorded after the simulator's models were
+    built and never tuned on; the CPU loop fed by a slow DataLoader, recorded to check
+    the input wait and the loop's iterations (the loop rule was set on it too)."""
     folder = ROOT / "traces" / "torch" / "h100_cnn_windows"
-    return [(str(folder.relative_to(ROOT)), [folder])] if folder.is_dir() else []
+    jobs = [(str(folder.relative_to(ROOT)), [folder])] if folder.is_dir() else []
+    loader = ROOT / "traces" / "torch" / "cpu_dataloader"
+    for path in sorted(loader.glob("*.json.gz")):
+        jobs.append((str(path.relative_to(ROOT)), [path]))
+    return jobs
 
 
 def recorded_walls(paths: list[Path]) -> dict[tuple[str, int], float]:

@@ -46,13 +46,15 @@ def _named(graph: OpGraph, columns: Mapping[str, Any], test: Any) -> np.ndarray:
 
 def _compute_mask(graph: OpGraph, columns: Mapping[str, Any]) -> np.ndarray:
     """Compute ops that count for C: GPU compute kernels when the rank has any (memcpy
-    and memset move data, as HTA's memory kernels), else all compute ops."""
+    and memset move data, as HTA's memory kernels), else all compute ops but the waits
+    for the step's input."""
     on_gpu = any(o.kind == "compute" and o.resource.startswith("gpu") for o in graph.ops.values())
     return _named(
         graph,
         columns,
         lambda o: (
             o.kind == "compute"
+            and o.is_work
             and (not on_gpu or (o.resource.startswith("gpu") and not _is_memory(o.type)))
         ),
     )

@@ -20,12 +20,14 @@ if TYPE_CHECKING:
     import networkx as nx
 
 OpKind = Literal["compute", "recv", "send", "collective"]
-Phase = Literal["forward", "backward", "optimizer", "unknown"]
+Phase = Literal["forward", "backward", "optimizer", "unknown", "input"]
 EdgeKind = Literal["data", "control"]
 
 OP_KINDS: tuple[str, ...] = ("compute", "recv", "send", "collective")
 TRANSFER_KINDS: frozenset[str] = frozenset({"recv", "send", "collective"})
-PHASES: tuple[str, ...] = ("forward", "backward", "optimizer", "unknown")
+PHASES: tuple[str, ...] = ("forward", "backward", "optimizer", "unknown", "input")
+"""``input``: the step waiting for its batch (the DataLoader's ``__next__``): timed and
+replayed as an op of its thread, but no work of the model (no compute, no transfer)."""
 
 
 class GraphError(ValueError):
@@ -51,6 +53,11 @@ class Op:
     @property
     def is_transfer(self) -> bool:
         return self.kind in TRANSFER_KINDS
+
+    @property
+    def is_work(self) -> bool:
+        """Compute or transfer of the model: not a wait for the step's input."""
+        return self.phase != "input"
 
 
 @dataclass(frozen=True, eq=False)

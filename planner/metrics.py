@@ -11,6 +11,10 @@ own compute, another worker, the client). Idle time is no ordering effect, so it
 reported on its own instead of being charged to the schedule; with it removed,
 ``lmin <= m <= umax`` holds by construction and E lies in [0, 1].
 
+A wait for the step's input (phase ``input``: the DataLoader's ``__next__``) is no work
+of the model: it is in the span, and its time is idle, as any wait on something outside
+the DAG.
+
 On a GPU rank the figures count the device work only (GPU streams and collectives): a
 CPU op and the kernel it launches are one chain of work, not two serial pieces, and
 the CPU issuing ahead is no part of the iteration's makespan. A rank without transfers
@@ -129,23 +133,26 @@ def rank_step_metrics(
                                  return_inverse=True)  # fmt: skip
     step_of = np.searchsorted(np.array(steps, dtype=np.int64), kept_steps)
     dedicated = np.asarray(columns["dedicated"], dtype=np.float64)[rows]
+    inputs = {n for n, op in graph.ops.items() if not op.is_work}
+    work = np.fromiter((n not in inputs for n in names), dtype=bool, count=len(names))
     present = np.zeros((len(steps), max(len(labels), 1)), dtype=bool)
-    present[step_of, resource] = True
+    present[step_of[work], resource[work]] = True
     ordered = {name for name, op in graph.ops.items() if op.kind in ("recv", "collective")}
     applies = any(op.is_transfer for op in graph.ops.values())
     cuts = np.searchsorted(kept_steps, steps + [steps[-1] + 1] if steps else [])
     out = []
     for i, number in enumerate(steps):
         lo, hi = int(cuts[i]), int(cuts[i + 1])
-        if lo == hi:
+        mine = lo + np.flatnonzero(work[lo:hi])  # the step's rows but its input waits
+        if not len(mine):
             out.append(_empty_step(rank, number))
             continue
         span = float(ends[lo:hi].max() - starts[lo:hi].min())
-        busy = float(busy_time(starts[lo:hi], durations[lo:hi]))
+        busy = float(busy_time(starts[mine], durations[mine]))
         # as pandas' groupby("resource") of the step's rows: each resource's sum (the
         # resources present, in sorted order), in the rows' order
         code = np.cumsum(present[i]) - 1
-        per_resource = group_sums(dedicated[lo:hi], code[resource[lo:hi]], int(present[i].sum()))
+        per_resource = group_sums(dedicated[mine], code[resource[mine]], int(present[i].sum()))
         umax = float(per_resource.sum()) / 1e9
         lmin = float(per_resource.max()) / 1e9
         m = busy / 1e9

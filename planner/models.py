@@ -117,7 +117,7 @@ def _is_gpu(resource: str) -> bool:
 
 def _compute_ops(graph: OpGraph) -> tuple[set[str], set[str]]:
     """(layer compute ops, update ops); on a rank with GPU ops only those count."""
-    compute = {n: o for n, o in graph.ops.items() if o.kind == "compute"}
+    compute = {n: o for n, o in graph.ops.items() if o.kind == "compute" and o.is_work}
     if any(_is_gpu(o.resource) for o in compute.values()):
         compute = {n: o for n, o in compute.items() if _is_gpu(o.resource)}
     update = {

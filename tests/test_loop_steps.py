@@ -14,8 +14,9 @@ import json
 
 import numpy as np
 import pytest
-from conftest import SHARED, need
+from conftest import REPO, SHARED, need
 
+from planner import analysis, models
 from planner import simulate as sim
 from planner.ingest import detect, kineto, kineto_dag
 from planner.ingest.kineto_events import read_rank
@@ -132,3 +133,56 @@ def test_the_input_wait_as_an_op_keeps_the_replay_on_the_step(monkeypatch, as_op
         monkeypatch.setattr(kineto, "INPUT_WAIT", kineto.re.compile(r"^$never"))
     worst = _worst(sim.replay(detect.load([path])))
     assert worst < 0.10 if as_op else worst > 1.0
+
+
+CPU_LOADER = REPO / "traces/torch/cpu_dataloader"
+
+
+def test_a_cpu_loop_fed_by_a_slow_loader():
+    """A CPU MLP fed by a 2-worker DataLoader whose samples take 1–12 ms (recorded here,
+    `traces/torch/cpu_dataloader/record.py`): no ``ProfilerStep#N``, 13 ``__next__``
+    ranges (the 13th ends the loop) beside 12 ``zero_grad`` and ``step``. The loop runs
+    from one ``__next__`` to the next; each wait is an op of phase ``input`` timed as
+    the raw range; the replay keeps every complete iteration within 5% while the waits
+    run from 1.2 to 113 ms; the metrics count the wait in the iteration's span as idle
+    time, not as work."""
+    path = CPU_LOADER / "loop.json.gz"
+    raw = [
+        e
+        for e in json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+        if e.get("cat") == "user_annotation" and e["name"].startswith("enumerate(DataLoader)")
+    ]
+    raw.sort(key=lambda e: e["ts"])
+    job = detect.load([path])
+    assert job.trace.iterations("rank0") == list(range(13))
+    op = job.graphs["rank0"].ops[f"main/{raw[0]['name']}#0"]
+    assert op.phase == "input" and not op.is_work
+    t = job.trace.timings
+    waits = t[t["op"] == op.name].sort_values("iteration")["duration"].to_numpy()
+    np.testing.assert_allclose(waits, [e["dur"] * 1000 for e in raw], atol=1)
+    assert waits.min() < 2e6 and waits.max() > 100e6
+
+    document = sim.replay(job)
+    complete = [s for s in document["ranks"][0]["steps"] if not s.get("partial")]
+    assert len(complete) == 12 and _worst(document) < 0.05
+
+    steps = {s["iteration"]: s for s in analysis.metrics(job)["steps"]}
+    for it in range(12):
+        spans = t[t["iteration"] == it]
+        wait = float(waits[it]) / 1e9
+        span = float((spans["start"] + spans["duration"]).max() - spans["start"].min()) / 1e9
+        assert steps[it]["makespan"] == pytest.approx(span)  # the wait is in the span
+        assert steps[it]["idle"] >= wait - 1e-9  # ... as idle time
+        assert steps[it]["umax"] < span - wait + 1e-9  # ... and no work
+    assert not any("DataLoader" in n for n in models._compute_ops(job.graphs["rank0"])[0])
+
+
+def test_a_profiled_step_holds_its_wait_for_the_batch():
+    """The same loop with ``prof.step()``: the ``ProfilerStep#N`` ranges are the steps,
+    and the DataLoader's range inside each is its input op."""
+    job = detect.load([CPU_LOADER / "steps.json.gz"])
+    assert job.trace.iterations("rank0") == list(range(2, 12))
+    t = job.trace.timings
+    waits = t[t["op"].str.startswith("main/enumerate(DataLoader)")]
+    assert sorted(waits["iteration"]) == list(range(2, 12))
+    assert _worst(sim.replay(job)) < 0.10

@@ -73,6 +73,7 @@ from planner.ingest.kineto_params import LAYER_PARAMS, parameters_from_sizes
 from planner.ingest.kineto_steps import (
     BACKWARD,
     FORWARD,
+    INPUT,
     Steps,
     cumcount,
     find_steps,
@@ -129,7 +130,8 @@ ops, and an Op is a frozen value, so one object (and one name string) serves the
 INPUT_WAIT = re.compile(r"^enumerate\(DataLoader\)")
 """The range PyTorch's DataLoader records around each ``__next__``: the time the step
 waited for its batch (the loader's workers, pinning), an op of the thread that ran it
-whose duration is the step's own, not a gap between ops. Ops inside it (the batch's
+whose duration is the step's own, not a gap between ops; its phase is ``input``, no work
+of the model. Ops inside it (the batch's
 ``aten::set_``) are part of it."""
 
 
@@ -151,9 +153,8 @@ class _Rows:
 
 def _rows(ev: RankEvents, rank: str, steps: Steps, notes: list[str]) -> tuple[_Rows, np.ndarray]:
     """Classify the rows of `ev`; also returns which rows are outermost CPU ops."""
-    is_cpu = ev.cat_flags(CPU_OP_CATS) | (
-        ev.cat_flags({"user_annotation"}) & ev.name_flags(INPUT_WAIT.match)
-    )
+    waits = ev.cat_flags({"user_annotation"}) & ev.name_flags(INPUT_WAIT.match)
+    is_cpu = ev.cat_flags(CPU_OP_CATS) | waits
     is_gpu = gpu_rows(ev)
     backend = ev.name_flags(BACKEND.match) & ev.cat_flags({"user_annotation"})
     # outermost CPU ops per thread (comm backend records count as CPU events for nesting)
@@ -162,10 +163,11 @@ def _rows(ev: RankEvents, rank: str, steps: Steps, notes: list[str]) -> tuple[_R
     launch = launches(ev, is_gpu)
     step = step_of(steps, launch.anchor)
     step[launch.orphan] = -1
+    phase = phases(ev, launch.anchor, rank, notes)
+    phase[waits] = INPUT
     rows = _Rows(
         ev, is_cpu, is_gpu, is_gpu | ev.cat_flags({"gpu_user_annotation"}), cpu_like,
-        enclosing, launch.row, step, phases(ev, launch.anchor, rank, notes),
-        lane_labels(ev, steps.main_lane),
+        enclosing, launch.row, step, phase, lane_labels(ev, steps.main_lane),
     )  # fmt: skip
     return rows, is_outer
 

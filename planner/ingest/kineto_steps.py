@@ -21,8 +21,8 @@ from planner.errors import InputError
 from planner.graph import PHASES
 from planner.ingest.kineto_events import CPU_OP_CATS, GPU_CATS, STEP_NAME, RankEvents
 
-FORWARD, BACKWARD, OPTIMIZER, UNKNOWN = map(
-    PHASES.index, ("forward", "backward", "optimizer", "unknown")
+FORWARD, BACKWARD, OPTIMIZER, UNKNOWN, INPUT = map(
+    PHASES.index, ("forward", "backward", "optimizer", "unknown", "input")
 )  # phase codes: indexes into PHASES
 _BIG = np.int64(1) << np.int64(62)
 
@@ -129,10 +129,11 @@ def _what(loop: bool) -> str:
 
 def _fallback_steps(ev: RankEvents, rank: str) -> Steps:
     """The ranges of the repeating top-level annotation covering most time where they
-    are the loop's body; else the iterations from one start to the next of the loop's
-    head (the most frequent repeating top-level annotation, the earliest on ties: the
-    DataLoader's ``__next__`` before ``Optimizer.zero_grad``) where it marks one loop
-    (`_one_loop`); else the whole trace."""
+    are the loop's body (long, and no other annotation repeats on their thread); else
+    the iterations from one start to the next of the loop's head (the most frequent
+    repeating top-level annotation, the earliest on ties: the DataLoader's ``__next__``
+    before ``Optimizer.zero_grad``) where it marks one loop (`_one_loop`); else the
+    whole trace."""
     ann = ev.cat_flags({"user_annotation"}) & ~ev.name_flags(_COMM_ANNOTATION.match)
     rows = np.flatnonzero(ann)
     candidates: list[tuple[int, int, int, str, np.ndarray]] = []
@@ -146,11 +147,13 @@ def _fallback_steps(ev: RankEvents, rank: str) -> Steps:
                 candidates.append((covered, len(mine), first, ev.names[code], mine))
     if candidates:
         best = max(candidates, key=lambda c: c[0])
-        alone = all(c is best or c[1] < best[1] for c in candidates)  # nothing beside it
         head = min(candidates, key=lambda c: (-c[1], c[2]))
+        lane = ev.lane[head[4][0]]
+        beside = [c[4] for c in candidates if (ev.lane[c[4]] == lane).all()]  # the loop's
+        alone = not any(c is not best and (ev.lane[c[4]] == ev.lane[best[4][0]]).any()
+                        for c in candidates)  # fmt: skip
         loop = not (alone and _covers_loop(ev, best[4])) and _one_loop(ev, head[4])
         _, _, _, name, mine = head if loop else best
-        beside = [c[4] for c in candidates if c[1] == head[1]]  # the loop's annotations
         number, start, end = _iterations(ev, mine, np.concatenate(beside) if loop else None)
         note = (
             f"{rank}: no ProfilerStep#N; steps are the {len(number)} {_what(loop)} the "
