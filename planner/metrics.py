@@ -134,7 +134,9 @@ def rank_step_metrics(
     step_of = np.searchsorted(np.array(steps, dtype=np.int64), kept_steps)
     dedicated = np.asarray(columns["dedicated"], dtype=np.float64)[rows]
     inputs = {n for n, op in graph.ops.items() if not op.is_work}
-    work = np.fromiter((n not in inputs for n in names), dtype=bool, count=len(names))
+    work = np.ones(len(names), dtype=bool)
+    if inputs:  # (speed) most ranks have none: no pass over their rows
+        work = np.fromiter((n not in inputs for n in names), dtype=bool, count=len(names))
     present = np.zeros((len(steps), max(len(labels), 1)), dtype=bool)
     present[step_of[work], resource[work]] = True
     ordered = {name for name, op in graph.ops.items() if op.kind in ("recv", "collective")}

@@ -95,11 +95,11 @@ def test_an_inference_servers_stages_are_no_loop():
     assert len(steps.number) == 1 and "ranges of" in steps.notes[0]
 
 
-def test_the_main_thread_waits_for_autogrades_last_op():
+def test_the_main_thread_waits_for_autograds_last_op():
     """Every linear_kineto iteration joins autograd's thread to the main thread: an
-    edge from the thread's last op (raw end) to the main thread's first op after it,
-    which started after that end in every step. Without the join the replay missed an
-    iteration by 24%."""
+    edge from the thread's last op (its recorded end) to the main thread's first op
+    after it, which started after that end in every step. Without the join the replay
+    missed an iteration by 24%."""
     path = need(LINEAR)
     job = detect.load([path])
     joins = [

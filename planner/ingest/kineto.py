@@ -131,8 +131,7 @@ INPUT_WAIT = re.compile(r"^enumerate\(DataLoader\)")
 """The range PyTorch's DataLoader records around each ``__next__``: the time the step
 waited for its batch (the loader's workers, pinning), an op of the thread that ran it
 whose duration is the step's own, not a gap between ops; its phase is ``input``, no work
-of the model. Ops inside it (the batch's
-``aten::set_``) are part of it."""
+of the model. Ops inside it (the batch's ``aten::set_``) are part of it."""
 
 
 @dataclass

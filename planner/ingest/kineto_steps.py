@@ -5,8 +5,8 @@ annotation or op name the user gives); without that, the occurrences of the top-
 annotation that repeats most (covering the most time), else the whole trace as one
 step. Ranges that cover little of the loop (``Optimizer.zero_grad``) mark its
 iterations from one start to the next, the last one to the end of the loop's last
-annotation. Every fallback leaves a note, so a user knows
-what a "step" means for the trace.
+annotation. Every fallback leaves a note, so a user knows what a "step" means for the
+trace.
 """
 
 from __future__ import annotations
@@ -148,13 +148,12 @@ def _fallback_steps(ev: RankEvents, rank: str) -> Steps:
     if candidates:
         best = max(candidates, key=lambda c: c[0])
         head = min(candidates, key=lambda c: (-c[1], c[2]))
-        lane = ev.lane[head[4][0]]
-        beside = [c[4] for c in candidates if (ev.lane[c[4]] == lane).all()]  # the loop's
-        alone = not any(c is not best and (ev.lane[c[4]] == ev.lane[best[4][0]]).any()
-                        for c in candidates)  # fmt: skip
+        best_lane, head_lane = ev.lane[best[4][0]], ev.lane[head[4][0]]
+        alone = not any(c is not best and (ev.lane[c[4]] == best_lane).any() for c in candidates)
         loop = not (alone and _covers_loop(ev, best[4])) and _one_loop(ev, head[4])
         _, _, _, name, mine = head if loop else best
-        number, start, end = _iterations(ev, mine, np.concatenate(beside) if loop else None)
+        marks = [c[4] for c in candidates if (ev.lane[c[4]] == head_lane).all()]  # the loop's
+        number, start, end = _iterations(ev, mine, np.concatenate(marks) if loop else None)
         note = (
             f"{rank}: no ProfilerStep#N; steps are the {len(number)} {_what(loop)} the "
             f"top-level annotation {name!r} (give --step-marker NAME to choose another)"
