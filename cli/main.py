@@ -51,7 +51,10 @@ PATTERNS_ENV = "PLANNER_COMM_PATTERNS"
     "--step-marker",
     envvar=STEP_MARKER_ENV,
     metavar="NAME",
-    help="PyTorch traces without ProfilerStep#N: the annotation whose ranges are the steps.",
+    help=(
+        "PyTorch traces without ProfilerStep#N: the annotation that marks the steps (its "
+        "ranges, or, where they cover little of the loop, from one start to the next)."
+    ),
 )
 @click.option(
     "--comm-patterns",
