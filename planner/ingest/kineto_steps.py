@@ -103,16 +103,17 @@ def _covers_loop(ev: RankEvents, rows: np.ndarray) -> bool:
 
 
 def _iterations(
-    ev: RankEvents, rows: np.ndarray, loop: np.ndarray | None = None
+    ev: RankEvents, rows: np.ndarray, marks: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(number, start, end) of the iterations the ranges `rows` mark: the ranges
-    themselves, or given the rows of the `loop`'s annotations (`rows` among them) the
-    time from each one's start to the next's, the last one's to the end of the loop's
-    last annotation (what the trace holds after the loop is in no iteration)."""
+    themselves, or, given `marks` (the rows of every annotation of the loop, `rows`
+    among them), the time from each one's start to the next's, the last one's to the
+    end of the loop's last annotation (what the trace holds after the loop is in no
+    iteration)."""
     number, start, end = _ranges(ev, rows)
-    if loop is None or len(number) < 2:
+    if marks is None or len(number) < 2:
         return number, start, end
-    last = int(ev.end[loop[ev.ts[loop] >= start[-1]]].max())
+    last = int(ev.end[marks[ev.ts[marks] >= start[-1]]].max())
     return number, start, np.append(start[1:], last)
 
 
