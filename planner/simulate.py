@@ -1264,11 +1264,29 @@ def timed_wall(
     close after them as observed. The step's clock starts at its recorded start: on a
     GPU rank (the device's step) the CPU issued its records earlier, a step or two
     ahead (30 ms before a 19 ms step on the MI300 DDP trace); they are replayed, not
-    timed. `span`: the step's span as the replay ran it (`_step_models`)."""
+    timed. `span`: the step's span as the replay ran it (`_step_models`).
+
+    A device step is timed in the replay as it is in the trace: from its first device
+    op (a kernel, a copy, a collective) *as replayed*. Timed from the recorded start,
+    any error in when the CPU got to the step's first launch counted as device time:
+    `param/resnet_kineto`'s main thread runs nothing the trace records for 12-35 ms
+    before each batch copy, and a replay that took 24 ms there read 12 ms longer a
+    158 ms device step that the same kernels, launched 12 ms later, run as long."""
     keep = model.observed[:n]
     end = float((start[:n][keep] + ticks[:n][keep]).max(initial=0)) / TICKS_PER_SECOND
     ahead = max(0, recorded[0] - span[0]) if recorded is not None else 0
+    device = keep & _device_ops(model.compiled)[:n]
+    if ahead > 0 and device.any():
+        return end + model.tail - float(start[:n][device].min()) / TICKS_PER_SECOND, ahead
     return end + model.tail - ahead / 1e9, ahead
+
+
+def _device_ops(compiled: Compiled) -> np.ndarray:
+    """Per op of `compiled`: device work of a GPU rank (an op on a GPU stream, or a
+    transfer where the rank has GPU streams), as the ingest spans a GPU step."""
+    gpu = np.array([r.startswith("gpu") for r in compiled.resources], dtype=bool)
+    on_gpu = gpu[compiled.res]
+    return on_gpu | compiled.transfer if on_gpu.any() else on_gpu
 
 
 def covered(rows: Mapping[str, np.ndarray], window: tuple[int, int]) -> float:

@@ -329,17 +329,18 @@ MI300 = (
 
 @pytest.mark.parametrize(
     ("path", "worst_before", "worst_after"),
-    [(NS_TRACE, 0.80, 0.01), (MI300, 0.15, 0.03)],
+    [(NS_TRACE, 0.80, 0.01), (MI300, None, 0.03)],
 )
 def test_a_gpu_stream_begins_the_step_with_the_previous_steps_queue(
     path, worst_before, worst_after
 ):
     """The CPU queues a step's kernels while the stream still runs the previous step's:
     without that queue the first kernels' waits were taken from the other steps, so the
-    first profiled step of the HTA ns trace, whose stream was idle, was +88% and the
-    MI300 DDP steps (CPU two steps ahead) up to 20% of their 19 ms device step. Released
+    first profiled step of the HTA ns trace, whose stream was idle, was +88%. Released
     at the previous step's last end on their stream (the first traced step: at the
-    typical queue), they are < 1% and 2.5% (0.45 ms)."""
+    typical queue), it is < 1%. The MI300 DDP steps (CPU two steps ahead) are 2.5%
+    (0.45 ms of 19 ms) either way: without the queue their whole device step starts
+    early, and a device step is timed from its first device op as replayed."""
     job = detect.load([need(path)])
     after = _errors(sim.replay(job))
     assert after.max() < worst_after
@@ -356,14 +357,17 @@ def test_a_gpu_stream_begins_the_step_with_the_previous_steps_queue(
         ops = rows["op"].map(compiled.index).to_numpy()
         mine = rows[on_stream[ops]]
         assert queue[it][on_stream].max() == int((mine["start"] + mine["duration"]).max())
-    # without the queue (each step's releases from itself only): the old, larger error
+    # without the queue (each step's releases from itself only)
     original = sim.carried_over
     try:
         sim.carried_over = lambda *args: {}
         before = _errors(sim.replay(job))
     finally:
         sim.carried_over = original
-    assert before.max() > worst_before
+    if worst_before is None:  # the device step moved as a whole
+        np.testing.assert_allclose(before, after, atol=1e-4)
+    else:
+        assert before.max() > worst_before
 
 
 def test_a_gpu_rank_is_timed_from_its_device_step():
