@@ -18,7 +18,8 @@ the trace itself, records covering less than half of its wall-clock time; the ex
 traces are printed with the reason, and the overall figures with and without them. For
 the generated jobs the replay is also compared with the step times their scripts
 recorded (TF: the whole ``session.run``, as it is and with the client time of the other
-steps that no RunMetadata record covers).
+steps that no RunMetadata record covers). A GPU rank's step is its device's; its CPU
+range (what the training loop's clock reads) is printed beside it, not judged.
 Files that cannot be replayed (no graph, no timed op) are listed with the reason.
 
 Run: ``nice python bench/bench_replay.py`` from the repo root (``--only SUBSTRING`` to
@@ -178,6 +179,30 @@ def recorded(rows: list[tuple[str, str, dict, float]]) -> None:
         )
 
 
+def host_clock(judged: list[tuple[str, str, dict]]) -> None:
+    """The judged steps of GPU ranks timed on their CPU's range as well (``cpu_wall``):
+    what the training loop's own clock reads, beside the device's step the judgement
+    takes. Printed, not judged: a plan moves device work, and the replay holds a CPU
+    op that waited for the device (a sync, a copy) at its observed duration; on an
+    input-bound job (`param/resnet_kineto`) it is the iteration a user feels."""
+    rows = [(n, s) for n, _, s in judged if s.get("cpu_wall_error") is not None]
+    if not rows:
+        return
+    print(
+        "\nGPU ranks' judged steps timed on their CPU range too (the host loop's clock; "
+        "printed, not judged):"
+    )
+    for trace in dict.fromkeys(n for n, _ in rows):
+        cpu = np.abs([s["cpu_wall_error"] for n, s in rows if n == trace])
+        device = np.abs([s["wall_error"] for n, s in rows if n == trace])
+        walls = [s["cpu_wall"] / s["wall"] for n, s in rows if n == trace]
+        print(
+            f"  {trace}: {len(cpu)} steps, CPU range median |error| {pct(np.median(cpu))}, "
+            f"worst {pct(cpu.max())} (device step {pct(np.median(device))} / "
+            f"{pct(device.max())}); CPU range / device step {min(walls):.2f}-{max(walls):.2f}"
+        )
+
+
 def cover_of(step: dict) -> float:
     """Share of the step's wall-clock time in which some traced op of the rank runs
     (the replay's ``cover``: on a GPU rank its CPU's records count too)."""
@@ -285,6 +310,7 @@ def main() -> int:
             )
     wall = np.array([abs(s["wall_error"]) for _, _, s in judged_steps or steps_all])
     busy = np.array([abs(s["replay_error"]) for _, _, s in judged_steps or steps_all])
+    host_clock(judged_steps)
     if rec_rows:
         recorded(rec_rows)
     print("\nfive worst judged steps (wall-clock error):")

@@ -175,7 +175,7 @@ def simulation_of(
         plans = {"caramel": {rank: planned}}
     steps = sim._replay_rank(
         compiled, rows, oracle, seed, spans, release, len(graph.ops), pools,
-        {name: p[rank] for name, p in plans.items()},
+        {name: p[rank] for name, p in plans.items()}, sim.cpu_spans_of(job, rank),
     )  # fmt: skip
     knobs = options["knobs"]
     shared = {"samples": samples, "seed": seed, "oracles": {rank: oracle}, "frame": frame}

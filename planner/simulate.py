@@ -1155,9 +1155,11 @@ def _replay_rank(
     own: int | None = None,
     pools: bool = False,
     plans: Mapping[str, Plan] | None = None,
+    cpu_spans: Mapping[int, tuple[int, int]] | None = None,
 ) -> list[dict[str, Any]]:
     """The replayed steps of one rank (see `replay`); `own`, `pools`: as in `_step_models`;
-    `plans`: each replayed on every step too (`_replay_plans`)."""
+    `plans`: each replayed on every step too (`_replay_plans`); `cpu_spans`: a GPU rank's
+    steps as its CPU ran them (`cpu_spans_of`), timed beside the device's steps."""
     models = _step_models(compiled, rows_of_rank, oracle, spans, releases, own, pools)
     lenders = covered_steps(models, own)
     overheads = typical_overheads({it: m for it, (_, _, m) in models.items()}, lenders)
@@ -1196,6 +1198,10 @@ def _replay_rank(
             "cover": covered(known, (span[0] + ahead, span[1])),
             "cause": _cause(traced, model, path),
         }
+        cpu_timed = timed_cpu(model, known, start, ticks, n, (cpu_spans or {}).get(it))
+        if cpu_timed is not None:
+            step["cpu_wall"], step["predicted_cpu_wall"] = cpu_timed
+            step["cpu_wall_error"] = cpu_timed[1] / cpu_timed[0] - 1.0
         if model.missing:
             step["partial"] = records.note(str(rows_of_rank["rank"].iloc[0]), it, model.missing)
         steps.append(step)
@@ -1279,6 +1285,41 @@ def timed_wall(
     if ahead > 0 and device.any():
         return end + model.tail - float(start[:n][device].min()) / TICKS_PER_SECOND, ahead
     return end + model.tail - ahead / 1e9, ahead
+
+
+def timed_cpu(
+    model: StepModel,
+    known: Mapping[str, np.ndarray],
+    start: np.ndarray,
+    ticks: np.ndarray,
+    n: int,
+    cpu_span: tuple[int, int] | None,
+) -> tuple[float, float] | None:
+    """(the step's CPU range in s, as recorded and as replayed) on a GPU rank: what the
+    training loop's own clock reads. The device's step leaves out what the CPU did before
+    its first launch, the wait for a batch included (`param/resnet_kineto`: device steps
+    of 150-171 ms in iterations of 124-829 ms). Replayed: from the recorded range start
+    to the end of the rank's CPU ops as replayed, plus the close after them as observed.
+    `known`: the rank's records of the step (``start``, ``duration``, ``idx``). None
+    without a CPU range or a CPU record in it."""
+    on_cpu = ~_device_ops(model.compiled)[:n]
+    cpu = model.observed[:n] & on_cpu
+    if cpu_span is None or not cpu.any() or cpu_span[1] <= cpu_span[0]:
+        return None
+    begin, end = cpu_span
+    mine = on_cpu[known["idx"]]
+    last = int((known["start"][mine] + known["duration"][mine]).max())
+    replayed = float((start[:n][cpu] + ticks[:n][cpu]).max()) / TICKS_PER_SECOND
+    close = max(0, end - last) / 1e9
+    return (end - begin) / 1e9, replayed + close + (model.t0 - begin) / 1e9
+
+
+def cpu_spans_of(job: Job, rank: str) -> dict[int, tuple[int, int]]:
+    """Iteration -> (start, end) ns of a GPU rank's steps as its CPU ran them (the
+    ingest's record of each step's CPU range beside its device span; empty on a CPU
+    rank, whose step spans are these)."""
+    steps = ((job.meta.get("ranks") or {}).get(rank) or {}).get("steps") or []
+    return {int(s["step"]): (int(s["cpu_start"]), int(s["cpu_end"])) for s in steps}
 
 
 def _device_ops(compiled: Compiled) -> np.ndarray:
@@ -1433,7 +1474,10 @@ def replay(
         spans = spans_of(job, rank)
         release = _latest(release, carried_over(compiled, rows, spans))
         of_rank = {name: p[rank] for name, p in (plans or {}).items() if rank in p}
-        steps = _replay_rank(compiled, rows, oracle, seed, spans, release, own, pools, of_rank)
+        steps = _replay_rank(
+            compiled, rows, oracle, seed, spans, release, own, pools, of_rank,
+            cpu_spans_of(job, rank),
+        )  # fmt: skip
         ranks.append({"rank": rank, **_error_summary(steps), "steps": steps})
     document = {"schema": SCHEMA, "kind": "replay", "ranks": ranks, **_all_errors(ranks)}
     if shared_core is not None:
