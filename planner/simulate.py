@@ -1175,10 +1175,12 @@ def _replay_rank(
         keep = model.observed[:n]
         recorded = (spans or {}).get(it)
         predicted_wall, ahead = timed_wall(model, start, ticks, n, span, recorded)
-        predicted = busy_time(begin[keep], took[keep]) / TICKS_PER_SECOND
+        device = _device_ops(compiled)[:n]
+        timed = keep & device if (keep & device).any() else keep  # a GPU rank: its device
+        predicted = busy_time(begin[timed], took[timed]) / TICKS_PER_SECOND
         path = _critical(traced, start, ticks, n)
         known = own_rows(known, n)
-        busy, op_span = measured(known)
+        busy, op_span = measured({k: v[timed[known["idx"]]] for k, v in known.items()})
         wall = (span[1] - span[0] - ahead) / 1e9
         error = predicted / busy - 1.0 if busy > 0 else None
         wall_error = predicted_wall / wall - 1.0 if wall > 0 else None

@@ -143,7 +143,8 @@ def test_a_device_step_is_timed_from_its_first_device_op_as_replayed(monkeypatch
     The device step (its wall-clock time) is timed from its first device op, in the
     trace and in the replay alike: its kernels, launched later, run as long. Timed from
     the recorded start instead, those 12 ms counted as device time: up to 7.96% off a
-    158 ms step."""
+    158 ms step. Its busy time is the union of its device records (raw JSON), as the
+    metrics count it, not of its CPU's too (up to 905 ms, the wait for a batch included)."""
     path = need(RESNET)
     events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
     main = [e for e in events if e.get("cat") in ("cpu_op", "user_annotation")]
@@ -158,13 +159,39 @@ def test_a_device_step_is_timed_from_its_first_device_op_as_replayed(monkeypatch
     document = sim.replay(job)
     spans = sim.spans_of(job, "rank0")
     steps = [s for s in document["ranks"][0]["steps"] if not s.get("partial")]
+    device = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     for s in steps:  # the measured side: the device step as the ingest spans it
         begin, end = spans[s["iteration"]]
         assert s["wall"] == pytest.approx((end - begin) / 1e9, abs=1e-6)
+        # its busy time: the union of its device records (raw µs), not of its CPU's too
+        mine = sorted(
+            (e["ts"] * 1000, (e["ts"] + e["dur"]) * 1000)
+            for e in device
+            if begin <= e["ts"] * 1000 < end
+        )
+        union, reach = 0.0, -np.inf
+        for a, b in mine:
+            union += max(0.0, b - max(a, reach))
+            reach = max(reach, b)
+        assert s["measured"] == pytest.approx(union / 1e9, abs=2e-6)
+        assert s["measured"] <= s["wall"]
     assert np.median([s["wall"] for s in steps]) < 0.17  # of loop periods 124-829 ms
     assert _worst(document) < 0.01
     monkeypatch.setattr(sim, "_device_ops", lambda c: np.zeros(len(c.names), dtype=bool))
     assert _worst(sim.replay(job)) > 0.07
+
+
+def test_the_comparison_says_it_misreads_an_input_bound_gpu_step():
+    """The plan comparison schedules one step's CPU and device ops alike: on resnet_kineto
+    its makespan holds the wait for a batch, far from the device's busy time the replay
+    measures, and its warning says the plan gains are to be read from the replay."""
+    job = detect.load([need(RESNET)])
+    (rank,) = sim.simulation(job, samples=5)["comparison"]["ranks"]
+    busy = np.mean([s["measured"] for s in sim.replay(job)["ranks"][0]["steps"]
+                    if not s.get("partial")])  # fmt: skip
+    observed = next(p for p in rank["plans"] if p["plan"] == "observed")
+    assert rank["comparison_error"] == pytest.approx(observed["predicted"] / busy - 1)
+    assert rank["comparison_error"] > 1.0 and "replayed gain" in rank["comparison_warning"]
 
 
 def test_a_gpu_ranks_cpu_range_is_timed_beside_its_device_step():

@@ -521,17 +521,19 @@ DF_INDEX = HTA / "df_index_resolver" / "df_index_resolver.json.gz"
 
 
 @pytest.mark.parametrize(
-    ("path", "worst_before", "worst_after", "busy_before", "busy_after"),
-    [(NS_TRACE, 0.05, 0.01, 0.10, 0.01), (DF_INDEX, 0.015, 0.01, 0.01, 0.005)],
+    ("path", "worst_before", "worst_after", "busy_after"),
+    [(NS_TRACE, 0.05, 0.01, 0.001), (DF_INDEX, 0.015, 0.01, 0.01)],
 )
 def test_a_thread_starts_when_the_main_thread_hands_it_work(
-    path, worst_before, worst_after, busy_before, busy_after, monkeypatch
+    path, worst_before, worst_after, busy_after, monkeypatch
 ):
     """Autograd's engine thread starts the backward once the main thread's `backward()`
     has seeded the gradient (`aten::ones_like`): without that edge its first op waited
     from the step's start for as long as the forward took in the other steps (HTA ns
-    trace: `DivBackward1` 14.4 ms in step 101, 38.3 ms in the others; +7.0% wall, busy
-    -14.7%). With it the ns steps replay within 0.1%, df_index_resolver within 0.8%."""
+    trace: `DivBackward1` 14.4 ms in step 101, 38.3 ms in the others; +7.0% wall). With
+    it the ns steps replay within 0.1%, df_index_resolver within 0.8%. (Their busy time is
+    the device's, whose kernels keep their own durations either way; counted over the
+    CPU's records too, the ns trace's was -14.7% without the edge.)"""
     from planner.ingest import kineto_dag
 
     job = detect.load([need(path)])
@@ -562,7 +564,6 @@ def test_a_thread_starts_when_the_main_thread_hands_it_work(
     monkeypatch.setattr(kineto_dag, "thread_start_edges", lambda *args: (empty,) * 3)
     old = sim.replay(detect.load([need(path)]))
     assert _errors(old).max() > worst_before
-    assert max(abs(s["replay_error"]) for s in _complete(old)) > busy_before
 
 
 LINEAR = SHARED / "public/param/et_replay/tests/inputs/linear_kineto.json.gz"
