@@ -1284,7 +1284,7 @@ def timed_wall(
     end = float((start[:n][keep] + ticks[:n][keep]).max(initial=0)) / TICKS_PER_SECOND
     ahead = max(0, recorded[0] - span[0]) if recorded is not None else 0
     device = keep & _device_ops(model.compiled)[:n]
-    if ahead > 0 and device.any():
+    if recorded is not None and device.any():
         return end + model.tail - float(start[:n][device].min()) / TICKS_PER_SECOND, ahead
     return end + model.tail - ahead / 1e9, ahead
 
