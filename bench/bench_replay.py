@@ -8,8 +8,9 @@ traces/torch/cpu_dataloader),
 observed order. Printed per trace: steps, median and worst |error| against the step's
 wall-clock time (its recorded span: ``ProfilerStep#N`` for PyTorch, first to last
 record of the RunMetadata for TF; on a GPU rank the device's step) and against its busy
-time (the union of its op intervals; on a GPU rank of its device work); then the overall figures and the five worst steps with the largest
-unmodelled gap the replay names as their cause. Steps flagged partial (records
+time (the union of its op intervals; on a GPU rank of its device work); then the overall
+figures and the five worst steps with the largest unmodelled gap the replay names as
+their cause. Steps flagged partial (records
 missing) are listed apart and left out of the figures, as CI gates leave them out; so
 are ranks with a single step (no other step to take the overheads from: the replay
 would reproduce the step by construction). `cover` is the share of the wall-clock time

@@ -1166,6 +1166,7 @@ def _replay_rank(
     if not pools:
         faster = thread_speedups(compiled, {it: m for it, (_, _, m) in models.items()}, lenders)
         overheads = {it: o * faster[it] for it, o in overheads.items()}
+    device = _device_ops(compiled)[: len(compiled.names[:own])]
     steps = []
     for it, (known, span, traced) in models.items():
         model = with_overhead(traced, overheads[it])
@@ -1175,7 +1176,6 @@ def _replay_rank(
         keep = model.observed[:n]
         recorded = (spans or {}).get(it)
         predicted_wall, ahead = timed_wall(model, start, ticks, n, span, recorded)
-        device = _device_ops(compiled)[:n]
         timed = keep & device if (keep & device).any() else keep  # a GPU rank: its device
         predicted = busy_time(begin[timed], took[timed]) / TICKS_PER_SECOND
         path = _critical(traced, start, ticks, n)
