@@ -60,6 +60,12 @@ class Op:
         return self.phase != "input"
 
 
+def on_gpu(resource: str) -> bool:
+    """Whether `resource` is a GPU stream as the Kineto ingest names them (``gpu0/...``):
+    the device work of a GPU rank, which its metrics and its replayed steps count."""
+    return resource.startswith("gpu")
+
+
 @dataclass(frozen=True, eq=False)
 class OpGraph:
     """A DAG of ops. Edge i runs from op ``src[i]`` to op ``dst[i]`` (positions in

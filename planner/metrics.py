@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from planner.graph import OpGraph
+from planner.graph import OpGraph, on_gpu
 from planner.trace import busy_time
 
 
@@ -74,11 +74,9 @@ def speedup_bound(umax: float, lmin: float) -> float:
 
 def device_ops(graph: OpGraph) -> frozenset[str] | None:
     """The ops of a GPU rank's device work (GPU streams and transfers); None on a CPU rank."""
-    if not any(op.resource.startswith("gpu") for op in graph.ops.values()):
+    if not any(on_gpu(op.resource) for op in graph.ops.values()):
         return None
-    return frozenset(
-        n for n, op in graph.ops.items() if op.is_transfer or op.resource.startswith("gpu")
-    )
+    return frozenset(n for n, op in graph.ops.items() if op.is_transfer or on_gpu(op.resource))
 
 
 def step_metrics(

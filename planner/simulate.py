@@ -38,7 +38,7 @@ import pandas as pd
 
 from planner import _simkernel, host, records
 from planner.errors import InputError
-from planner.graph import OpGraph
+from planner.graph import OpGraph, on_gpu
 from planner.metrics import caramel_figures, efficiency
 from planner.oracle import TimeOracle, mean_of_runs
 from planner.plan import Plan
@@ -1326,10 +1326,10 @@ def cpu_spans_of(job: Job, rank: str) -> dict[int, tuple[int, int]]:
 
 def _device_ops(compiled: Compiled) -> np.ndarray:
     """Per op of `compiled`: device work of a GPU rank (an op on a GPU stream, or a
-    transfer where the rank has GPU streams), as the ingest spans a GPU step."""
-    gpu = np.array([r.startswith("gpu") for r in compiled.resources], dtype=bool)
-    on_gpu = gpu[compiled.res]
-    return on_gpu | compiled.transfer if on_gpu.any() else on_gpu
+    transfer where the rank has GPU streams), as the ingest spans a GPU step and
+    `metrics.device_ops` counts it."""
+    stream = np.array([on_gpu(r) for r in compiled.resources], dtype=bool)[compiled.res]
+    return stream | compiled.transfer if stream.any() else stream
 
 
 def covered(rows: Mapping[str, np.ndarray], window: tuple[int, int]) -> float:
