@@ -113,11 +113,16 @@ def of_runs(graph: OpGraph, timings: pd.DataFrame, statistic: str) -> TimeOracle
 
 
 def min_of_columns(
-    graph: OpGraph, op: np.ndarray, iteration: np.ndarray, dedicated: np.ndarray
+    graph: OpGraph,
+    op: np.ndarray,
+    iteration: np.ndarray,
+    duration: np.ndarray,
+    dedicated: np.ndarray,
 ) -> TimeOracle:
     """`min_of_runs` of one rank's rows given as numpy columns (`Trace.table` and
     `trace.dedicated_columns`): the same oracle, without pandas."""
-    partial = partial_steps({"op": op, "iteration": iteration}, graph.ops) if len(op) else {}
+    rows = {"op": op, "iteration": iteration, "duration": duration}
+    partial = partial_steps(rows, graph.ops) if len(op) else {}
     names, inverse = np.unique(op, return_inverse=True)
     return min_of_codes(graph, names.tolist(), inverse, iteration, dedicated, partial)
 

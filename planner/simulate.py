@@ -1071,7 +1071,7 @@ def _step_models(
     if "work" in rows_known:
         columns["work"] = rows_known["work"].to_numpy(dtype=np.int64)
     mine = idx_known < own if own is not None else np.ones(len(idx_known), dtype=bool)
-    gone = missing_ops(idx_known[mine], iteration[mine], compiled.names)
+    gone = missing_ops(idx_known[mine], iteration[mine], compiled.names, columns["duration"][mine])
     order = np.argsort(iteration, kind="stable")
     ordered = iteration[order]
     at = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if len(order) else order

@@ -280,7 +280,8 @@ def rank_partial_steps(trace: Trace, rank: str, graph: OpGraph) -> dict[int, tup
     if rank not in kept or kept[rank][0] is not graph:
         rows = trace.rows_of(rank)
         table = trace.table
-        found = partial_steps({"op": table["op"][rows], "iteration": table["iteration"][rows]},
+        found = partial_steps({"op": table["op"][rows], "iteration": table["iteration"][rows],
+                               "duration": table["duration"][rows]},
                               graph.ops) if len(rows) else {}  # fmt: skip
         kept[rank] = (graph, found)
     return dict(kept[rank][1])

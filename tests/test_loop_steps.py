@@ -127,12 +127,14 @@ def test_without_the_join_the_replay_misses(monkeypatch):
 def test_the_input_wait_as_an_op_keeps_the_replay_on_the_step(monkeypatch, as_op):
     """resnet_kineto's input waits vary from 0.1 to 430 ms: as a typical gap the replay
     missed steps by up to 49% (the other steps' median wait, 120 ms, pushed the device
-    step's work past the kernels it waits for); as the step's own op, within 1%."""
+    step's work past the kernels it waits for); as the step's own op, within 1.2%. The
+    worst is iteration 0, the first: cuDNN picks its algorithms there (``conv2d#2``
+    waits 25.9 ms, 0.016 ms in the other iterations), a wait no other step lends."""
     path = need(RESNET)
     if not as_op:
         monkeypatch.setattr(kineto, "INPUT_WAIT", kineto.re.compile(r"^$never"))
     worst = _worst(sim.replay(detect.load([path])))
-    assert worst < 0.01 if as_op else worst > 0.40
+    assert worst < 0.012 if as_op else worst > 0.40
 
 
 def test_a_device_step_is_timed_from_its_first_device_op_as_replayed(monkeypatch):
@@ -144,7 +146,8 @@ def test_a_device_step_is_timed_from_its_first_device_op_as_replayed(monkeypatch
     trace and in the replay alike: its kernels, launched later, run as long. Timed from
     the recorded start instead, those 12 ms counted as device time: up to 7.96% off a
     158 ms step. Its busy time is the union of its device records (raw JSON), as the
-    metrics count it, not of its CPU's too (up to 905 ms, the wait for a batch included)."""
+    metrics count it, not of its CPU's too (up to 905 ms, the wait for a batch included).
+    Within 1.2%: the worst is iteration 0, where cuDNN picks its algorithms."""
     path = need(RESNET)
     events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
     main = [e for e in events if e.get("cat") in ("cpu_op", "user_annotation")]
@@ -176,7 +179,7 @@ def test_a_device_step_is_timed_from_its_first_device_op_as_replayed(monkeypatch
         assert s["measured"] == pytest.approx(union / 1e9, abs=2e-6)
         assert s["measured"] <= s["wall"]
     assert np.median([s["wall"] for s in steps]) < 0.17  # of loop periods 124-829 ms
-    assert _worst(document) < 0.01
+    assert _worst(document) < 0.012
     monkeypatch.setattr(sim, "_device_ops", lambda c: np.zeros(len(c.names), dtype=bool))
     assert _worst(sim.replay(job)) > 0.07
 
@@ -205,10 +208,12 @@ def test_a_gpu_ranks_cpu_range_is_timed_beside_its_device_step():
     starts = [e["ts"] * 1000 for e in _ranges(path, NEXT)]
     steps = {s["iteration"]: s for s in sim.replay(detect.load([path]))["ranks"][0]["steps"]}
     judged = [s for s in steps.values() if not s.get("partial")]
-    assert len(judged) == 28
+    assert len(judged) == 30  # every iteration: none lacks a record
+    assert len(starts) == 30  # the last iteration has no next ``__next__`` to end it
     for s in judged:
         it = s["iteration"]
-        assert s["cpu_wall"] == pytest.approx((starts[it + 1] - starts[it]) / 1e9, abs=2e-6)
+        if it + 1 < len(starts):
+            assert s["cpu_wall"] == pytest.approx((starts[it + 1] - starts[it]) / 1e9, abs=2e-6)
         assert s["cpu_wall_error"] == pytest.approx(s["predicted_cpu_wall"] / s["cpu_wall"] - 1)
     five = steps[5]
     assert 0.011 < five["predicted_cpu_wall"] - five["cpu_wall"] < 0.014

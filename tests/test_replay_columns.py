@@ -53,7 +53,12 @@ def test_step_columns_are_the_pandas_steps(path: Path) -> None:
         assert sim.measured(known) == sim.measured(step)
     known = sim.op_rows(compiled, rows)
     codes = known[1]
-    assert missing_ops(codes, known[0]["iteration"].to_numpy(), compiled.names) == gone
+    assert (
+        missing_ops(
+            codes, known[0]["iteration"].to_numpy(), compiled.names, known[0]["duration"].to_numpy()
+        )
+        == gone
+    )
 
 
 @pytest.mark.parametrize("path", RANKS, ids=lambda p: p.parent.name + "/" + p.name)

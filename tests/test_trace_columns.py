@@ -87,7 +87,8 @@ def test_oracle_from_columns_is_min_of_runs(job):
     table = job.trace.table
     for rank, graph in job.graphs.items():
         rows = table["rank"] == rank
-        ours = min_of_columns(graph, table["op"][rows], table["iteration"][rows], dedicated[rows])
+        ours = min_of_columns(graph, table["op"][rows], table["iteration"][rows],
+                              table["duration"][rows], dedicated[rows])  # fmt: skip
         theirs = min_of_runs(graph, frame[frame["rank"] == rank])
         assert ours == theirs
         assert sum(s == "observed" for s in ours.source.values()) > len(graph) // 2
@@ -100,7 +101,11 @@ def test_partial_steps_from_columns_and_frames_agree_on_a_partial_step():
     for rank, graph in job.graphs.items():
         rows = frame[frame["rank"] == rank]
         found = partial_steps(rows, graph.ops)
-        table = {"op": rows["op"].to_numpy(object), "iteration": rows["iteration"].to_numpy()}
+        table = {
+            "op": rows["op"].to_numpy(object),
+            "iteration": rows["iteration"].to_numpy(),
+            "duration": rows["duration"].to_numpy(),
+        }
         assert partial_steps(table, graph.ops) == found
     assert any(partial_steps(frame[frame["rank"] == r], g.ops) for r, g in job.graphs.items())
 

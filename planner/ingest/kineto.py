@@ -18,10 +18,13 @@ What becomes an op (per rank):
   the default process group, ``net:<pg>`` for others.
 
 Op identity: ``<lane>/<event name>#<k>`` with k the occurrence in the step on that
-lane, and ``<net>/<collective kind>#<k>`` for collectives (k in launch order within the
-process group, which NCCL and gloo require to match on every rank), so the same op has
-the same name in every step and on every rank. All-reduces in the backward pass carry
-``param = bucket<k>`` (DDP launches one per bucket, in bucket order).
+lane, aligned across steps where a step makes a call more or fewer than the others
+(`kineto_identity`: ``<event name>@<op>#<k>`` names a call the lane's reference step
+lacks by the op it follows), and ``<net>/<collective kind>#<k>`` for collectives (k in
+launch order within the process group, which NCCL and gloo require to match on every
+rank), so the same op has the same name in every step and on every rank. All-reduces
+in the backward pass carry ``param = bucket<k>`` (DDP launches one per bucket, in
+bucket order).
 
 A step's span is its CPU range extended to its last op on a CPU trace; on a GPU trace
 it is the GPU span of the work the step launched (its iteration time is the GPU
@@ -69,6 +72,7 @@ from planner.ingest.kineto_events import (
     read_rank_generic,
 )
 from planner.ingest.kineto_gpu import gpu_rows, launches, step_spans
+from planner.ingest.kineto_identity import aligned_occurrence, op_suffix
 from planner.ingest.kineto_params import LAYER_PARAMS, parameters_from_sizes
 from planner.ingest.kineto_steps import (
     BACKWARD,
@@ -182,7 +186,7 @@ class _Occ:
     end: np.ndarray
     phase: np.ndarray
     text: list[str]  # the op's event/collective name
-    k: np.ndarray  # occurrence number of that name on that lane in that step
+    suffix: list[str]  # ``#<k>``: the occurrence of that name on that lane (`op_suffix`)
     n_comp: int
     labels: list[str]
     lane_code_of: np.ndarray  # reader lane -> code into `labels`
@@ -209,7 +213,8 @@ def _occurrences(r: _Rows, is_outer: np.ndarray, coll: Collectives, n_steps: int
     o_step, o_lane = r.step[o_row], lane_code_of[ev.lane[o_row]]
     order = np.lexsort((o_row, ev.ts[o_row], o_lane, o_step))
     o_row, o_step, o_lane = o_row[order], o_step[order], o_lane[order]
-    o_k = cumcount(o_step, o_lane, ev.name_code[o_row])
+    aligned = aligned_occurrence(o_step, o_lane, ev.name_code[o_row])
+    o_suffix = [op_suffix(aligned, i, ev.names) for i in range(len(o_row))]
     c = _collective_order(r, coll, [label_code[x] for x in net_labels])
     if len(o_row) + len(c["row"]) == 0:
         raise InputError(ev.path, f"no CPU or GPU op falls inside a ProfilerStep#N range "
@@ -223,7 +228,7 @@ def _occurrences(r: _Rows, is_outer: np.ndarray, coll: Collectives, n_steps: int
         end=np.concatenate([ev.end[o_row], c["end"]]),
         phase=np.concatenate([r.phase[o_row], c["phase"]]),
         text=[ev.names[i] for i in ev.name_code[o_row].tolist()] + c["kind"],
-        k=np.concatenate([o_k, c["k"]]),
+        suffix=o_suffix + [f"#{k}" for k in c["k"].tolist()],
         n_comp=len(o_row),
         labels=labels,
         lane_code_of=lane_code_of,
@@ -277,8 +282,8 @@ def _ops(o: _Occ, ev: RankEvents, memo: OpMemo) -> tuple[dict[str, Op], list[str
     """The ops (ids in order of first occurrence) and each occurrence's op id."""
     op_ids: dict[str, int] = {}
     op_id = np.array(
-        [op_ids.setdefault(f"{o.labels[la]}/{t}#{k}", len(op_ids))
-         for la, t, k in zip(o.lane.tolist(), o.text, o.k.tolist(), strict=True)],
+        [op_ids.setdefault(f"{o.labels[la]}/{t}{k}", len(op_ids))
+         for la, t, k in zip(o.lane.tolist(), o.text, o.suffix, strict=True)],
         dtype=np.int64,
     )  # fmt: skip
     op_names = list(op_ids)
