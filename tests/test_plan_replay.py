@@ -65,7 +65,9 @@ def test_a_collective_waits_for_the_device_work_enqueued_before_it():
     (counted here from the raw hipLaunchKernel calls); reversed, the replay runs the
     second bucket's all-reduce after its gradients, not 10 ms before them, and the
     reversed order is 15-25% slower than the observed one (Caramel keeps the observed
-    order: gain 0)."""
+    order: gain 0). Reversing the broadcasts too is refused: DDP copies each broadcast
+    buffer back on the compute stream (``Memcpy DtoD#0`` starts as ``broadcast#0`` ends,
+    an inferred stream wait) before the backward kernels an all-reduce waits for."""
     events = json.loads(gzip.decompress(need(MI300).read_bytes()))["traceEvents"]
     _, launch_of = _raw_launches(events)
     kernels = {
@@ -101,11 +103,15 @@ def test_a_collective_waits_for_the_device_work_enqueued_before_it():
         launched = next(t for (ts, _), t in kernels.items() if abs(ts - start_us) < 0.002)
         last_before = launches[np.searchsorted(launches, call) - 1]
         assert launched == pytest.approx(last_before, abs=0.002)
-    reverse = tuple(reversed(_transfers(job, rank)))
-    plan = Plan("reversed", rank, {o: i for i, o in enumerate(reverse)}, reverse)
-    document = sim.replay(job, plans={"reversed": {rank: plan}})
-    gains = [s["plans"]["reversed"]["gain"] for s in document["ranks"][0]["steps"]]
-    assert all(-0.25 < g < -0.15 for g in gains)
+    broadcasts = tuple(n for n in _transfers(job, rank) if "broadcast" in n)
+    plans = {}
+    for name, order in (("reversed", (*broadcasts, *reversed(sorted(reduces)))),
+                        ("all reversed", tuple(reversed(_transfers(job, rank))))):  # fmt: skip
+        plans[name] = {rank: Plan(name, rank, {o: i for i, o in enumerate(order)}, order)}
+    document = sim.replay(job, plans=plans)
+    steps = document["ranks"][0]["steps"]
+    assert all(-0.25 < s["plans"]["reversed"]["gain"] < -0.15 for s in steps)
+    assert all("cycle" in s["plans"]["all reversed"]["error"] for s in steps)
 
 
 def test_the_comparison_carries_each_plans_replayed_gain():

@@ -329,7 +329,7 @@ MI300 = (
 
 @pytest.mark.parametrize(
     ("path", "worst_before", "worst_after"),
-    [(NS_TRACE, 0.80, 0.01), (MI300, None, 0.03)],
+    [(NS_TRACE, 0.80, 0.01), (MI300, None, 0.005)],
 )
 def test_a_gpu_stream_begins_the_step_with_the_previous_steps_queue(
     path, worst_before, worst_after
@@ -338,9 +338,10 @@ def test_a_gpu_stream_begins_the_step_with_the_previous_steps_queue(
     without that queue the first kernels' waits were taken from the other steps, so the
     first profiled step of the HTA ns trace, whose stream was idle, was +88%. Released
     at the previous step's last end on their stream (the first traced step: at the
-    typical queue), it is < 1%. The MI300 DDP steps (CPU two steps ahead) are 2.5%
-    (0.45 ms of 19 ms) either way: without the queue their whole device step starts
-    early, and a device step is timed from its first device op as replayed."""
+    typical queue), it is < 1%. The MI300 DDP steps (CPU two steps ahead) are within
+    0.12% either way (2.5% before the inferred stream waits, `test_stream_waits`):
+    without the queue their whole device step starts early, and a device step is timed
+    from its first device op as replayed."""
     job = detect.load([need(path)])
     after = _errors(sim.replay(job))
     assert after.max() < worst_after

@@ -47,7 +47,7 @@ import numpy as np
 from planner import waits
 from planner.arrays import unique
 from planner.errors import InputError
-from planner.graph import PHASES, GraphError, Op, OpGraph, build_graph
+from planner.graph import PHASES, GraphError, Op, OpGraph, build_graph, is_acyclic
 from planner.ingest import kineto_dag, kineto_params, kineto_windows, limits
 from planner.ingest.kineto_comms import (
     BACKEND,
@@ -336,6 +336,7 @@ def build_rank(
     device = r.gpu_side[o.rows]  # a GPU rank's device work: GPU ops and collectives
     if device.any():
         device[o.n_comp :] = True
+        _add_stream_waits(edges, r, o, op_id, device)
     spans, gpu_steps = _spans_of(steps, o, device)
     per_step = np.unique(o.step[o.n_comp :], return_counts=True)
     meta: dict[str, Any] = {
@@ -373,6 +374,38 @@ def _edges(
         r.is_cpu[comp_rows], o.labels.index("main") if "main" in o.labels else -1,
         (launched, called), o.end,
     )  # fmt: skip
+
+
+def _add_stream_waits(
+    edges: dict[int, tuple[np.ndarray, np.ndarray]],
+    r: _Rows,
+    o: _Occ,
+    op_id: np.ndarray,
+    device: np.ndarray,
+) -> None:
+    """Add to each step's `edges` the stream syncs inferred between its device ops
+    (`kineto_dag.stream_wait_edges`), where they keep the step's edges acyclic."""
+    n = o.n_comp
+    lr = r.launch_row[o.rows[:n]]
+    ready = np.concatenate([
+        np.where(lr >= 0, r.ev.ts[np.maximum(lr, 0)], -1),
+        r.ev.ts[o.c_anchor],  # a collective: its call
+    ])  # fmt: skip
+    sel = np.flatnonzero(device)
+    sel = sel[np.lexsort((o.start[sel], o.lane[sel], o.step[sel]))]
+    src, dst = kineto_dag.stream_wait_edges(
+        op_id[sel], o.step[sel], o.lane[sel], o.start[sel], o.end[sel], ready[sel]
+    )
+    if not len(src):
+        return
+    n_ops = int(op_id.max()) + 1
+    for step, (s, d) in edges.items():
+        here = np.zeros(n_ops, dtype=bool)
+        here[op_id[o.step == step]] = True
+        keep = here[src] & here[dst]
+        s2, d2 = np.concatenate([s, src[keep]]), np.concatenate([d, dst[keep]])
+        if keep.any() and is_acyclic(s2, d2, n_ops):
+            edges[step] = (s2, d2)
 
 
 def _spans_of(

@@ -7,7 +7,9 @@ collective ends); the main thread's op that started last before another CPU thre
 first op of the step -> that op (the thread is handed its work: autograd's engine
 thread starts the backward once ``backward()`` has seeded the gradient); the GPU op
 launched last before a collective was called -> that collective (NCCL's stream waits for
-the caller's). Edges are gathered per step; the DAG takes them from one reference
+the caller's); device op -> the device op on another stream that waited for it (an
+unrecorded stream sync, inferred across steps: `stream_wait_edges`). Edges are gathered
+per step; the DAG takes them from one reference
 step, and ops only seen in other steps get theirs from the first step that has them.
 """
 
@@ -154,6 +156,90 @@ def enqueue_edges(
         np.array(dst, dtype=np.int64),
         np.array(tag, dtype=np.int64),
     )
+
+
+STREAM_WAIT = 20_000  # ns: a device op that waited longer than this on its own lane...
+STREAM_TIGHT = 1_000_000  # ns: ...and started within this after another lane's op ended
+
+
+def stream_wait_edges(
+    op_id: np.ndarray,
+    step: np.ndarray,
+    lane: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    ready: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Edges device op -> device op on another lane that waited for it: the stream
+    syncs the trace does not record (CUDA events joining two streams, a collective's
+    `wait()`), inferred from the times across steps.
+
+    A device op v waited when it started more than `STREAM_WAIT` after its own lane
+    let it (`ready`: its launch call, per occurrence; and the end of its lane's previous
+    op). The op u on another lane that ended last, within `STREAM_TIGHT`, before v
+    started is what it waited for in that step. Across steps v takes the u it followed
+    so in most of the steps it waited, if u ended before v started in every step that
+    has both: an edge no step contradicts. HTA ``trace_diff/control``: the
+    ``CatArrayBatchedCopy`` after a DLRM all-to-all starts 2 us after the all-to-all
+    ends, 1.5 ms after its launch; with no edge the replay took its wait from the other
+    steps (9.2 ms) and ran 7.5 ms late. `STREAM_TIGHT` is 1 ms, not a few us: in
+    ``trace_diff/test`` a copy on stream 14 starts 0.44-0.56 ms after an all-to-all
+    ends in five steps (4 us in the sixth), and the most common follower across steps
+    keeps a chance ordering out. The arrays describe the device occurrences, sorted by
+    step, then lane, then start.
+    """
+    empty = np.zeros(0, dtype=np.int64)
+    if len(op_id) < 2:
+        return empty, empty
+    first = np.r_[True, (step[1:] != step[:-1]) | (lane[1:] != lane[:-1])]
+    previous_end = np.where(first, -1, np.r_[-1, end[:-1]])
+    own = np.maximum(ready, previous_end)
+    waited = np.flatnonzero((own >= 0) & (start - own > STREAM_WAIT))
+    if not len(waited):
+        return empty, empty
+    by_end = np.lexsort((end, step))
+    end_step, end_at = step[by_end], end[by_end]
+    followed: dict[int, dict[int, int]] = {}  # v op -> {u op: steps it followed u}
+    times_waited: dict[int, int] = {}
+    for i in waited.tolist():
+        v = int(op_id[i])
+        times_waited[v] = times_waited.get(v, 0) + 1
+        a = int(np.searchsorted(end_step, step[i], side="left"))
+        b = int(np.searchsorted(end_step, step[i], side="right"))
+        hi = a + int(np.searchsorted(end_at[a:b], start[i], side="right"))
+        for j in range(hi - 1, a - 1, -1):
+            u = by_end[j]
+            if end[u] < start[i] - STREAM_TIGHT:
+                break
+            if lane[u] != lane[i] and start[u] < start[i]:
+                counts = followed.setdefault(v, {})
+                counts[int(op_id[u])] = counts.get(int(op_id[u]), 0) + 1
+                break
+    pairs = []
+    for v, counts in followed.items():
+        u, n = max(counts.items(), key=lambda item: (item[1], -item[0]))
+        if 2 * n >= times_waited[v]:
+            pairs.append((u, v))
+    if not pairs:
+        return empty, empty
+    src = np.array([u for u, _ in pairs], dtype=np.int64)
+    dst = np.array([v for _, v in pairs], dtype=np.int64)
+    # an edge some step contradicts (v started before u ended there) is not kept
+    involved = unique(np.concatenate([src, dst]))
+    slot = np.full(int(op_id.max()) + 1, -1, dtype=np.int64)
+    slot[involved] = np.arange(len(involved))
+    mine = slot[op_id] >= 0
+    steps, step_of = np.unique(step, return_inverse=True)
+    first_start = np.full((len(involved), len(steps)), np.iinfo(np.int64).max, dtype=np.int64)
+    last_end = np.full((len(involved), len(steps)), -1, dtype=np.int64)
+    at = (slot[op_id[mine]], step_of[mine])
+    np.minimum.at(first_start, at, start[mine])
+    np.maximum.at(last_end, at, end[mine])
+    u, v = slot[src], slot[dst]
+    both = (last_end[u] >= 0) & (last_end[v] >= 0)
+    after = (last_end[u] <= first_start[v]) & (first_start[u] < first_start[v])
+    held = np.where(both, after, True).all(axis=1)
+    return src[held], dst[held]
 
 
 def thread_start_edges(
