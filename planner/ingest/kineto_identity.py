@@ -11,9 +11,12 @@ and as nested in others (HTA ``trace_diff/control``: the outermost
 comes and goes the same way), and data-dependent code runs a call only in some steps.
 
 So each lane's steps are aligned to one reference step, the lane's most common
-sequence of op names (of those, the one of median length): a longest common
-subsequence of the names (rapidfuzz's LCS edit operations) pairs each occurrence with
-the reference's, and a paired occurrence takes the reference's number. An occurrence
+sequence of op names (of those, the one of median length): an edit alignment of the
+names pairs each occurrence with an equal one of the reference, and a paired
+occurrence takes the reference's number. rapidfuzz's Levenshtein edit operations
+align in linear memory (a 100,000-op lane differing near both ends: 0.4 s, 22 MB; its
+LCS operations keep the whole traceback, 1.2 GB; `bench/bench_identity.py`); only
+runs of equal names are paired, so a substitution pairs nothing. An occurrence
 the reference lacks is named after the paired op it follows, ``<name>@<op>#<k>``
 (``aten::zero_@aten::zeros#12``: the ``aten::zero_`` that came after the reference's
 ``aten::zeros#12``; ``@start`` before any), with ``.<j>`` for the j-th (j >= 2) such
@@ -27,7 +30,7 @@ from collections import Counter
 from typing import NamedTuple
 
 import numpy as np
-from rapidfuzz.distance import LCSseq
+from rapidfuzz.distance import Levenshtein
 
 from planner.ingest.kineto_steps import cumcount
 
@@ -104,7 +107,7 @@ def _align_lane(
             continue
         seq = name[a:b]
         paired = np.full(b - a, -1, dtype=np.int64)  # reference index of each occurrence
-        for block in LCSseq.editops(ref_list, seq.tolist()).as_matching_blocks():
+        for block in Levenshtein.editops(ref_list, seq.tolist()).as_matching_blocks():
             paired[block.b : block.b + block.size] = np.arange(block.a, block.a + block.size)
         hit = paired >= 0
         out.k[a:b][hit] = ref_k[paired[hit]]
