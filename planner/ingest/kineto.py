@@ -398,11 +398,17 @@ def _add_stream_waits(
     )
     if not len(src):
         return
+    # (speed) which steps hold each op of the edges, as one table, not a scan per step
+    involved, slot = np.unique(np.concatenate([src, dst]), return_inverse=True)
+    steps, step_at = np.unique(o.step, return_inverse=True)
+    present = np.zeros((len(involved), len(steps)), dtype=bool)
+    mine = np.isin(op_id, involved)
+    present[np.searchsorted(involved, op_id[mine]), step_at[mine]] = True
+    u, v = slot[: len(src)], slot[len(src) :]
     n_ops = int(op_id.max()) + 1
+    column = {int(s): c for c, s in enumerate(steps.tolist())}
     for step, (s, d) in edges.items():
-        here = np.zeros(n_ops, dtype=bool)
-        here[op_id[o.step == step]] = True
-        keep = here[src] & here[dst]
+        keep = present[u, column[step]] & present[v, column[step]]
         s2, d2 = np.concatenate([s, src[keep]]), np.concatenate([d, dst[keep]])
         if keep.any() and is_acyclic(s2, d2, n_ops):
             edges[step] = (s2, d2)

@@ -9,8 +9,8 @@ thread starts the backward once ``backward()`` has seeded the gradient); the GPU
 launched last before a collective was called -> that collective (NCCL's stream waits for
 the caller's); device op -> the device op on another stream that waited for it (an
 unrecorded stream sync, inferred across steps: `stream_wait_edges`). Edges are gathered
-per step; the DAG takes them from one reference
-step, and ops only seen in other steps get theirs from the first step that has them.
+per step; the DAG takes them from one reference step, and ops only seen in other steps
+get theirs from the first step that has them.
 """
 
 from __future__ import annotations
