@@ -24,6 +24,7 @@ from planner.schedule.caramel import (
     activation_order,
     activation_positions,
     caramel,
+    dependency_order,
     enforcement_edges,
     gradient_transfers,
 )
@@ -37,9 +38,12 @@ PUBLIC_KINETO = (
 
 
 @st.composite
-def allreduce_dags(draw: st.DrawFn, leaves: bool = True) -> tuple[OpGraph, dict[str, float]]:
+def allreduce_dags(
+    draw: st.DrawFn, leaves: bool = True, forward: bool = False
+) -> tuple[OpGraph, dict[str, float]]:
     """Random DAGs of compute ops and collectives. `leaves`: collectives have no
-    successors (Caramel §1: transfers are leaves); else they may feed compute."""
+    successors (Caramel §1: transfers are leaves); else they may feed compute.
+    `forward`: ops of the forward pass too (their transfers ready at its end)."""
     n_param = draw(st.integers(1, 6))
     n_compute = draw(st.integers(0, 16))
     kinds: list[OpKind] = ["compute"] * n_compute + ["collective"] * n_param
@@ -57,9 +61,10 @@ def allreduce_dags(draw: st.DrawFn, leaves: bool = True) -> tuple[OpGraph, dict[
     times = draw(st.sampled_from([st.integers(0, 3).map(float), st.floats(0, 1e-2)]))
     time = {n: draw(times) for n, k in zip(names, kinds, strict=True) if k == "compute"}
     ops = [
-        Op(n, k, "net" if k == "collective" else "cpu", param=n, nbytes=64, phase="backward")
+        Op(n, k, "net" if k == "collective" else "cpu", param=n, nbytes=64,
+           phase=draw(st.sampled_from(["forward", "backward"])) if forward else "backward")
         for n, k in zip(names, kinds, strict=True)
-    ]
+    ]  # fmt: skip
     return build_graph(ops, edges), time
 
 
@@ -213,3 +218,53 @@ def test_enforcement_properties_on_public_nccl_trace() -> None:
         assert len(act.order) >= 2
         plan = caramel(graph, times[rank], rank=rank)
         assert plan.inputs["packing_iteration_time"] >= plan.inputs["backward_time"]
+
+
+def _a_valid_order(graph: OpGraph, order: tuple[str, ...] | list[str]) -> bool:
+    """No transfer of `order` comes before one it depends on (a path in the DAG)."""
+    closure = nx.transitive_closure_dag(graph.dag)
+    at = {p: i for i, p in enumerate(order)}
+    return all(at[a] < at[b] for a in order for b in order if closure.has_edge(a, b))
+
+
+@settings(max_examples=150, deadline=None)
+@given(allreduce_dags(leaves=False, forward=True), st.randoms(use_true_random=False))
+def test_any_transfer_order_is_made_a_valid_order_of_the_dag(
+    case: tuple[OpGraph, dict[str, float]], rng: random.Random
+) -> None:
+    """`dependency_order` of the transfers in any order: the same transfers, in an
+    order the DAG allows (a runtime that launches collectives in plan order never waits
+    on a later one), and an order the DAG already allows comes back unchanged. The
+    Caramel plan's order is one, its priorities following it."""
+    graph, time = case
+    transfers = gradient_transfers(graph)
+    shuffled = rng.sample(transfers, len(transfers))
+    made = dependency_order(graph, shuffled)
+    assert sorted(made) == sorted(transfers)
+    assert _a_valid_order(graph, made)
+    assert dependency_order(graph, made) == made
+    if _a_valid_order(graph, shuffled):
+        assert made == shuffled
+    plan = caramel(graph, time, rank="r")
+    assert _a_valid_order(graph, plan.order)
+    assert [plan.priority[p] for p in plan.order] == sorted(plan.priority[p] for p in plan.order)
+
+
+def test_caramel_keeps_dlrm_all_to_alls_in_the_order_they_feed_one_another() -> None:
+    """HTA ``trace_diff/control``: each forward all-to-all feeds the next through the
+    compute stream (``all_to_all#3`` reaches ``#4`` and ``#5``). Packing by estimated
+    ready and read times put ``#4`` and ``#5`` before ``#3``, a plan whose replay
+    closed a cycle; the order now keeps every path, and the plan replays."""
+    from planner import analysis
+    from planner import simulate as sim
+    from planner.ingest import detect
+
+    path = need(SHARED / "public/HolisticTraceAnalysis/tests/data/trace_diff/control")
+    job = detect.load([path])
+    (rank,) = job.ranks
+    plan = analysis.schedule(job, "caramel")[rank]
+    graph = job.graphs[rank]
+    assert nx.has_path(graph.dag, "net/all_to_all#3", "net/all_to_all#4")
+    assert _a_valid_order(graph, plan.order)
+    steps = sim.replay(job, plans={"caramel": {rank: plan}})["ranks"][0]["steps"]
+    assert all("gain" in s["plans"]["caramel"] for s in steps)

@@ -464,6 +464,10 @@ def caramel(
         for p in sorted(batches[k].params, key=position.__getitem__):
             transfer_order.append(p)
             priority[p] = number
+    transfer_order = dependency_order(graph, transfer_order)
+    last = -1
+    for p in transfer_order:  # a transfer moved after its ancestors takes their priority
+        last = priority[p] = max(last, priority[p])
     group_docs = []
     props: dict[str, dict[str, float]] = {
         "activation_index": {},
@@ -547,6 +551,48 @@ def caramel(
         properties=props,
         inputs=inputs,
     )
+
+
+def dependency_order(graph: OpGraph, order: Sequence[str]) -> list[str]:
+    """`order` (transfers of `graph`) as an order the DAG allows: a transfer that
+    depends on another one (a path from it) goes after it, and otherwise the order is
+    kept (of the transfers whose transfer ancestors are all placed, the first in
+    `order` goes next). Packing places groups by their estimated ready and read times,
+    which do not see such paths: on DLRM (HTA ``trace_diff``) the forward pass's
+    all-to-alls feed one another through the compute stream (inferred stream syncs),
+    and packing put ``all_to_all#4`` before the ``all_to_all#3`` it waits for, an
+    order a runtime that launches collectives in plan order would deadlock on."""
+    index = {p: k for k, p in enumerate(order)}
+    names = graph.names
+    n = len(names)
+    own = [1 << index[name] if name in index else 0 for name in names]
+    above = [0] * n  # per op: the transfers of `order` it depends on, as bits
+    indegree = np.bincount(graph.dst, minlength=n).tolist()
+    by_src = np.argsort(graph.src, kind="stable")
+    bounds = np.searchsorted(graph.src[by_src], np.arange(n + 1)).tolist()
+    successors = graph.dst[by_src].tolist()
+    ready = deque(i for i in range(n) if indegree[i] == 0)
+    while ready:
+        u = ready.popleft()
+        carried = above[u] | own[u]
+        for v in successors[bounds[u] : bounds[u + 1]]:
+            above[v] |= carried
+            indegree[v] -= 1
+            if not indegree[v]:
+                ready.append(v)
+    position = {name: i for i, name in enumerate(names)}
+    needs = [above[position[p]] for p in order]
+    if not any(needs):
+        return list(order)
+    out: list[str] = []
+    placed = 0
+    left = list(range(len(order)))
+    while left:
+        k = next(k for k in left if not needs[k] & ~placed)
+        left.remove(k)
+        out.append(order[k])
+        placed |= 1 << k
+    return out
 
 
 def _group_time(b: batching.Batch, times: Mapping[str, float]) -> float:
