@@ -81,3 +81,71 @@ def test_the_replay_keeps_the_streams_waits(monkeypatch, path, field, worst, wit
     empty = np.zeros(0, dtype=np.int64)
     monkeypatch.setattr(kineto_dag, "stream_wait_edges", lambda *args: (empty, empty))
     assert _worst(sim.replay(detect.load([path])), field) > without
+
+
+CRITICAL = HTA / "critical_path"
+RECORDED = [
+    CRITICAL / "cuda_event_sync_multi_stream/event_sync_trace.json.gz",
+    CRITICAL / "alexnet/benchmark_result_2869224_1695835535_trace.json.gz",
+]
+
+
+def _raw_waits(path) -> set[tuple[tuple[int, int], tuple[int, int]]]:
+    """Each recorded stream wait from the raw JSON, as ((stream, kernel ts) waited on,
+    (stream, kernel ts) waiting): the GPU event launched last before the
+    ``cudaEventRecord`` call on the stream waited on, and the one launched first after
+    the ``cudaStreamWaitEvent`` call on the waiting stream."""
+    events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    calls = {e["args"]["correlation"]: e["ts"] for e in events
+             if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}  # fmt: skip
+    launched: dict[int, list[tuple[float, float]]] = {}
+    for e in events:
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            at = calls.get(e["args"].get("correlation"))
+            if at is not None:
+                launched.setdefault(e["tid"], []).append((at, e["ts"]))
+    out = set()
+    for e in events:
+        if e.get("name") != "Stream Wait Event":
+            continue
+        a = e["args"]
+        record, wait = calls[a["wait_on_cuda_event_record_corr_id"]], calls[a["correlation"]]
+        before = [k for k in launched.get(a["wait_on_stream"], []) if k[0] <= record]
+        after = [k for k in launched.get(a["stream"], []) if k[0] >= wait]
+        if before and after:
+            out.add(((a["wait_on_stream"], round(max(before)[1], 3)),
+                     (a["stream"], round(min(after)[1], 3))))  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.parent.name)
+def test_recorded_stream_waits_are_the_edges(monkeypatch, path):
+    """Newer Kineto records each ``cudaStreamWaitEvent`` ("Stream Wait Event", with the
+    stream waited on and the ``cudaEventRecord`` call's correlation). Those are the
+    edges between streams, read from the trace, not inferred (the inference is not run):
+    each edge is one the raw JSON gives, and every wait holds in the trace. The multi-
+    stream trace's stream 24 begins with its sync record, and is a GPU stream still."""
+    path = need(path)
+    raw = _raw_waits(path)
+    assert raw
+
+    def no_inference(*args):
+        raise AssertionError("stream syncs inferred where the trace records them")
+
+    monkeypatch.setattr(kineto_dag, "stream_wait_edges", no_inference)
+    job = detect.load([path])
+    (rank,) = job.ranks
+    graph = job.graphs[rank]
+    names = list(graph.ops)
+    rows = job.trace.of(rank)
+    at = dict(zip(rows["op"], zip(rows["start"], rows["duration"], strict=True), strict=True))
+    found = set()
+    for u, v in zip(graph.src.tolist(), graph.dst.tolist(), strict=True):
+        a, b = names[u], names[v]
+        if a.startswith("gpu") and b.startswith("gpu") and a.split("/")[1] != b.split("/")[1]:
+            assert at[b][0] >= sum(at[a])  # the wait holds in the trace
+            found.add(((int(a.split("/")[1][6:]), round(at[a][0] / 1e3, 3)),
+                       (int(b.split("/")[1][6:]), round(at[b][0] / 1e3, 3))))  # fmt: skip
+    assert found == raw
+    streams = {op.resource for op in graph.ops.values()}
+    assert ("gpu0/stream24" in streams) == ("multi" in str(path))

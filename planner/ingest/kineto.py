@@ -336,7 +336,10 @@ def build_rank(
     device = r.gpu_side[o.rows]  # a GPU rank's device work: GPU ops and collectives
     if device.any():
         device[o.n_comp :] = True
-        _add_stream_waits(edges, r, o, op_id, device)
+        src, dst = _recorded_waits(r, o, op_id)
+        if src is None:  # the trace names no stream sync: infer them
+            src, dst = _inferred_waits(r, o, op_id, device)
+        _add_stream_waits(edges, o, op_id, src, dst)
     spans, gpu_steps = _spans_of(steps, o, device)
     per_step = np.unique(o.step[o.n_comp :], return_counts=True)
     meta: dict[str, Any] = {
@@ -376,15 +379,11 @@ def _edges(
     )  # fmt: skip
 
 
-def _add_stream_waits(
-    edges: dict[int, tuple[np.ndarray, np.ndarray]],
-    r: _Rows,
-    o: _Occ,
-    op_id: np.ndarray,
-    device: np.ndarray,
-) -> None:
-    """Add to each step's `edges` the stream syncs inferred between its device ops
-    (`kineto_dag.stream_wait_edges`), where they keep the step's edges acyclic."""
+def _inferred_waits(
+    r: _Rows, o: _Occ, op_id: np.ndarray, device: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The stream syncs between the rank's device ops, inferred from their times
+    (`kineto_dag.stream_wait_edges`)."""
     n = o.n_comp
     lr = r.launch_row[o.rows[:n]]
     ready = np.concatenate([
@@ -393,9 +392,66 @@ def _add_stream_waits(
     ])  # fmt: skip
     sel = np.flatnonzero(device)
     sel = sel[np.lexsort((o.start[sel], o.lane[sel], o.step[sel]))]
-    src, dst = kineto_dag.stream_wait_edges(
+    return kineto_dag.stream_wait_edges(
         op_id[sel], o.step[sel], o.lane[sel], o.start[sel], o.end[sel], ready[sel]
     )
+
+
+def _recorded_waits(
+    r: _Rows, o: _Occ, op_id: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | tuple[None, None]:
+    """The stream syncs the trace records, as edges; (None, None) where it records none.
+
+    Kineto (PyTorch 2.1 on) records each ``cudaStreamWaitEvent`` as a ``cuda_sync``
+    event "Stream Wait Event" on the waiting stream, naming the stream waited on and the
+    correlation of the ``cudaEventRecord`` call. The event marks the work launched on
+    that stream before the record call; the wait holds the work launched on the
+    waiting stream after the wait call. Edge: the op launched last before the record
+    call on the stream waited on -> the op launched first after the wait call on the
+    waiting stream."""
+    ev = r.ev
+    rows = np.flatnonzero(ev.cat_flags({"cuda_sync"}) & ev.name_flags("Stream Wait Event".__eq__))
+    if not len(rows):
+        return None, None
+    calls = np.flatnonzero(ev.cat_flags(CPU_OP_CATS) & (ev.corr >= 0))
+    called = dict(zip(ev.corr[calls].tolist(), ev.ts[calls].tolist(), strict=True))
+    comp = np.arange(o.n_comp)
+    lr = r.launch_row[o.rows[comp]]
+    gpu = comp[r.is_gpu[o.rows[comp]] & (lr >= 0)]
+    launched = ev.ts[r.launch_row[o.rows[gpu]]]
+    by_lane: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for code in np.unique(o.lane[gpu]).tolist():
+        mine = gpu[o.lane[gpu] == code]
+        at = launched[o.lane[gpu] == code]
+        order = np.argsort(at, kind="stable")
+        by_lane[o.labels[code]] = (at[order], mine[order])
+    src, dst = [], []
+    for row in rows.tolist():
+        a = ev.args.get(row) or {}
+        record = called.get(a.get("wait_on_cuda_event_record_corr_id", -1))
+        wait = called.get(int(ev.corr[row]))
+        device = a.get("device", 0)
+        waited = by_lane.get(f"gpu{device}/stream{a.get('wait_on_stream')}")
+        waiting = by_lane.get(f"gpu{device}/stream{a.get('stream')}")
+        if record is None or wait is None or waited is None or waiting is None:
+            continue
+        i = int(np.searchsorted(waited[0], record, side="right")) - 1
+        j = int(np.searchsorted(waiting[0], wait, side="left"))
+        if i >= 0 and j < len(waiting[1]):
+            src.append(int(op_id[waited[1][i]]))
+            dst.append(int(op_id[waiting[1][j]]))
+    return np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64)
+
+
+def _add_stream_waits(
+    edges: dict[int, tuple[np.ndarray, np.ndarray]],
+    o: _Occ,
+    op_id: np.ndarray,
+    src: np.ndarray,
+    dst: np.ndarray,
+) -> None:
+    """Add the stream syncs `src` -> `dst` (op ids) to each step's `edges` that holds
+    both ops, where they keep the step's edges acyclic."""
     if not len(src):
         return
     # (speed) which steps hold each op of the edges, as one table, not a scan per step

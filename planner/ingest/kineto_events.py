@@ -39,6 +39,9 @@ _STEP = STEP_NAME
 _THREAD_LABEL = re.compile(r"^thread \d+ \((.*)\)$")
 CPU_OP_CATS = frozenset({"cpu_op", "operator", "cuda_runtime", "runtime", "cuda_driver"})
 GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"})
+# a lane is a GPU stream if its first event is GPU work or a sync Kineto records on the
+# stream (``cuda_sync``: a stream lane can begin with one, HTA ``cuda_event_sync_multi_stream``)
+STREAM_CATS = GPU_CATS | {"cuda_sync"}
 LAUNCH_CATS = frozenset({"cuda_runtime", "runtime", "cuda_driver"})
 
 # ----------------------------------------------------------------------------- sniffing
@@ -104,7 +107,7 @@ class _Irregular(Exception):
 _KEEP_ARGS = re.compile(
     r"^(?:nccl|gloo|rccl|hccl|mpi|ucc|xccl|mccl|c10d)[:_]|record_param_comms|ProfilerStep"
     r"|^aten::(?:conv[123]d|linear|batch_norm|layer_norm|group_norm|embedding(?:_bag)?)$"
-    r"|^torch::autograd::AccumulateGrad$",
+    r"|^torch::autograd::AccumulateGrad$|^Stream Wait Event$",
     re.IGNORECASE,
 )
 _CCL = re.compile("ccl", re.IGNORECASE)
@@ -375,7 +378,7 @@ class _Columns:
         ts, dur = _ns(ts_us), _ns(dur_us)
         lane_names: dict[int, str] = {}
         for lane, (row, pid, tid, a) in enumerate(self.lane_first):
-            if cats[cat_code[row]] in GPU_CATS:
+            if cats[cat_code[row]] in STREAM_CATS:
                 lane_names[lane] = f"gpu{a.get('device', pid)}/stream{a.get('stream', tid)}"
             else:
                 lane_names[lane] = _lane_label(self.meta_names.get((pid, tid), f"thread {tid}"))
@@ -656,7 +659,7 @@ def read_rank_generic(
     lane_names: dict[int, str] = {}
     for lane, row in enumerate(np.unique(lane_code, return_index=True)[1]):
         pid, tid = pids[row], tids[row]
-        if cats[row] in GPU_CATS:
+        if cats[row] in STREAM_CATS:
             a = args[row] if isinstance(args[row], dict) else {}
             lane_names[lane] = f"gpu{a.get('device', pid)}/stream{a.get('stream', tid)}"
         else:
