@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from planner import records
 from planner import simulate as sim
 from planner.ingest import detect, kineto
-from planner.ingest.kineto_identity import Aligned, aligned_occurrence, op_suffix
+from planner.ingest.kineto_identity import Aligned, aligned_occurrence, op_suffixes
 from planner.ingest.kineto_steps import cumcount
 from tests.conftest import SHARED, need
 
@@ -30,8 +30,8 @@ def _names(steps: list[list[int]], alphabet: list[str]) -> list[list[str]]:
     name = np.concatenate([np.array(s, dtype=np.int64) for s in steps])
     aligned = aligned_occurrence(step, np.zeros(len(step), dtype=np.int64), name)
     out: list[list[str]] = [[] for _ in steps]
-    for i in range(len(step)):
-        out[int(step[i])].append(alphabet[int(name[i])] + op_suffix(aligned, i, alphabet))
+    for i, suffix in enumerate(op_suffixes(aligned, alphabet)):
+        out[int(step[i])].append(alphabet[int(name[i])] + suffix)
     return out
 
 

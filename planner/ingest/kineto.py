@@ -72,7 +72,7 @@ from planner.ingest.kineto_events import (
     read_rank_generic,
 )
 from planner.ingest.kineto_gpu import gpu_rows, launches, step_spans
-from planner.ingest.kineto_identity import aligned_occurrence, op_suffix
+from planner.ingest.kineto_identity import aligned_occurrence, op_suffixes
 from planner.ingest.kineto_params import LAYER_PARAMS, parameters_from_sizes
 from planner.ingest.kineto_steps import (
     BACKWARD,
@@ -186,7 +186,7 @@ class _Occ:
     end: np.ndarray
     phase: np.ndarray
     text: list[str]  # the op's event/collective name
-    suffix: list[str]  # ``#<k>``: the occurrence of that name on that lane (`op_suffix`)
+    suffix: list[str]  # ``#<k>``: the occurrence of that name on that lane (`op_suffixes`)
     n_comp: int
     labels: list[str]
     lane_code_of: np.ndarray  # reader lane -> code into `labels`
@@ -214,7 +214,7 @@ def _occurrences(r: _Rows, is_outer: np.ndarray, coll: Collectives, n_steps: int
     order = np.lexsort((o_row, ev.ts[o_row], o_lane, o_step))
     o_row, o_step, o_lane = o_row[order], o_step[order], o_lane[order]
     aligned = aligned_occurrence(o_step, o_lane, ev.name_code[o_row])
-    o_suffix = [op_suffix(aligned, i, ev.names) for i in range(len(o_row))]
+    o_suffix = op_suffixes(aligned, ev.names)
     c = _collective_order(r, coll, [label_code[x] for x in net_labels])
     if len(o_row) + len(c["row"]) == 0:
         raise InputError(ev.path, f"no CPU or GPU op falls inside a ProfilerStep#N range "
