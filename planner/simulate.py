@@ -1175,7 +1175,7 @@ def _replay_rank(
         begin, took = start[:n], ticks[:n]
         keep = model.observed[:n]
         recorded = (spans or {}).get(it)
-        predicted_wall, ahead = timed_wall(model, start, ticks, n, span, recorded)
+        predicted_wall, ahead = timed_wall(model, start, ticks, span, recorded, device)
         timed = keep & device if (keep & device).any() else keep  # a GPU rank: its device
         predicted = busy_time(begin[timed], took[timed]) / TICKS_PER_SECOND
         path = _critical(traced, start, ticks, n)
@@ -1200,7 +1200,7 @@ def _replay_rank(
             "cover": covered(known, (span[0] + ahead, span[1])),
             "cause": _cause(traced, model, path),
         }
-        cpu_timed = timed_cpu(model, known, start, ticks, n, (cpu_spans or {}).get(it))
+        cpu_timed = timed_cpu(model, known, start, ticks, (cpu_spans or {}).get(it), device)
         if cpu_timed is not None:
             step["cpu_wall"], step["predicted_cpu_wall"] = cpu_timed
             step["cpu_wall_error"] = cpu_timed[1] / cpu_timed[0] - 1.0
@@ -1246,14 +1246,14 @@ def _replay_plans(
                 out[it][name] = {"error": exc.problem}
             continue
         models = _step_models(compiled, rows_of_rank, oracle, spans, releases, own, pools, arrays)
+        device = _device_ops(compiled)[: len(compiled.names[:own])]
         for it, (_, span, traced) in models.items():
             try:
                 start, ticks = replay_step(with_overhead(traced, overheads[it]), seed)
             except InputError:
                 out[it][name] = {"error": "the plan's order closes a cycle with the step's"}
                 continue
-            n = len(compiled.names[:own])
-            wall, _ = timed_wall(traced, start, ticks, n, span, (spans or {}).get(it))
+            wall, _ = timed_wall(traced, start, ticks, span, (spans or {}).get(it), device)
             gain = observed[it] / wall - 1.0 if wall > 0 else None
             out[it][name] = {"predicted_wall": wall, "gain": gain}
     return out
@@ -1263,12 +1263,13 @@ def timed_wall(
     model: StepModel,
     start: np.ndarray,
     ticks: np.ndarray,
-    n: int,
     span: tuple[int, int],
     recorded: tuple[int, int] | None,
+    device: np.ndarray,
 ) -> tuple[float, int]:
     """(the replayed step's wall-clock time in s, how many ns its records began before
-    its recorded start): from the end of the rank's `n` ops as replayed, plus the
+    its recorded start): from the end of the rank's n ops as replayed (`device`: per op
+    of the n, whether it is device work, `_device_ops`; computed once per rank), plus the
     close after them as observed. The step's clock starts at its recorded start: on a
     GPU rank (the device's step) the CPU issued its records earlier, a step or two
     ahead (30 ms before a 19 ms step on the MI300 DDP trace); they are replayed, not
@@ -1280,12 +1281,13 @@ def timed_wall(
     `param/resnet_kineto`'s main thread runs nothing the trace records for 12-35 ms
     before each batch copy, and a replay that took 24 ms there read 12 ms longer a
     158 ms device step that the same kernels, launched 12 ms later, run as long."""
+    n = len(device)
     keep = model.observed[:n]
     end = float((start[:n][keep] + ticks[:n][keep]).max(initial=0)) / TICKS_PER_SECOND
     ahead = max(0, recorded[0] - span[0]) if recorded is not None else 0
-    device = keep & _device_ops(model.compiled)[:n]
-    if recorded is not None and device.any():
-        return end + model.tail - float(start[:n][device].min()) / TICKS_PER_SECOND, ahead
+    on_device = keep & device
+    if recorded is not None and on_device.any():
+        return end + model.tail - float(start[:n][on_device].min()) / TICKS_PER_SECOND, ahead
     return end + model.tail - ahead / 1e9, ahead
 
 
@@ -1294,17 +1296,18 @@ def timed_cpu(
     known: Mapping[str, np.ndarray],
     start: np.ndarray,
     ticks: np.ndarray,
-    n: int,
     cpu_span: tuple[int, int] | None,
+    device: np.ndarray,
 ) -> tuple[float, float] | None:
     """(the step's CPU range in s, as recorded and as replayed) on a GPU rank: what the
     training loop's own clock reads. The device's step leaves out what the CPU did before
     its first launch, the wait for a batch included (`param/resnet_kineto`: device steps
     of 150-171 ms in iterations of 124-829 ms). Replayed: from the recorded range start
     to the end of the rank's CPU ops as replayed, plus the close after them as observed.
-    `known`: the rank's records of the step (``start``, ``duration``, ``idx``). None
-    without a CPU range or a CPU record in it."""
-    on_cpu = ~_device_ops(model.compiled)[:n]
+    `known`: the rank's records of the step (``start``, ``duration``, ``idx``);
+    `device`: as in `timed_wall`. None without a CPU range or a CPU record in it."""
+    n = len(device)
+    on_cpu = ~device
     cpu = model.observed[:n] & on_cpu
     if cpu_span is None or not cpu.any() or cpu_span[1] <= cpu_span[0]:
         return None
