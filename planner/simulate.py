@@ -720,6 +720,7 @@ _NAMED: dict[int, tuple[Compiled, tuple[str, ...]]] = {}
 
 
 MIN_COVER = 0.5  # a step whose records cover less of its wall-clock time is untypical
+MAX_SLOWDOWN = 2.0  # a CPU thread's gaps slow down with its ops up to this factor
 
 
 def _others(lending: np.ndarray, row: int) -> np.ndarray:
@@ -773,28 +774,33 @@ def typical_overheads(
     return out
 
 
-def thread_speedups(
+def thread_speeds(
     compiled: Compiled, models: Mapping[int, StepModel], lenders: Collection[int] | None = None
 ) -> dict[int, np.ndarray]:
-    """Step -> per op the factor (at most 1) the step's replay scales the op's typical
-    overhead by: on a CPU thread (not a GPU stream, a network lane or a transfer), the
-    median over the thread's ops of their duration in this step over their median
-    duration in the other steps among `lenders` (as `typical_overheads` takes them),
-    where that is below 1.
+    """Step -> per op the factor the step's replay scales the op's typical overhead by:
+    on a CPU thread (not a GPU stream, a network lane or a transfer), the median over
+    the thread's ops of their duration in this step over their median duration in the
+    other steps among `lenders` (as `typical_overheads` takes them), at most
+    `MAX_SLOWDOWN` (at most 1 on a GPU rank); 1 elsewhere.
 
     The gaps between the ops of a Python thread are that thread's own work (the
-    interpreter, the dispatcher), so a step whose ops ran faster than typical ran its
-    gaps faster too: `param/linear_kineto` step 1, its ops at 0.64 of their typical
-    time, spent 0.31 ms between them against 0.45 ms typically. A step whose ops ran
-    *slower* is not scaled: an op slows down for waits inside it (a blocking call,
-    contention within it) that the gaps do not share (linear_kineto step 10: ops 2.1x,
-    gaps 1.4x), and scaled up the replay missed the resnet DDP steps by up to 4.6%.
+    interpreter, the dispatcher), so they run as fast as its ops: `param/linear_kineto`
+    step 1, its ops at 0.64 of their typical time, spent 0.31 ms between them against
+    0.45 ms typically; the CPU loader loop's step 7, its ops at 1.27, spent 1.38x its
+    typical gaps (a host stall). An op that ran far slower waited inside it (a blocking
+    call, a contended lock) and the gaps share less of that: resnet DDP step 5, ops
+    5.5-6.3x, gaps 1.5-2.3x; uncapped, its worst step replayed 4.6% off. On a GPU rank a
+    CPU op also waits inside for the device (a sync, a pageable copy), so a slower step
+    is not scaled: `param/resnet_kineto`'s main thread ran its ops at 2.2x their typical
+    time in iteration 20 and its gaps at 0.68x; scaled up, its CPU range replayed 13.6%
+    long (5.1% unscaled).
     """
     items = sorted(models)
     n = len(compiled.names)
-    ones = {it: np.ones(n) for it in items}
+    factors = {it: np.ones(n) for it in items}
     if len(items) < 2:
-        return ones
+        return factors
+    limit = 1.0 if _device_ops(compiled)[:n].any() else MAX_SLOWDOWN
     table = np.stack([np.where(models[i].observed, models[i].seconds[:n], np.nan) for i in items])
     table[table <= 0] = np.nan
     lending = np.array([lenders is None or i in lenders for i in items])
@@ -810,10 +816,8 @@ def thread_speedups(
         ratio = table[row] / typical
         for r in sorted_unique(compiled.res[:n][seen]):
             of_r = seen & (compiled.res[:n] == r)
-            k = float(np.median(ratio[of_r]))
-            if k < 1.0:
-                ones[it][compiled.res[:n] == r] = k
-    return ones
+            factors[it][compiled.res[:n] == r] = min(float(np.median(ratio[of_r])), limit)
+    return factors
 
 
 def covered_steps(
@@ -1164,8 +1168,8 @@ def _replay_rank(
     lenders = covered_steps(models, own)
     overheads = typical_overheads({it: m for it, (_, _, m) in models.items()}, lenders)
     if not pools:
-        faster = thread_speedups(compiled, {it: m for it, (_, _, m) in models.items()}, lenders)
-        overheads = {it: o * faster[it] for it, o in overheads.items()}
+        speed = thread_speeds(compiled, {it: m for it, (_, _, m) in models.items()}, lenders)
+        overheads = {it: o * speed[it] for it, o in overheads.items()}
     device = _device_ops(compiled)[: len(compiled.names[:own])]
     steps = []
     for it, (known, span, traced) in models.items():
