@@ -167,7 +167,8 @@ def simulation_of(
     seed, samples = options["seed"], options["samples"]
     spans = sim.spans_of(job, rank)
     # as `simulate.replay`: peers' readiness, and the queue each stream carries over
-    release = sim._latest(arrays if ready else None, sim.carried_over(compiled, rows, spans))
+    queue = sim.carried_over(compiled, rows, spans, sim.queued_before(job, rank))
+    release = sim._latest(arrays if ready else None, queue)
     pools = job.framework == "tensorflow"
     plans = {}
     if plan is not None:

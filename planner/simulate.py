@@ -1331,6 +1331,13 @@ def cpu_spans_of(job: Job, rank: str) -> dict[int, tuple[int, int]]:
     return {int(s["step"]): (int(s["cpu_start"]), int(s["cpu_end"])) for s in steps}
 
 
+def queued_before(job: Job, rank: str) -> dict[str, int]:
+    """GPU stream -> end (ns) of the work the rank's trace recorded as issued before
+    profiling began (the ingest's ``queued_before``; empty where there is none)."""
+    queued = ((job.meta.get("ranks") or {}).get(rank) or {}).get("queued_before") or {}
+    return {str(k): int(v) for k, v in queued.items()}
+
+
 def _device_ops(compiled: Compiled) -> np.ndarray:
     """Per op of `compiled`: device work of a GPU rank (an op on a GPU stream, or a
     transfer where the rank has GPU streams), as the ingest spans a GPU step and
@@ -1481,7 +1488,7 @@ def replay(
         compiled = compile_graph(graph)
         oracle = mean_of_runs(graph, rows)
         spans = spans_of(job, rank)
-        release = _latest(release, carried_over(compiled, rows, spans))
+        release = _latest(release, carried_over(compiled, rows, spans, queued_before(job, rank)))
         of_rank = {name: p[rank] for name, p in (plans or {}).items() if rank in p}
         steps = _replay_rank(
             compiled, rows, oracle, seed, spans, release, own, pools, of_rank,
@@ -1495,15 +1502,20 @@ def replay(
 
 
 def carried_over(
-    compiled: Compiled, rows: pd.DataFrame, spans: Mapping[int, tuple[int, int]] | None = None
+    compiled: Compiled,
+    rows: pd.DataFrame,
+    spans: Mapping[int, tuple[int, int]] | None = None,
+    queued: Mapping[str, int] | None = None,
 ) -> dict[int, np.ndarray]:
     """Step -> per op the end (epoch ns, -1 none) of the previous traced step's last op
     on the op's resource: a GPU stream still running the kernels the CPU queued a step
     ahead cannot start this step's before (the queue a step begins with). On resources
     whose previous step ended before this one began it releases nothing. The first
-    traced step, whose previous step is not in the trace, begins with the typical queue:
-    per resource the median over the other steps of that end less the step's start (its
-    recorded span's, else its first record's)."""
+    traced step, whose previous step is not in the trace, begins with the queue the
+    trace recorded before it (`queued`: per resource the end of the work issued before
+    profiling began, `queued_before`; none on the others) or, where the trace recorded
+    none, with the typical queue: per resource the median over the other steps of that
+    end less the step's start (its recorded span's, else its first record's)."""
     rows, idx = op_rows(compiled, rows)
     if not len(rows):
         return {}
@@ -1533,7 +1545,13 @@ def carried_over(
         previous = pair_step == k - 1
         q[pair_res[previous]] = last_end[previous] - first[k]
         queue[int(steps[k])] = q
-    if len(queue) > 1:
+    if queued:
+        ends = np.full(n_res, np.nan)
+        for r, name in enumerate(compiled.resources):
+            if name in queued:
+                ends[r] = queued[name] - first[0]
+        queue[int(steps[0])] = ends
+    elif len(queue) > 1:
         table = np.stack(list(queue.values()))
         typical = np.full(n_res, np.nan)
         seen = (~np.isnan(table)).any(axis=0)

@@ -152,6 +152,7 @@ class _Rows:
     step: np.ndarray  # step of each row, -1 outside every step
     phase: np.ndarray  # codes into PHASES
     lane_label: dict[int, str]
+    orphan: np.ndarray  # GPU work issued before profiling began (no step)
 
 
 def _rows(ev: RankEvents, rank: str, steps: Steps, notes: list[str]) -> tuple[_Rows, np.ndarray]:
@@ -170,7 +171,7 @@ def _rows(ev: RankEvents, rank: str, steps: Steps, notes: list[str]) -> tuple[_R
     phase[waits] = INPUT
     rows = _Rows(
         ev, is_cpu, is_gpu, is_gpu | ev.cat_flags({"gpu_user_annotation"}), cpu_like,
-        enclosing, launch.row, step, phase, lane_labels(ev, steps.main_lane),
+        enclosing, launch.row, step, phase, lane_labels(ev, steps.main_lane), launch.orphan,
     )  # fmt: skip
     return rows, is_outer
 
@@ -353,6 +354,9 @@ def build_rank(
     ready = _gradient_ready(r)
     if ready:
         meta["gradient_ready"] = ready
+    queued = _queued_before(r)
+    if queued:
+        meta["queued_before"] = queued
     return RankModel(
         rank_name, ops, Occurrences(o.step.astype(np.int64), op_id, o.start, o.end - o.start),
         spans, op_names, edges, _rf_to_op(r, coll, et_step, op_at_row, op_names), notes, meta,
@@ -468,6 +472,21 @@ def _add_stream_waits(
         s2, d2 = np.concatenate([s, src[keep]]), np.concatenate([d, dst[keep]])
         if keep.any() and is_acyclic(s2, d2, n_ops):
             edges[step] = (s2, d2)
+
+
+def _queued_before(r: _Rows) -> dict[str, int]:
+    """Stream -> end (ns) of the work it ran that was issued before profiling began:
+    the queue the first traced step found on it. A job whose CPU runs ahead starts
+    its profiling window with the device still running the previous step, and CUPTI
+    records that work without its launch (HTA `trace_diff/test`: 610 kernels on stream
+    7 until 39.3 ms into its first step, whose own first kernel starts 6 us later)."""
+    rows = np.flatnonzero(r.orphan)
+    if not len(rows):
+        return {}
+    lanes, at = np.unique(r.ev.lane[rows], return_inverse=True)
+    end = np.full(len(lanes), np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(end, at, r.ev.end[rows])
+    return {r.lane_label[int(k)]: int(e) for k, e in zip(lanes.tolist(), end.tolist(), strict=True)}
 
 
 def _spans_of(
