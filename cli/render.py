@@ -161,6 +161,13 @@ def inspect_view(document: dict[str, Any]) -> None:
                     seconds_text(s["gpu_span"]), seconds_text(s["lag"]),
                 )  # fmt: skip
             console.print(steps)
+        for stream, end in (r.get("queued_before") or {}).items():
+            if end <= 0:  # it ended before the first step began: no wait
+                continue
+            console.print(
+                f"{r['rank']}: {stream} ran work issued before profiling began until "
+                f"{seconds_text(end)} into the first step"
+            )
     for line in document["notes"]:
         console.print(f"[yellow]note:[/yellow] {line}")
 

@@ -107,6 +107,7 @@ def inspect(job: Job, oracle: Mapping[str, TimeOracle] | None = None) -> dict[st
                 "iterations": job.trace.iterations(rank),
                 "transfers": transfers,
                 "gpu_steps": gpu_steps(job, rank),
+                "queued_before": queued_before(job, rank),
             }
         )
     return {
@@ -117,6 +118,19 @@ def inspect(job: Job, oracle: Mapping[str, TimeOracle] | None = None) -> dict[st
         "ranks": ranks,
         "clock_alignment": job.meta.get("clock_alignment"),
     }
+
+
+def queued_before(job: Job, rank: str) -> dict[str, float]:
+    """GPU stream -> seconds from the first traced step's start to the end of the work
+    it ran that was issued before profiling began (the CPU running ahead; negative: it
+    ended before the step began). The first step's work on the stream waits for it."""
+    queued = ((job.meta.get("ranks") or {}).get(rank) or {}).get("queued_before") or {}
+    first = job.trace.span_table
+    mine = np.asarray(first["rank"], dtype=object) == rank
+    if not queued or not mine.any():
+        return {}
+    start = int(np.asarray(first["start"])[mine].min())
+    return {str(k): (int(v) - start) / 1e9 for k, v in sorted(queued.items())}
 
 
 def gpu_steps(job: Job, rank: str) -> list[dict[str, Any]]:

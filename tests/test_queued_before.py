@@ -12,7 +12,8 @@ import pytest
 
 from planner import simulate as sim
 from planner.ingest import detect
-from tests.conftest import SHARED, need
+from planner.inspection import inspect
+from tests.conftest import SHARED, need, run_cli
 
 HTA = SHARED / "public/HolisticTraceAnalysis/tests/data"
 TEST = HTA / "trace_diff/test/test.json.gz"
@@ -52,6 +53,20 @@ def test_the_queue_before_the_window_is_read_from_the_trace():
     for stream, rows in lacking.items():
         ends = max(e["ts"] + e["dur"] for e in rows)
         assert queued[f"gpu1/stream{stream}"] == pytest.approx(ends * 1000, abs=1000)
+
+
+def test_inspect_shows_the_queue_before_the_window(capsys):
+    """`planner inspect` gives the queue from the first step's start as the replay times
+    it (its device span: the step's first GPU work, 0.76 ms after its CPU start): 38.5
+    ms on stream 7, and in its terminal view one line per stream."""
+    job = detect.load([need(TEST)])
+    (rank,) = inspect(job)["ranks"]
+    first = min(sim.spans_of(job, rank["rank"]).values())[0]
+    queued = sim.queued_before(job, rank["rank"])
+    assert rank["queued_before"] == {k: (v - first) / 1e9 for k, v in queued.items()}
+    assert 0.038 < rank["queued_before"]["gpu1/stream7"] < 0.039
+    code, out, _ = run_cli(["inspect", TEST], capsys)
+    assert code == 0 and "gpu1/stream7 ran work issued before profiling began" in out
 
 
 @pytest.mark.parametrize(
