@@ -164,8 +164,9 @@ def inspect_view(document: dict[str, Any]) -> None:
         for stream, end in (r.get("queued_before") or {}).items():
             if end <= 0:  # it ended before the first step began: no wait
                 continue
+            what = "its collectives (net)" if stream == "net" else stream
             console.print(
-                f"{r['rank']}: {stream} ran work issued before profiling began until "
+                f"{r['rank']}: {what} ran work issued before profiling began until "
                 f"{seconds_text(end)} into the first step"
             )
     for line in document["notes"]:

@@ -121,9 +121,10 @@ def inspect(job: Job, oracle: Mapping[str, TimeOracle] | None = None) -> dict[st
 
 
 def queued_before(job: Job, rank: str) -> dict[str, float]:
-    """GPU stream -> seconds from the first traced step's start to the end of the work
-    it ran that was issued before profiling began (the CPU running ahead; negative: it
-    ended before the step began). The first step's work on the stream waits for it."""
+    """GPU stream (and ``net``, the collectives) -> seconds from the first traced step's
+    start to the end of the work it ran that was issued before profiling began (the CPU
+    running ahead; negative: it ended before the step began). The first step's work
+    there waits for it."""
     queued = ((job.meta.get("ranks") or {}).get(rank) or {}).get("queued_before") or {}
     first = job.trace.span_table
     mine = np.asarray(first["rank"], dtype=object) == rank

@@ -1511,10 +1511,11 @@ def carried_over(
     on the op's resource: a GPU stream still running the kernels the CPU queued a step
     ahead cannot start this step's before (the queue a step begins with). On resources
     whose previous step ended before this one began it releases nothing. The first
-    traced step, whose previous step is not in the trace, begins with the queue the
-    trace recorded before it (`queued`: per resource the end of the work issued before
-    profiling began, `queued_before`; none on the others) or, where the trace recorded
-    none, with the typical queue: per resource the median over the other steps of that
+    traced step, whose previous step is not in the trace, begins on each GPU stream and
+    on the collectives' resources with the queue the trace recorded before it
+    (`queued`: the end of the work issued before profiling began, `queued_before`; none
+    where it recorded none) and elsewhere, or where the trace recorded no such work at
+    all, with the typical queue: per resource the median over the other steps of that
     end less the step's start (its recorded span's, else its first record's)."""
     rows, idx = op_rows(compiled, rows)
     if not len(rows):
@@ -1545,18 +1546,18 @@ def carried_over(
         previous = pair_step == k - 1
         q[pair_res[previous]] = last_end[previous] - first[k]
         queue[int(steps[k])] = q
-    if queued:
-        ends = np.full(n_res, np.nan)
-        for r, name in enumerate(compiled.resources):
-            if name in queued:
-                ends[r] = queued[name] - first[0]
-        queue[int(steps[0])] = ends
-    elif len(queue) > 1:
+    head = np.full(n_res, np.nan)
+    if len(queue) > 1:
         table = np.stack(list(queue.values()))
-        typical = np.full(n_res, np.nan)
         seen = (~np.isnan(table)).any(axis=0)
-        typical[seen] = nan_medians(table[:, seen])
-        queue[int(steps[0])] = typical
+        head[seen] = nan_medians(table[:, seen])
+    if queued:  # the recorded queue on the streams and the collectives' resources
+        for r, name in enumerate(compiled.resources):
+            key = "net" if name.split(":")[0] == "net" else name
+            if on_gpu(name) or key == "net":
+                head[r] = queued[key] - first[0] if key in queued else np.nan
+    if len(queue) > 1 or queued:
+        queue[int(steps[0])] = head
     out = {}
     for it, q in queue.items():
         offset = np.nan_to_num(q).round().astype(np.int64)  # ns; epochs stay integers

@@ -40,7 +40,8 @@ def test_the_queue_before_the_window_is_read_from_the_trace():
     """Raw JSON: 610 kernels and copies on stream 7 have no launch in the trace (the CPU
     issued them in the step before profiling began); they run from 0.04 ms to 39.3 ms
     into ``ProfilerStep#1009``, and the step's own first kernel on the stream starts
-    6 us after the last of them ends. The ingest records that end per stream."""
+    6 us after the last of them ends. The ingest records that end per stream, and for
+    the collectives the end of the NCCL kernels among them."""
     lacking, launched, first = _unlaunched(need(TEST))
     seven = lacking[7]
     end = max(e["ts"] + e["dur"] for e in seven)
@@ -53,6 +54,12 @@ def test_the_queue_before_the_window_is_read_from_the_trace():
     for stream, rows in lacking.items():
         ends = max(e["ts"] + e["dur"] for e in rows)
         assert queued[f"gpu1/stream{stream}"] == pytest.approx(ends * 1000, abs=1000)
+    # NCCL's stream 15 ran 4 kernels of the step before (an all-reduce, all-to-alls):
+    # the collectives' queue
+    nccl = [e for rows in lacking.values() for e in rows if e["name"].startswith("ncclKernel")]
+    assert len(nccl) == 4 and {e["args"]["stream"] for e in nccl} == {15}
+    ends = max(e["ts"] + e["dur"] for e in nccl)
+    assert queued["net"] == pytest.approx(ends * 1000, abs=1000)
 
 
 def test_inspect_shows_the_queue_before_the_window(capsys):

@@ -354,7 +354,7 @@ def build_rank(
     ready = _gradient_ready(r)
     if ready:
         meta["gradient_ready"] = ready
-    queued = _queued_before(r)
+    queued = _queued_before(r, coll.comm_rows)
     if queued:
         meta["queued_before"] = queued
     return RankModel(
@@ -474,19 +474,25 @@ def _add_stream_waits(
             edges[step] = (s2, d2)
 
 
-def _queued_before(r: _Rows) -> dict[str, int]:
+def _queued_before(r: _Rows, comm_rows: np.ndarray) -> dict[str, int]:
     """Stream -> end (ns) of the work it ran that was issued before profiling began:
-    the queue the first traced step found on it. A job whose CPU runs ahead starts
-    its profiling window with the device still running the previous step, and CUPTI
-    records that work without its launch (HTA `trace_diff/test`: 610 kernels on stream
-    7 until 39.3 ms into its first step, whose own first kernel starts 6 us later)."""
+    the queue the first traced step found on it; and ``net``, the collectives'
+    resource, -> the end of the communication kernels among that work. A job whose CPU
+    runs ahead starts its profiling window with the device still running the previous
+    step, and CUPTI records that work without its launch (HTA `trace_diff/test`: 610
+    kernels on stream 7 until 39.3 ms into its first step, whose own first kernel
+    starts 6 us later; NCCL's stream 15 until 30.9 ms)."""
     rows = np.flatnonzero(r.orphan)
     if not len(rows):
         return {}
     lanes, at = np.unique(r.ev.lane[rows], return_inverse=True)
     end = np.full(len(lanes), np.iinfo(np.int64).min, dtype=np.int64)
     np.maximum.at(end, at, r.ev.end[rows])
-    return {r.lane_label[int(k)]: int(e) for k, e in zip(lanes.tolist(), end.tolist(), strict=True)}
+    out = {r.lane_label[int(k)]: int(e) for k, e in zip(lanes.tolist(), end.tolist(), strict=True)}
+    comm = rows[np.isin(rows, comm_rows)]
+    if len(comm):
+        out["net"] = int(r.ev.end[comm].max())
+    return out
 
 
 def _spans_of(
