@@ -14,7 +14,13 @@ from typing import Any
 import numpy as np
 
 from planner.oracle import TimeOracle, min_of_codes
-from planner.trace import Job, dedicated_columns, job_parameters, rank_partial_steps
+from planner.trace import (
+    Job,
+    dedicated_columns,
+    job_parameters,
+    queued_before,
+    rank_partial_steps,
+)
 
 
 def oracles(job: Job) -> dict[str, TimeOracle]:
@@ -107,7 +113,7 @@ def inspect(job: Job, oracle: Mapping[str, TimeOracle] | None = None) -> dict[st
                 "iterations": job.trace.iterations(rank),
                 "transfers": transfers,
                 "gpu_steps": gpu_steps(job, rank),
-                "queued_before": queued_before(job, rank),
+                "queued_before": queued_offsets(job, rank),
             }
         )
     return {
@@ -120,12 +126,11 @@ def inspect(job: Job, oracle: Mapping[str, TimeOracle] | None = None) -> dict[st
     }
 
 
-def queued_before(job: Job, rank: str) -> dict[str, float]:
-    """GPU stream (and ``net``, the collectives) -> seconds from the first traced step's
-    start to the end of the work it ran that was issued before profiling began (the CPU
-    running ahead; negative: it ended before the step began). The first step's work
-    there waits for it."""
-    queued = ((job.meta.get("ranks") or {}).get(rank) or {}).get("queued_before") or {}
+def queued_offsets(job: Job, rank: str) -> dict[str, float]:
+    """`trace.queued_before` as seconds from the first traced step's start (the CPU
+    running ahead; negative: the work ended before the step began). The first step's
+    work there waits for it."""
+    queued = queued_before(job, rank)
     first = job.trace.span_table
     mine = np.asarray(first["rank"], dtype=object) == rank
     if not queued or not mine.any():

@@ -44,7 +44,7 @@ from planner.oracle import TimeOracle, mean_of_runs
 from planner.plan import Plan
 from planner.records import missing_ops
 from planner.schedule.ticks import TICKS_PER_SECOND
-from planner.trace import Job, busy_time, with_dedicated
+from planner.trace import Job, busy_time, queued_before, with_dedicated
 
 SCHEMA = "planner.simulation/1"
 
@@ -1329,13 +1329,6 @@ def cpu_spans_of(job: Job, rank: str) -> dict[int, tuple[int, int]]:
     rank, whose step spans are these)."""
     steps = ((job.meta.get("ranks") or {}).get(rank) or {}).get("steps") or []
     return {int(s["step"]): (int(s["cpu_start"]), int(s["cpu_end"])) for s in steps}
-
-
-def queued_before(job: Job, rank: str) -> dict[str, int]:
-    """GPU stream -> end (ns) of the work the rank's trace recorded as issued before
-    profiling began (the ingest's ``queued_before``; empty where there is none)."""
-    queued = ((job.meta.get("ranks") or {}).get(rank) or {}).get("queued_before") or {}
-    return {str(k): int(v) for k, v in queued.items()}
 
 
 def _device_ops(compiled: Compiled) -> np.ndarray:

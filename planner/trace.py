@@ -312,6 +312,16 @@ def transfer_part(frame: pd.DataFrame | Columns) -> tuple[np.ndarray, np.ndarray
     return start + wait, duration - wait
 
 
+def queued_before(job: Job, rank: str) -> dict[str, int]:
+    """GPU stream (and ``net``, the collectives) -> end (ns) of the work the rank's trace
+    recorded as issued before profiling began (the Kineto ingest's ``queued_before`` in
+    ``Job.meta["ranks"]``; empty where there is none)."""
+    ranks = job.meta.get("ranks")
+    meta = ranks.get(rank) if isinstance(ranks, dict) else None
+    queued = meta.get("queued_before") if isinstance(meta, dict) else None
+    return {str(k): int(v) for k, v in (queued or {}).items()}
+
+
 def job_parameters(job: Job, rank: str) -> list[dict[str, Any]]:
     """The rank's parameters (``Job.meta["parameters"]``): name, nbytes, collective, ..."""
     table = job.meta.get("parameters")
