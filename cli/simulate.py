@@ -282,7 +282,7 @@ def simulation_view(document: dict[str, Any]) -> None:
                 _num(p["alpha"]),
             )
         console.print(table)
-        for key in ("warning", "comparison_warning"):
+        for key in ("warning", "cpu_warning", "comparison_warning"):
             if r.get(key):
                 render.note(f"{r['rank']}: {r[key]}", False, error=True)
     sweep = document.get("sweep")

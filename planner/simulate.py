@@ -559,7 +559,7 @@ def step_model(
     missing: Sequence[str] = (),
     release: np.ndarray | None = None,
     own: int | None = None,
-    shape: tuple[np.ndarray, np.ndarray] | None = None,
+    shape: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
     idx: np.ndarray | None = None,
     plan: PlanArrays | None = None,
 ) -> StepModel:
@@ -579,8 +579,12 @@ def step_model(
       their traces): it cannot start before, as a collective waits for the slowest rank.
     - Tail: the step's span after its last op (closing overhead), kept as observed.
     - The rank's shape: `shape` = (edges the trace contradicts in some step of the rank,
-      the widths of its thread pools), from `rank_shape`: those edges are dropped as the
-      ones this step contradicts are, and a pool runs as many ops as it ever did.
+      the widths of its thread pools, edges it contradicts in every step), from
+      `rank_shape`: those edges are dropped as the ones this step contradicts are, and a
+      pool runs as many ops as it ever did. `violated`, the contradicted edge the cause
+      names, is one this step contradicts that some other step does not: an edge every
+      step contradicts (a CPU running ahead of the collective its optimizer is given to
+      wait for) is the rank's shape, no gap of the step.
     Ops without a record this step run at their `fallback` time, unconstrained (their
     edges dropped), so a partial step still replays (and is flagged). `idx`: the op
     index of each of `rows` (`op_rows`), when the caller has them; `rows` may then be
@@ -606,9 +610,9 @@ def step_model(
     n_res = len(compiled.resources)
     width = np.ones(n_res, dtype=np.int64)
     np.maximum.at(width, compiled.res[idx], lane + 1)
-    dropped = None
+    dropped = always = None
     if shape is not None:
-        dropped, rank_width = shape
+        dropped, rank_width, always = shape
         width = np.maximum(width, rank_width)
     width[np.asarray(compiled.resources) == host.HOST] = max(1, n)  # shared, no lanes
     res = compiled.res.copy()
@@ -637,7 +641,8 @@ def step_model(
     g_src, g_dst = compiled.src, compiled.dst
     inside = observed[g_src] & observed[g_dst] & (end_of[g_src] > start_of[g_dst])
     launch = inside & (start_of[g_dst] >= start_of[g_src])
-    contradicted = np.flatnonzero(inside & ~launch)
+    named = inside & ~launch if always is None else inside & ~launch & ~always
+    contradicted = np.flatnonzero(named)
     violated = None
     if len(contradicted):
         late = start_of[g_src[contradicted]] - start_of[g_dst[contradicted]]
@@ -1007,10 +1012,11 @@ _TOPO: dict[int, tuple[OpGraph, np.ndarray]] = {}
 
 def rank_shape(
     compiled: Compiled, steps: Iterable[pd.DataFrame | tuple[pd.DataFrame, np.ndarray]]
-) -> tuple[np.ndarray, np.ndarray]:
-    """(dropped, width) over the complete steps of one rank: per edge of `compiled`,
-    whether the trace contradicts it (its v started before its u did) in any step; per
-    resource, the most ops it ever ran at once.
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dropped, width, always) over the complete steps of one rank: per edge of
+    `compiled`, whether the trace contradicts it (its v started before its u did) in
+    any step; per resource, the most ops it ever ran at once; per edge, whether every
+    step that ran both its ops contradicts it.
 
     An edge the trace contradicts is not a wait of v for u but an order after u's
     *issue*, which the op table does not hold (TensorFlow runs an executor node once its
@@ -1023,6 +1029,7 @@ def rank_shape(
     """
     g_src, g_dst = compiled.src, compiled.dst
     dropped = np.zeros(len(g_src), dtype=bool)
+    agreed = np.zeros(len(g_src), dtype=bool)  # some step ran u no later than v
     width = np.ones(len(compiled.resources), dtype=np.int64)
     for step in steps:
         rows, idx = step if isinstance(step, tuple) else op_rows(compiled, step)
@@ -1030,13 +1037,14 @@ def rank_shape(
         start[idx] = np.asarray(rows["start"], dtype=np.int64)
         seen = (start[g_src] >= 0) & (start[g_dst] >= 0)
         dropped |= seen & (start[g_dst] < start[g_src])
+        agreed |= seen & (start[g_dst] >= start[g_src])
         lane = lanes(
             compiled.res[idx],
             np.asarray(rows["start"], dtype=np.float64),
             np.asarray(rows["duration"], dtype=np.float64),
         )
         np.maximum.at(width, compiled.res[idx], lane + 1)
-    return dropped, width
+    return dropped, width, dropped & ~agreed
 
 
 def _step_models(
@@ -1085,10 +1093,10 @@ def _step_models(
     for k, it in enumerate(its.tolist()):
         take = order[cuts[k] : cuts[k + 1]]
         steps.append((int(it), {name: c[take] for name, c in columns.items()}))
-    dropped, width = rank_shape(
+    dropped, width, always = rank_shape(
         compiled, ((known, known["idx"]) for it, known in steps if it not in gone)
     )
-    shape = (dropped, width if pools else np.ones_like(width))
+    shape = (dropped, width if pools else np.ones_like(width), always)
     models = {}
     for it, known in steps:
         of_rank = own_rows(known, own)  # the first own are mine
@@ -1208,6 +1216,7 @@ def _replay_rank(
         if cpu_timed is not None:
             step["cpu_wall"], step["predicted_cpu_wall"] = cpu_timed
             step["cpu_wall_error"] = cpu_timed[1] / cpu_timed[0] - 1.0
+            step["cpu_cause"] = _cause(traced, model, _critical(traced, start, ticks, n, ~device))
         if model.missing:
             step["partial"] = records.note(str(rows_of_rank["rank"].iloc[0]), it, model.missing)
         steps.append(step)
@@ -1370,10 +1379,19 @@ def replay_step(model: StepModel, seed: int = 0) -> tuple[np.ndarray, np.ndarray
     return start[0], ticks
 
 
-def _critical(traced: StepModel, begin: np.ndarray, ticks: np.ndarray, own: int) -> np.ndarray:
+def _critical(
+    traced: StepModel,
+    begin: np.ndarray,
+    ticks: np.ndarray,
+    own: int,
+    among: np.ndarray | None = None,
+) -> np.ndarray:
     """Per op whether its wait lies on the critical path of the step as it ran or of
-    its replay (`critical_waits`), each walked back from the rank's op that ended last."""
-    mine = np.flatnonzero(traced.observed[:own])
+    its replay (`critical_waits`), each walked back from the rank's op that ended last
+    (of the `among` ops, per op of the rank's `own`, where given: a GPU rank's CPU ops
+    for its CPU range)."""
+    chosen = traced.observed[:own] if among is None else traced.observed[:own] & among
+    mine = np.flatnonzero(chosen)
     if not len(mine):
         return np.zeros(len(traced.overhead), dtype=bool)
     start, end = observed_times(traced, traced.start_of)
@@ -1399,6 +1417,7 @@ def _error_summary(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
     worst = max(scored, key=lambda s: abs(s["wall_error"]), default=None)
     out["cause"] = worst.get("cause", "") if worst else ""
     out["warning"] = reliability_warning(out)
+    out.update(_cpu_range_summary(complete))
     if complete and all(s.get("overhead_from") == "own step" for s in complete):
         out["warning"] = (
             "one traced step per rank: its replay takes the overheads from the step itself "
@@ -1406,6 +1425,32 @@ def _error_summary(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "(trace several steps)"
         )
     return out
+
+
+def _cpu_range_summary(complete: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A GPU rank's CPU range (the training loop's clock, `timed_cpu`) over its complete
+    steps: median and largest-magnitude (signed) ``cpu_wall_error``, the cause of the
+    worst, and a warning above `RELIABLE` that its ``predicted_cpu_wall`` is unreliable
+    (the device's step, which the plans are judged on, has its own warning). None
+    where no step has a CPU range (a CPU rank, whose step spans are its CPU's)."""
+    scored = [s for s in complete if s.get("cpu_wall_error") is not None]
+    if not scored:
+        return {"cpu_wall_error_median": None, "cpu_wall_error_max": None, "cpu_warning": None}
+    worst = max(scored, key=lambda s: abs(s["cpu_wall_error"]))
+    error = float(worst["cpu_wall_error"])
+    warning = None
+    if abs(error) > RELIABLE:
+        warning = (
+            f"the step's CPU range (the training loop's clock, replayed beside the device's "
+            f"step) misses step {worst['iteration']} by {error * 100:+.1f}% "
+            f"(> {RELIABLE * 100:g}%): its predicted_cpu_wall is unreliable; largest "
+            f"unmodelled gap: {worst.get('cpu_cause') or 'unknown'}"
+        )
+    return {
+        "cpu_wall_error_median": float(np.median([s["cpu_wall_error"] for s in scored])),
+        "cpu_wall_error_max": error,
+        "cpu_warning": warning,
+    }
 
 
 def _comparison_error(

@@ -425,7 +425,8 @@ def _judged(document: dict) -> tuple[np.ndarray, np.ndarray]:
 
 def _per_step_shape(compiled, steps):
     """`rank_shape` as it was: nothing dropped rank-wide, no pool wider than its step."""
-    return np.zeros(len(compiled.src), dtype=bool), np.ones(len(compiled.resources), np.int64)
+    none = np.zeros(len(compiled.src), dtype=bool)
+    return none, np.ones(len(compiled.resources), np.int64), none
 
 
 @pytest.mark.parametrize(
@@ -478,7 +479,9 @@ def test_own_overheads_reproduce_each_tf_step_with_the_ranks_shape():
         rows = frame[frame["rank"] == rank]
         oracle = sim.mean_of_runs(job.graphs[rank], rows)
         models = sim._step_models(compiled, rows, oracle, sim.spans_of(job, rank), pools=True)
-        dropped, width = sim.rank_shape(compiled, [g for _, g in rows.groupby("iteration")])
+        dropped, width, _always = sim.rank_shape(
+            compiled, [g for _, g in rows.groupby("iteration")]
+        )
         assert dropped.any() and width.max() > 1  # the shape differs from some step's own
         _assert_each_step_replays_itself(compiled, models)
 
@@ -516,6 +519,38 @@ def test_a_step_its_records_barely_cover_lends_no_overheads():
     finally:
         sim.covered_steps = original
     assert np.median(old_wall) > 0.04 and old_wall.max() > 0.09
+
+
+MI300 = SHARED / "public/external/tracelens_mi300_resnet_ddp8/resnet_act_checkpoint.json.gz"
+TRACE_DIFF = HTA / "trace_diff" / "control" / "control.json.gz"
+
+
+def test_an_edge_every_step_contradicts_is_no_cause_of_a_step():
+    """The MI300 DDP's CPU issues the optimizer's `_foreach_add_` 23-29 ms before the
+    all-reduce it is given to wait for runs on the device, in every step: the edge is
+    the rank's shape (dropped in every step), no gap of one step, so no cause names it,
+    the device step's or the CPU range's. An edge only some steps contradict still is
+    named: `trace_diff/control` step 1013 ran `aten::empty#33` 0.16 ms before
+    `all_reduce#2`, which the other steps ran first."""
+    job = detect.load([need(MI300)])
+    rank = job.ranks[0]
+    compiled = sim.compile_graph(job.graphs[rank])
+    rows = sim._frame(job)
+    _dropped, _width, always = sim.rank_shape(
+        compiled, [g for _, g in rows[rows["rank"] == rank].groupby("iteration")]
+    )
+    edges = {(compiled.names[u], compiled.names[v])
+             for u, v in zip(compiled.src[always], compiled.dst[always], strict=True)}  # fmt: skip
+    assert ("net/all_reduce#1", "main/aten::_foreach_add_#0") in edges
+    (replayed,) = sim.replay(job)["ranks"]
+    texts = [replayed["cause"], *(s[k] for s in replayed["steps"] for k in ("cause", "cpu_cause"))]
+    assert len(texts) == 7 and not any("contradicted" in t for t in texts)
+    steps = {
+        s["iteration"]: s for s in sim.replay(detect.load([need(TRACE_DIFF)]))["ranks"][0]["steps"]
+    }
+    assert steps[1013]["cause"].startswith(
+        "DAG edge net/all_reduce#2 -> main/aten::empty#33 contradicted by the trace"
+    )
 
 
 DF_INDEX = HTA / "df_index_resolver" / "df_index_resolver.json.gz"

@@ -696,7 +696,7 @@ def comparison_section(report: Mapping[str, Any]) -> str:
             f"<b>{percent(entry.get('wall_error_max'))}</b>. Measured mean busy makespan "
             f"{seconds(measured)}.</p>"
         )
-        for key in ("warning", "comparison_warning"):
+        for key in ("warning", "cpu_warning", "comparison_warning"):
             if entry.get(key):
                 parts.append(f"<p><b>Warning:</b> {esc(entry[key])}</p>")
         predicted = [p["predicted"] for p in entry["plans"]]
