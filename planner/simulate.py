@@ -1413,10 +1413,15 @@ def _error_summary(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
             continue
         out[f"{name}_median"] = float(np.median(errors))
         out[f"{name}_max"] = float(errors[np.argmax(np.abs(errors))])
-    scored = [s for s in complete if s.get("wall_error") is not None]
-    worst = max(scored, key=lambda s: abs(s["wall_error"]), default=None)
-    out["cause"] = worst.get("cause", "") if worst else ""
-    out["warning"] = reliability_warning(out)
+    misses = [
+        (abs(s[key]), s[key], label, s)
+        for s in complete
+        for key, label in (("wall_error", "wall-clock time"), ("replay_error", "busy time"))
+        if s.get(key) is not None
+    ]
+    worst = max(misses, key=lambda m: m[0], default=None)
+    out["cause"] = worst[3].get("cause", "") if worst else ""
+    out["warning"] = reliability_warning(worst[1:] if worst else None)
     out.update(_cpu_range_summary(complete))
     if complete and all(s.get("overhead_from") == "own step" for s in complete):
         out["warning"] = (
@@ -1476,20 +1481,21 @@ def _comparison_error(
     return {"comparison_error": error, "comparison_warning": warning}
 
 
-def reliability_warning(summary: Mapping[str, Any]) -> str | None:
+def reliability_warning(worst: tuple[float, str, Mapping[str, Any]] | None) -> str | None:
     """A warning when the replay of the observed order misses a complete step by more
-    than `RELIABLE` (wall-clock or busy time), naming the largest unmodelled gap; None
-    when every prediction beside it can be trusted to that error."""
-    keys = ("wall_error_max", "replay_error_max")
-    worst = [abs(summary[k]) for k in keys if summary.get(k) is not None]
-    if not worst:
+    than `RELIABLE`: `worst` = (its largest error, signed; the figure it is of,
+    wall-clock or busy time; the step), the warning naming that step, the figure and
+    the step's largest unmodelled gap; None when every prediction beside it can be
+    trusted to that error."""
+    if worst is None:
         return "no complete step to replay: predictions have no measured error"
-    if max(worst) <= RELIABLE:
+    error, figure, step = worst
+    if abs(error) <= RELIABLE:
         return None
     return (
-        f"predictions unreliable: the replay of the observed order misses a traced step by "
-        f"{max(worst) * 100:.1f}% (> {RELIABLE * 100:g}%); largest unmodelled gap: "
-        f"{summary.get('cause') or 'unknown'}"
+        f"predictions unreliable: the replay of the observed order misses the {figure} "
+        f"of step {step['iteration']} by {error * 100:+.1f}% (> {RELIABLE * 100:g}%); "
+        f"largest unmodelled gap: {step.get('cause') or 'unknown'}"
     )
 
 

@@ -170,10 +170,21 @@ def test_prediction_carries_its_error_and_a_warning_when_unreliable(capsys):
     code, out, err = run_cli(["simulate", *paths, "--samples", "5", "--json"], capsys)
     assert code == 0
     document = json.loads(out)
+    steps = {r["rank"]: r["steps"] for r in document["replay"]["ranks"]}
     for r in document["comparison"]["ranks"]:
         worst = max(abs(r["wall_error_max"]), abs(r["replay_error_max"]))
         assert worst > sim.RELIABLE  # the TF in-graph replay misses by more than 5%
         assert r["warning"].startswith("predictions unreliable") and r["cause"] in r["warning"]
+        # the warning names the step and the figure of the largest miss, and its cause
+        # (worker0: step 3's busy time, +12.6%, not the wall-clock worst, step 4)
+        figure, step = max(
+            ((f, s) for s in steps[r["rank"]] if not s.get("partial")
+             for f in ("wall_error", "replay_error")),
+            key=lambda m: abs(m[1][m[0]]),
+        )  # fmt: skip
+        label = "wall-clock time" if figure == "wall_error" else "busy time"
+        assert f"misses the {label} of step {step['iteration']} by" in r["warning"]
+        assert f"{step[figure] * 100:+.1f}%" in r["warning"] and r["cause"] == step["cause"]
     worker1 = document["comparison"]["ranks"][1]
     assert worker1["comparison_error"] < -sim.RELIABLE and worker1["comparison_warning"]
     code, out, err = run_cli(["simulate", *paths, "--samples", "5"], capsys)
