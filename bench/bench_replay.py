@@ -321,7 +321,7 @@ def main() -> int:
             print(
                 f"  {name} {rank} step {step['iteration']}: wall "
                 f"{step['wall_error'] * 100:+.2f}%, busy {step['replay_error'] * 100:+.2f}%; "
-                f"cause: {step.get('cause') or '-'}"
+                f"cause: {step.get('busy_cause' if key == 'replay_error' else 'cause') or '-'}"
             )
     if partial:
         print(f"\n{len(partial)} partial step(s) left out:")

@@ -947,9 +947,10 @@ def _cause(own: StepModel, used: StepModel, path: np.ndarray | None = None) -> s
     """The largest unmodelled gap of a step, in words: missing records, the DAG edge the
     trace contradicts most, and the op whose wait in this step differs most from the
     typical one the replay used (a PS-side or peer wait, a slow input batch), among the
-    waits on the step's or the replay's critical path (`path`, `critical_waits`) where
-    any is: a wait off both paths moved no prediction (a recv asked for late while
-    the step waited for other tensors)."""
+    waits of the `path` ops where any is: for the step's wall-clock time the waits on
+    the step's or the replay's critical path (`critical_waits`; a wait off both paths
+    moved no step end: a recv asked for late while the step waited for other tensors),
+    for its busy time the rank's own ops (that recv spread the step's work)."""
     parts = []
     if own.missing:
         parts.append(
@@ -1211,6 +1212,7 @@ def _replay_rank(
             "ops_observed": int(len(known["idx"])),
             "cover": covered(known, (span[0] + ahead, span[1])),
             "cause": _cause(traced, model, path),
+            "busy_cause": _cause(traced, model, np.arange(len(model.overhead)) < n),
         }
         cpu_timed = timed_cpu(model, known, start, ticks, (cpu_spans or {}).get(it), device)
         if cpu_timed is not None:
@@ -1420,7 +1422,7 @@ def _error_summary(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if s.get(key) is not None
     ]
     worst = max(misses, key=lambda m: m[0], default=None)
-    out["cause"] = worst[3].get("cause", "") if worst else ""
+    out["cause"] = _cause_of(worst[3], worst[2]) if worst else ""
     out["warning"] = reliability_warning(worst[1:] if worst else None)
     out.update(_cpu_range_summary(complete))
     if complete and all(s.get("overhead_from") == "own step" for s in complete):
@@ -1495,8 +1497,17 @@ def reliability_warning(worst: tuple[float, str, Mapping[str, Any]] | None) -> s
     return (
         f"predictions unreliable: the replay of the observed order misses the {figure} "
         f"of step {step['iteration']} by {error * 100:+.1f}% (> {RELIABLE * 100:g}%); "
-        f"largest unmodelled gap: {step.get('cause') or 'unknown'}"
+        f"largest unmodelled gap: {_cause_of(step, figure) or 'unknown'}"
     )
+
+
+def _cause_of(step: Mapping[str, Any], figure: str) -> str:
+    """The step's cause for a miss of `figure`: of its wall-clock time, the gap on the
+    critical path (``cause``); of its busy time, the largest anywhere among the rank's
+    ops (``busy_cause``): a recv answered late while the step waited for other tensors
+    moves no step end but spreads the step's work (TF cnn worker0 step 3)."""
+    key = "busy_cause" if figure == "busy time" else "cause"
+    return str(step.get(key) or step.get("cause") or "")
 
 
 def replay(
