@@ -1422,8 +1422,9 @@ def _error_summary(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if s.get(key) is not None
     ]
     worst = max(misses, key=lambda m: m[0], default=None)
-    out["cause"] = _cause_of(worst[3], worst[2]) if worst else ""
-    out["warning"] = reliability_warning(worst[1:] if worst else None)
+    miss = worst[1:] if worst is not None else None  # (error, figure, step)
+    out["cause"] = _cause_of(miss[2], miss[1]) if miss is not None else ""
+    out["warning"] = reliability_warning(miss)
     out.update(_cpu_range_summary(complete))
     if complete and all(s.get("overhead_from") == "own step" for s in complete):
         out["warning"] = (
@@ -1436,10 +1437,11 @@ def _error_summary(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def _cpu_range_summary(complete: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """A GPU rank's CPU range (the training loop's clock, `timed_cpu`) over its complete
-    steps: median and largest-magnitude (signed) ``cpu_wall_error``, the cause of the
-    worst, and a warning above `RELIABLE` that its ``predicted_cpu_wall`` is unreliable
-    (the device's step, which the plans are judged on, has its own warning). None
-    where no step has a CPU range (a CPU rank, whose step spans are its CPU's)."""
+    steps: median and largest-magnitude (signed) ``cpu_wall_error``, and above
+    `RELIABLE` a warning that its ``predicted_cpu_wall`` is unreliable, naming the worst
+    step and its ``cpu_cause`` (the device's step, which the plans are judged on, has
+    its own warning). None where no step has a CPU range (a CPU rank, whose step spans
+    are its CPU's)."""
     scored = [s for s in complete if s.get("cpu_wall_error") is not None]
     if not scored:
         return {"cpu_wall_error_median": None, "cpu_wall_error_max": None, "cpu_warning": None}
