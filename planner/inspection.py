@@ -131,11 +131,11 @@ def queued_offsets(job: Job, rank: str) -> dict[str, float]:
     running ahead; negative: the work ended before the step began). The first step's
     work there waits for it."""
     queued = queued_before(job, rank)
-    first = job.trace.span_table
-    mine = np.asarray(first["rank"], dtype=object) == rank
+    spans = job.trace.span_table
+    mine = np.asarray(spans["rank"], dtype=object) == rank
     if not queued or not mine.any():
         return {}
-    start = int(np.asarray(first["start"])[mine].min())
+    start = int(np.asarray(spans["start"])[mine].min())
     return {str(k): (int(v) - start) / 1e9 for k, v in sorted(queued.items())}
 
 
