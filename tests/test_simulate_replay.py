@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import REPO, SHARED, TF, TF_RUNS, need, run_cli
+from conftest import REPO, RESNET_IN_REPO, SHARED, TF, TF_RUNS, need, run_cli
 
 from planner import analysis, records
 from planner import simulate as sim
@@ -540,35 +540,74 @@ def test_a_step_its_records_barely_cover_lends_no_overheads():
 
 
 MI300 = SHARED / "public/external/tracelens_mi300_resnet_ddp8/resnet_act_checkpoint.json.gz"
-TRACE_DIFF = HTA / "trace_diff" / "control" / "control.json.gz"
+
+
+def _edges_out_of_collectives(job, rank: str) -> list[tuple[str, str]]:
+    graph = job.graphs[rank]
+    names = list(graph.ops)
+    pairs = zip(graph.src.tolist(), graph.dst.tolist(), strict=True)
+    return [(names[u], names[v]) for u, v in pairs
+            if names[u].startswith("net/") and not names[v].startswith("net/")]  # fmt: skip
+
+
+def test_a_device_collective_is_waited_for_by_a_kernel_not_by_the_cpu():
+    """On the MI300 DDP rank (RCCL) the CPU issues the optimizer's `_foreach_add_`
+    23-29 ms before the all-reduce it waits for runs on the device, in every step: the
+    CPU does not wait, the optimizer's first kernel does. Every edge out of a collective
+    goes to a device op, and no step runs one against its edge. On a gloo rank the
+    collective runs on a CPU thread and the CPU op waits, as before."""
+    job = detect.load([need(MI300)])
+    rank = job.ranks[0]
+    out = _edges_out_of_collectives(job, rank)
+    assert len(out) == 7
+    assert all(v.startswith("gpu2/stream0/") for _, v in out)
+    assert ("net/all_reduce#1", "main/aten::_foreach_add_#0") not in out
+    assert any("multi_tensor_apply_kernel" in v for u, v in out if u == "net/all_reduce#1")
+    rows = job.trace.of(rank)
+    checked = 0
+    for _, group in rows.groupby("iteration"):
+        start = dict(zip(group["op"], group["start"], strict=True))
+        end = dict(zip(group["op"], group["start"] + group["duration"], strict=True))
+        for u, v in out:
+            if u in start and v in start:
+                assert end[u] <= start[v], (u, v)
+                checked += 1
+    assert checked == 3 * len(out)
+    gloo = detect.load([RESNET_IN_REPO])
+    cpu_out = _edges_out_of_collectives(gloo, gloo.ranks[0])
+    assert cpu_out and any(v.startswith("main/") for _, v in cpu_out)
 
 
 def test_an_edge_every_step_contradicts_is_no_cause_of_a_step():
-    """The MI300 DDP's CPU issues the optimizer's `_foreach_add_` 23-29 ms before the
-    all-reduce it is given to wait for runs on the device, in every step: the edge is
-    the rank's shape (dropped in every step), no gap of one step, so no cause names it,
-    the device step's or the CPU range's. An edge only some steps contradict still is
-    named: `trace_diff/control` step 1013 ran `aten::empty#33` 0.16 ms before
-    `all_reduce#2`, which the other steps ran first."""
-    job = detect.load([need(MI300)])
+    """HTA's ns trace starts each all-reduce before the kernel launched last ahead of
+    its call, in every step: those enqueue edges are the rank's shape (dropped in every
+    step), no gap of one step, so no cause names them. An edge only some steps
+    contradict still is named: steps 102-105 start the broadcast 65-89 ms before the
+    `CatArrayBatchedCopy` launched ahead of it, which step 101 ran first. No cause of
+    the MI300 DDP names a contradicted edge (its collectives' waiters are kernels)."""
+    job = detect.load([need(NS_TRACE)])
     rank = job.ranks[0]
     compiled = sim.compile_graph(job.graphs[rank])
     rows = sim._frame(job)
     _dropped, _width, always = sim.rank_shape(
         compiled, [g for _, g in rows[rows["rank"] == rank].groupby("iteration")]
     )
-    edges = {(compiled.names[u], compiled.names[v])
-             for u, v in zip(compiled.src[always], compiled.dst[always], strict=True)}  # fmt: skip
-    assert ("net/all_reduce#1", "main/aten::_foreach_add_#0") in edges
+    edges = [f"DAG edge {compiled.names[u]} -> {compiled.names[v]} contradicted"
+             for u, v in zip(compiled.src[always], compiled.dst[always], strict=True)]  # fmt: skip
+    assert len(edges) == 5 and all(" -> net/all_reduce#" in e for e in edges)
     (replayed,) = sim.replay(job)["ranks"]
-    texts = [replayed["cause"], *(s[k] for s in replayed["steps"] for k in ("cause", "cpu_cause"))]
+    steps = {s["iteration"]: s for s in replayed["steps"]}
+    assert sorted(steps) == [101, 102, 103, 104, 105]
+    texts = [replayed["cause"], *(s[k] for s in steps.values() for k in ("cause", "cpu_cause"))]
+    assert not any(t.startswith(e) for t in texts for e in edges)
+    assert "contradicted" not in steps[101]["cause"]
+    for step in (102, 103, 104, 105):
+        assert steps[step]["cause"].startswith("DAG edge gpu0/stream7/")
+        assert "CatArrayBatchedCopy" in steps[step]["cause"].split(" -> ")[0]
+        assert " -> net/broadcast#0 contradicted by the trace" in steps[step]["cause"]
+    (mi300,) = sim.replay(detect.load([need(MI300)]))["ranks"]
+    texts = [mi300["cause"], *(s[k] for s in mi300["steps"] for k in ("cause", "cpu_cause"))]
     assert len(texts) == 7 and not any("contradicted" in t for t in texts)
-    steps = {
-        s["iteration"]: s for s in sim.replay(detect.load([need(TRACE_DIFF)]))["ranks"][0]["steps"]
-    }
-    assert steps[1013]["cause"].startswith(
-        "DAG edge net/all_reduce#2 -> main/aten::empty#33 contradicted by the trace"
-    )
 
 
 DF_INDEX = HTA / "df_index_resolver" / "df_index_resolver.json.gz"

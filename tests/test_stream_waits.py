@@ -63,7 +63,7 @@ def test_the_copy_after_an_all_to_all_waits_for_it():
     ("path", "field", "worst", "without"),
     [
         (CONTROL, "replay_error", 0.025, 0.10),
-        (TEST, "wall_error", 0.02, 0.20),
+        (TEST, "wall_error", 0.02, 0.15),
         (MI300, "wall_error", 0.002, 0.02),
     ],
     ids=["trace_diff/control busy", "trace_diff/test wall", "mi300_ddp wall"],
@@ -71,7 +71,8 @@ def test_the_copy_after_an_all_to_all_waits_for_it():
 def test_the_replay_keeps_the_streams_waits(monkeypatch, path, field, worst, without):
     """Without the inferred waits a device op's wait for another stream was an overhead
     taken from the other steps. ``trace_diff/test`` step 1012, whose device had no queue
-    left from the step before, ran its kernels 30 ms late: +24.4% (1.6% with them).
+    left from the step before, ran its kernels late: +16.9% (1.6% with them; +24.4%
+    before its all-to-alls' waiters were kernels, which carry part of that wait).
     ``trace_diff/control`` step 1010 ran the compute stream under its all-to-alls
     instead of after them: device busy time -11.4% (2.3%). The MI300 DDP steps read
     2.5% (0.12%): the copy back of each DDP bucket (``Memcpy DtoD``) waits for its

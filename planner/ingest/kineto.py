@@ -379,7 +379,7 @@ def _edges(
         op_id, n, o.step[:n], o.lane[:n], o.phase[:n], o.start, gpu_launcher,
         (o.step[n:], o.end[n:], o.c_launcher), r.ev.ts, o.lane_code_of[r.ev.lane], op_at_row,
         r.is_cpu[comp_rows], o.labels.index("main") if "main" in o.labels else -1,
-        (launched, called), o.end,
+        (launched, called), o.end, r.gpu_side[o.rows[n:]],
     )  # fmt: skip
 
 

@@ -3,7 +3,8 @@
 Per-lane program order; launch -> GPU op (correlation); launching CPU op ->
 collective; every collective -> the first optimizer op of the step (or, without an
 optimizer range, the first op on the launching thread that starts after the
-collective ends); the main thread's op that started last before another CPU thread's
+collective ends; where the collective runs on the device, the first kernel that op or
+a later one launched); the main thread's op that started last before another CPU thread's
 first op of the step -> that op (the thread is handed its work: autograd's engine
 thread starts the backward once ``backward()`` has seeded the gradient); the GPU op
 launched last before a collective was called -> that collective (NCCL's stream waits for
@@ -15,6 +16,7 @@ get theirs from the first step that has them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -40,6 +42,8 @@ def collective_edges(
     c_launcher: np.ndarray,
     lane_of_row: np.ndarray,
     op_at_row: np.ndarray,
+    launched: np.ndarray | None = None,
+    c_device: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Edges launcher -> collective and collective -> the ops that wait for it.
 
@@ -51,8 +55,19 @@ def collective_edges(
     the last, then copies each back to the gradients: without the edge the replay ran
     that copy work during the 64 MiB all-reduce). Candidates are ordered by a
     quicksort on start time, so ties resolve as they always have.
+
+    A collective run on the device (`c_device`: NCCL, RCCL) is not waited for by the
+    CPU: the optimizer's CPU op is issued at once and its first *kernel* waits (the
+    caller's stream joins the communication stream). There each waiting op is the first
+    GPU op launched (`launched`: per compute occurrence the time its launch was called,
+    -1: not a GPU op) at or after the CPU op's start, and no edge is made where the
+    step launches none. The CPU edge was contradicted by every step of the MI300 DDP
+    trace, whose CPU issues the optimizer 23-29 ms before the all-reduce it waited for.
     """
     comp_op = op_id[:n_comp]
+    device_waiter = None
+    if launched is not None and c_device is not None and c_device.any():
+        device_waiter = _device_waiter(o_step, o_start, launched)
     opt = np.flatnonzero(o_phase == _OPTIMIZER)
     opt = opt[np.argsort(o_start[opt], kind="quicksort")]
     opt = opt[np.argsort(o_step[opt], kind="stable")]  # per step, in that start order
@@ -66,11 +81,13 @@ def collective_edges(
         if launcher >= 0:
             key = (step, int(lane_of_row[launcher]))
             last_launch[key] = max(last_launch.get(key, 0), int(ts[launcher]))
-    for step, cop, launcher, cend in zip(
+    device = c_device.tolist() if c_device is not None else [False] * len(c_step)
+    for step, cop, launcher, cend, on_gpu in zip(
         c_step.tolist(),
         op_id[n_comp:].tolist(),
         c_launcher.tolist(),
         c_end.tolist(),
+        device,
         strict=True,
     ):
         if launcher >= 0 and op_at_row[launcher] >= 0:
@@ -99,23 +116,51 @@ def collective_edges(
             cand = opt[a:b]
             j = int(np.searchsorted(o_start[cand], ts[launcher], side="right"))
             if j < len(cand):
-                src.append(cop)
-                dst.append(int(comp_op[cand[j]]))
-                tag.append(step)
-                if waiter >= 0 and waiter != int(comp_op[cand[j]]):
+                first = int(cand[j])
+                if on_gpu and device_waiter is not None:
+                    first = device_waiter(step, first)
+                    w = device_waiter(step, int(members[w])) if w < len(members) else -1
+                    waiter = int(comp_op[w]) if w >= 0 else -1
+                if first >= 0:
+                    src.append(cop)
+                    dst.append(int(comp_op[first]))
+                    tag.append(step)
+                if waiter >= 0 and (first < 0 or waiter != int(comp_op[first])):
                     src.append(cop)
                     dst.append(waiter)
                     tag.append(step)
                 continue
         if i < len(members):
-            src.append(cop)
-            dst.append(int(comp_op[members[i]]))
-            tag.append(step)
+            first = int(members[i])
+            if on_gpu and device_waiter is not None:
+                first = device_waiter(step, first)
+            if first >= 0:
+                src.append(cop)
+                dst.append(int(comp_op[first]))
+                tag.append(step)
     return (
         np.array(src, dtype=np.int64),
         np.array(dst, dtype=np.int64),
         np.array(tag, dtype=np.int64),
     )
+
+
+def _device_waiter(
+    o_step: np.ndarray, o_start: np.ndarray, launched: np.ndarray
+) -> Callable[[int, int], int]:
+    """(step, CPU occurrence) -> the step's first GPU occurrence launched at or after
+    that occurrence's start (-1: none): where a device collective's waiter really waits."""
+    gpu = np.flatnonzero(launched >= 0)
+    gpu = gpu[np.lexsort((gpu, launched[gpu], o_step[gpu]))]
+    g_step, g_at = o_step[gpu], launched[gpu]
+
+    def first_after(step: int, occ: int) -> int:
+        a = int(np.searchsorted(g_step, step, side="left"))
+        b = int(np.searchsorted(g_step, step, side="right"))
+        j = a + int(np.searchsorted(g_at[a:b], o_start[occ], side="left"))
+        return int(gpu[j]) if j < b else -1
+
+    return first_after
 
 
 def enqueue_edges(
@@ -391,11 +436,13 @@ def step_edges(
     main: int = -1,
     enqueued: tuple[np.ndarray, np.ndarray] | None = None,
     end: np.ndarray | None = None,
+    c_device: np.ndarray | None = None,
 ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """Step -> (src op ids, dst op ids): lane order, then launches, then collectives,
     then the threads' starts (and joins, given the occurrences' `end`), then the device
     work each collective was enqueued after (`enqueued`: per compute occurrence the
     time its launch was called, -1 for none, and per collective the time it was called).
+    `c_device` says which collectives ran on the device (their waiters are kernels).
 
     `o_*` describe the compute occurrences (sorted by step, lane, start, row),
     `gpu_launcher` the launching op id of each compute occurrence (-1: none),
@@ -413,7 +460,8 @@ def step_edges(
     if len(c_step):
         c_src, c_dst, c_tag = collective_edges(
             op_id, n_comp, o_step, o_lane, start[:n_comp], o_phase, ts, c_step, c_end,
-            c_launcher, lane_of_row, op_at_row,
+            c_launcher, lane_of_row, op_at_row, enqueued[0] if enqueued is not None else None,
+            c_device,
         )  # fmt: skip
         src.append(c_src)
         dst.append(c_dst)
