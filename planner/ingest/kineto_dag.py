@@ -442,7 +442,8 @@ def step_edges(
     then the threads' starts (and joins, given the occurrences' `end`), then the device
     work each collective was enqueued after (`enqueued`: per compute occurrence the
     time its launch was called, -1 for none, and per collective the time it was called).
-    `c_device` says which collectives ran on the device (their waiters are kernels).
+    `c_device` says which collectives ran on the device: their waiters are kernels, and
+    only they wait for the device work enqueued before their call.
 
     `o_*` describe the compute occurrences (sorted by step, lane, start, row),
     `gpu_launcher` the launching op id of each compute occurrence (-1: none),
@@ -480,6 +481,8 @@ def step_edges(
             tag.append(j_tag)
     if enqueued is not None and len(c_step):
         launched, called = enqueued
+        if c_device is not None:  # a collective known by its CPU call alone waits for no kernel
+            called = np.where(c_device, called, -1)
         e_src, e_dst, e_tag = enqueue_edges(comp, o_step, launched, op_id[n_comp:], c_step, called)
         src.append(e_src)
         dst.append(e_dst)
