@@ -377,9 +377,8 @@ PUBLIC_CALIBRATED = {
     "hta_trace_diff_control": HTA_DATA / "trace_diff/control/control.json.gz",
     "hta_trace_diff_test": HTA_DATA / "trace_diff/test/test.json.gz",
     "hta_trace_filter_rank0": HTA_DATA / "trace_filter/sampled_rank-0.json.gz",
-    "hta_ns_resolution": HTA_DATA
-    / "ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz",
 }
+NS_TRACE = HTA_DATA / "ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
 
 
 def _raw(path):
@@ -393,7 +392,7 @@ def test_model_calibrates_on_public_multi_gpu_traces(name):
     """Real multi-GPU PyTorch traces nobody here wrote, most of them one rank of a larger
     job: the model prices the traced configuration at the job's size (the raw
     ``distributedInfo.world_size``, not the one file it was given) and predicts it within
-    10% of the measured step, then recommends. Before, all seven read 1 worker, and the
+    10% of the measured step, then recommends. Before, all six read 1 worker, and the
     device's idle time was left out: they missed by 20-73%."""
     path = need(PUBLIC_CALIBRATED[name])
     world = (_raw(path).get("distributedInfo") or {}).get("world_size") or 1
@@ -406,6 +405,31 @@ def test_model_calibrates_on_public_multi_gpu_traces(name):
     assert val["workers"] == cal.workers
     assert abs(val["model_error"]) <= models.CALIBRATION_TOLERANCE
     assert val["recommendation_withheld"] is None
+
+
+def test_a_one_rank_job_has_no_network_to_fit(capsys):
+    """HTA's ns trace is a one-rank NCCL job (``distributedInfo.world_size`` 1, each
+    ``record_param_comms`` says ``Group size`` 1): no NCCL kernel runs, and its 8-31 MB
+    all-reduces are 20 us CPU calls. Fitted to them the bandwidth read 35 TB/s, and
+    every worker count was priced as if the network were free. The model says why it
+    cannot fit one and exits 2; given a bandwidth it calibrates within 10%."""
+    path = need(NS_TRACE)
+    raw = _raw(path)
+    assert raw["distributedInfo"]["world_size"] == 1
+    comms = [e["args"] for e in raw["traceEvents"] if e.get("name") == "record_param_comms"]
+    assert {a["Group size"] for a in comms if "Group size" in a} == {1}
+    job = detect.load([path])
+    assert models.workers_alone(job)
+    with pytest.raises(InputError, match="collectives ran among 1 rank"):
+        models.calibrate(job)
+    code, out, err = run_cli(["model", path], capsys)
+    assert code == 2 and not out
+    assert err.count("\n") == 1 and "no byte crossed a network" in err and "--bandwidth" in err
+    cal = models.calibrate(job, bandwidth=10e9)
+    assert cal.workers == 1
+    val = models.model_document(job, cal, [1, 2])["validation"]
+    assert abs(val["model_error"]) <= models.CALIBRATION_TOLERANCE
+    assert not models.workers_alone(detect.load([need(MI300)]))
 
 
 def test_the_iteration_of_a_gpu_rank_whose_cpu_runs_ahead_is_its_step():
