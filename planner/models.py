@@ -202,7 +202,7 @@ def _network_from_transfers(job: Job) -> NetworkModel | None:
     When the sizes are too alike for a slope (e.g. equal DDP buckets), falls back to
     f(d) = d * (total seconds / total bytes): the mean throughput, no latency. The
     collectives of a one-rank job (``distributedInfo.world_size`` 1) are left out: NCCL
-    returns at once, and HTA's ns trace read 35 TB/s from its 100 MB all-reduces.
+    returns at once, and HTA's ns trace read 35 TB/s from its 8-32 MB all-reduces.
     """
     frame = with_dedicated(job.trace, job.graphs)
     alone = world_size(job) == 1  # a collective among one rank moves nothing

@@ -119,8 +119,8 @@ def collective_edges(
                 first = int(cand[j])
                 if on_gpu and device_waiter is not None:
                     first = device_waiter(step, first)
-                    w = device_waiter(step, int(members[w])) if w < len(members) else -1
-                    waiter = int(comp_op[w]) if w >= 0 else -1
+                    held = device_waiter(step, int(members[w])) if w < len(members) else -1
+                    waiter = int(comp_op[held]) if held >= 0 else -1
                 if first >= 0:
                     src.append(cop)
                     dst.append(int(comp_op[first]))
