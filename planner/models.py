@@ -395,6 +395,18 @@ def workers_alone(job: Job) -> bool:
     return "collective" in kinds and not kinds & {"send", "recv"}
 
 
+def gradient_exchange(job: Job) -> bool:
+    """Whether the traced transfers can be a data-parallel gradient exchange: PS
+    transfers, or collectives beside a backward pass or an optimizer step. vLLM's
+    tensor-parallel all-reduces (B200 trace) are an inference step's activations."""
+    ops = [op for graph in job.graphs.values() for op in graph.ops.values()]
+    if any(op.kind in ("send", "recv") for op in ops):
+        return True
+    if not any(op.kind == "collective" for op in ops):
+        return True  # nothing to judge: the network comes from --bandwidth / --network
+    return any(op.phase in ("backward", "optimizer") for op in ops)
+
+
 def world_size(job: Job) -> int:
     """The workers of the traced job: its ranks, or, where the trace says the job was
     larger (Kineto's ``distributedInfo.world_size``: often only rank 0 is published),
@@ -1126,6 +1138,12 @@ def model_document(
         withheld = (
             f"the model misses the traced configuration ({own}, {cal.workers} workers) by "
             f"{error:+.1%} (more than {CALIBRATION_TOLERANCE:.0%}): no recommendation"
+        )
+    if withheld is None and not gradient_exchange(job):
+        withheld = (
+            "the trace shows no backward pass and no optimizer step, so its collectives are "
+            "no data-parallel gradient exchange (an inference or model-parallel job?), which "
+            "is what the PS, P2P and ring models price: no recommendation"
         )
     if withheld is not None:
         rec = None

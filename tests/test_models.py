@@ -432,6 +432,33 @@ def test_a_one_rank_job_has_no_network_to_fit(capsys):
     assert not models.workers_alone(detect.load([need(MI300)]))
 
 
+VLLM = SHARED / "public/external/tracelens_b200_vllm_tp8/eager_trace.json.gz"
+
+
+def test_an_inference_job_gets_no_data_parallel_recommendation(capsys):
+    """vLLM on 8 B200s, tensor parallel: 73 all-reduces and an all-gather of
+    activations in forward passes, no backward and no optimizer (no ``autograd``,
+    ``Optimizer`` or ``backward`` event in the raw trace). The models price a
+    data-parallel gradient exchange; they recommended "p2p with 8 workers" for it. Now
+    the recommendation is withheld and the output says why; a training trace (MI300
+    DDP) still gets one."""
+    path = need(VLLM)
+    names = {e.get("name", "") for e in _raw(path)["traceEvents"]}
+    assert not any(k in n for n in names for k in ("autograd::engine", "Optimizer.", "backward"))
+    job = detect.load([path])
+    assert not models.gradient_exchange(job)
+    doc = models.model_document(job, models.calibrate(job), [8])
+    assert doc["recommendation"] is None
+    assert "no backward pass and no optimizer step" in doc["validation"]["recommendation_withheld"]
+    code, out, _ = run_cli(["model", path, "--workers", "8"], capsys)
+    lines = out.splitlines()
+    assert code == 0 and any(
+        line.startswith("no recommendation: the trace shows") for line in lines
+    )
+    assert not any(line.startswith("recommendation:") for line in lines)
+    assert models.gradient_exchange(detect.load([need(MI300)]))
+
+
 def test_the_iteration_of_a_gpu_rank_whose_cpu_runs_ahead_is_its_step():
     """MI300 DDP rank 0 of 8: the CPU launches each step 30 ms before the device runs it,
     so a step's own records span ~50 ms, while the device starts a step every 19.0 ms
