@@ -26,6 +26,7 @@ from planner.ingest import files
 
 RESNET = SHARED / "generated" / "torch" / "resnet_ddp"
 TRANSFORMER = SHARED / "generated" / "torch" / "transformer_ddp"
+HTA_DATA = SHARED / "public" / "HolisticTraceAnalysis" / "tests" / "data"
 CLI = [sys.executable, "-c", "from planner_cli.main import main; main()"]
 
 
@@ -340,9 +341,39 @@ def test_ranks_of_two_different_jobs_are_refused_naming_the_difference(
 ) -> None:
     first, second = need(RESNET) / "rank0.json.gz", need(TRANSFORMER) / "rank1.json.gz"
     line = _refused(["inspect", first, second], capsys, second, f"not from the same job as {first}")
-    assert "all-reduce sizes differ" in line
+    assert "collectives differ (rank1: 2 all_reduce; rank0: 2 all_reduce, 2 broadcast)" in line
     ok, _, err = run_cli(["inspect", RESNET / "rank0.json.gz", RESNET / "rank1.json.gz"], capsys)
     assert ok == 0, err
+
+
+def test_two_ranks_of_one_job_whose_all_reduce_sizes_differ_are_one_job(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """HTA's ``trace_filter``: ranks 0 and 1 of one 128-rank NCCL job, their
+    ``ProfilerStep#551`` starting 0.2 ms apart. In the same two steps rank 0
+    all-reduces 105 and 108 MB and rank 1 78 and 105 MB: the sizes are no job's
+    signature, and comparing them refused this job. Both ranks call the same
+    collectives (2 all_reduce, 2 all_to_all, 1 all_gather), and load as one job."""
+    folder = need(HTA_DATA / "trace_filter")
+    starts = []
+    for rank in (0, 1):
+        raw = json.loads(gzip.decompress((folder / f"sampled_rank-{rank}.json.gz").read_bytes()))
+        assert raw["distributedInfo"]["world_size"] == 128
+        starts.append(min(e["ts"] for e in raw["traceEvents"]
+                          if e.get("name") == "ProfilerStep#551"))  # fmt: skip
+    assert abs(starts[0] - starts[1]) < 1000  # us
+    from planner.ingest import detect
+
+    job = detect.load([folder])
+    assert job.ranks == ["rank0", "rank1"]
+    sizes = {
+        rank: sorted(op.nbytes for name, op in job.graphs[rank].ops.items()
+                     if name.startswith("net/all_reduce"))
+        for rank in job.ranks
+    }  # fmt: skip
+    assert sizes["rank0"] != sizes["rank1"]
+    code, _, err = run_cli(["metrics", folder, "--json"], capsys)
+    assert code == 0, err
 
 
 @pytest.mark.parametrize("world_size, words", [(0, "must be >= 1"), (-2, "must be >= 1"),

@@ -8,8 +8,8 @@ Trace readers so that each check is one call there:
   them, nested a few levels at most, and their element counts fit in int64;
 - `check_world`: `distributedInfo.world_size` is positive and holds the rank;
 - `check_same_job`: the ranks of one call come from one job: same world size, backend
-  and process groups, and the same all-reduce sizes per step (DDP reduces the same
-  buckets on every rank), else the first difference is named.
+  and process groups, and the same collectives (every rank of a process group calls
+  each of its collectives), else the first difference is named.
 """
 
 from __future__ import annotations
@@ -99,19 +99,26 @@ def _signature(meta: Mapping[str, Any], graph: OpGraph) -> dict[str, Any]:
         {k: v for k, v in g.items() if k != "ranks"} if isinstance(g, dict) else g
         for g in (dist.get("pg_config") or [])
     ]
-    sizes = Counter(op.nbytes for op in graph.ops.values() if op.kind == "collective")
+    # the kinds and counts, not the sizes: a rank of a 128-rank job (HTA's trace_filter)
+    # all-reduces 105 and 108 MB where its peer all-reduces 78 and 105 MB in the same
+    # steps (variable-size or sub-group all-reduces), while ResNet and Transformer DDP
+    # ranks differ in their collectives (BatchNorm broadcasts, buckets)
+    kinds = Counter(
+        name.split("/", 1)[-1].split("#", 1)[0]
+        for name, op in graph.ops.items()
+        if op.kind == "collective"
+    )
     return {
         "world_size": meta.get("world_size"),
         "backend": dist.get("backend"),
         "process groups": groups,
-        "all-reduce sizes": sizes,
+        "collectives": kinds,
     }
 
 
 def _describe(key: str, value: Any) -> str:
-    if key == "all-reduce sizes":
-        total = sum(size * count for size, count in value.items())
-        return f"{sum(value.values())} collectives, {size_text(int(total))} in all"
+    if key == "collectives":
+        return ", ".join(f"{n} {kind}" for kind, n in sorted(value.items())) or "none"
     return repr(value)
 
 
