@@ -272,9 +272,14 @@ def model_view(document: dict[str, Any]) -> None:
         )
     check = document["cross_check"]
     if "gap" in check:
+        error = check.get("simulator_error")
+        beside = "" if error is None else f" (simulator vs measured {error:+.1%})"
         console.print(
             f"ring model vs simulator at {check['workers']} workers: gap {check['gap']:+.1%}"
+            + beside
         )
+        if check.get("warning"):
+            console.print(f"[yellow]warning:[/yellow] {check['warning']}")
     else:
         console.print(f"ring cross-check: {check['status']}")
     for line in cal["notes"]:
