@@ -303,6 +303,13 @@ def calibrate(
         network_source = TRACE_FIT
         if network is not None and math.isnan(network.r2):
             network_source = TRACE_MEAN
+        peers = world_size(job) - len(job.ranks)
+        if network is not None and peers > 0 and not workers_alone(job) and _collectives(job):
+            notes.append(
+                f"{peers} of the job's ranks untraced: each collective's span holds its wait "
+                "for them, so the fitted bandwidth is a lower bound (give --network or "
+                "--bandwidth for the link's)"
+            )
     if bandwidth is not None:
         if bandwidth <= 0:
             raise InputError(None, f"bandwidth must be positive, got {bandwidth}")
@@ -385,6 +392,10 @@ def network_warning(cal: Calibration) -> str | None:
         "the curves' shape over worker counts is uncertain; give a measured model "
         "(--network from planner bench-network, or --bandwidth)"
     )
+
+
+def _collectives(job: Job) -> bool:
+    return any(op.kind == "collective" for g in job.graphs.values() for op in g.ops.values())
 
 
 def workers_alone(job: Job) -> bool:
