@@ -304,7 +304,7 @@ def calibrate(
         if network is not None and math.isnan(network.r2):
             network_source = TRACE_MEAN
         peers = world_size(job) - len(job.ranks)
-        if network is not None and peers > 0 and not workers_alone(job) and _collectives(job):
+        if network is not None and peers > 0 and _collectives(job):
             notes.append(
                 f"{peers} of the job's ranks untraced: each collective's span holds its wait "
                 "for them, so the fitted bandwidth is a lower bound (give --network or "
