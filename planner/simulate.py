@@ -868,11 +868,16 @@ def critical_waits(model: StepModel, start: np.ndarray, end: np.ndarray, last: i
     predecessor that ended exactly when it started (an edge that held it), else the op
     of the same resource that did (a busy thread or channel); the walk stops where
     neither exists (the step's start, an op whose time is unknown)."""
+    return _waits_on_path(held_by(model, start, end), start, last, len(model.overhead))
+
+
+def held_by(model: StepModel, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per op of `model.compiled`, the op that held it (`critical_waits`' step back;
+    -1: none). (speed) Fixed by the times alone: found once for every op, and shared by
+    the walks from different ends (a GPU rank's device step and its CPU range)."""
     c = model.compiled
-    n = len(model.overhead)
-    # (speed) each op's step back is fixed by the op alone, so it is found for every op
-    # at once; the walk then only follows the links. The held predecessor: the first
-    # edge into the op, in the graph's edge order, whose source ended as the op started.
+    # the held predecessor: the first edge into the op, in the graph's edge order, whose
+    # source ended as the op started
     after = np.full(len(c.names), -1, dtype=np.int64)
     held = np.flatnonzero(end[c.src] == start[c.dst])
     took, first = np.unique(c.dst[held], return_index=True)
@@ -893,6 +898,11 @@ def critical_waits(model: StepModel, start: np.ndarray, end: np.ndarray, last: i
     k = np.searchsorted(keys, query, "right") - 1
     hit = (k >= 0) & (keys[np.maximum(k, 0)] == query)
     after[free[hit]] = by_end[k[hit]]
+    return after
+
+
+def _waits_on_path(after: np.ndarray, start: np.ndarray, last: int, n: int) -> np.ndarray:
+    """Per op of the step's n ops: whether its wait is on the walk from `last`."""
     waits = _walk(after, start > 0, last)
     on = np.zeros(n, dtype=bool)
     on[waits[(waits >= n) & (waits < 2 * n)] - n] = True
@@ -1191,7 +1201,12 @@ def _replay_rank(
         predicted_wall, ahead = timed_wall(model, start, ticks, span, recorded, device)
         timed = keep & device if (keep & device).any() else keep  # a GPU rank: its device
         predicted = busy_time(begin[timed], took[timed]) / TICKS_PER_SECOND
-        path = _critical(traced, start, ticks, n)
+        observed_start, observed_end = observed_times(traced, traced.start_of)
+        holders = (
+            held_by(traced, observed_start, observed_end),
+            held_by(traced, start, start + ticks),
+        )
+        path = _critical(traced, start, ticks, n, holders=holders)
         known = own_rows(known, n)
         busy, op_span = measured({k: v[timed[known["idx"]]] for k, v in known.items()})
         wall = (span[1] - span[0] - ahead) / 1e9
@@ -1218,7 +1233,8 @@ def _replay_rank(
         if cpu_timed is not None:
             step["cpu_wall"], step["predicted_cpu_wall"] = cpu_timed
             step["cpu_wall_error"] = cpu_timed[1] / cpu_timed[0] - 1.0
-            step["cpu_cause"] = _cause(traced, model, _critical(traced, start, ticks, n, ~device))
+            cpu_path = _critical(traced, start, ticks, n, ~device, holders)
+            step["cpu_cause"] = _cause(traced, model, cpu_path)
         if model.missing:
             step["partial"] = records.note(str(rows_of_rank["rank"].iloc[0]), it, model.missing)
         steps.append(step)
@@ -1387,20 +1403,27 @@ def _critical(
     ticks: np.ndarray,
     own: int,
     among: np.ndarray | None = None,
+    holders: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
     """Per op whether its wait lies on the critical path of the step as it ran or of
     its replay (`critical_waits`), each walked back from the rank's op that ended last
     (of the `among` ops, per op of the rank's `own`, where given: a GPU rank's CPU ops
-    for its CPU range)."""
+    for its CPU range). `holders`: `held_by` of the step as it ran and as replayed,
+    when the caller walks from several ends."""
     chosen = traced.observed[:own] if among is None else traced.observed[:own] & among
     mine = np.flatnonzero(chosen)
+    n = len(traced.overhead)
     if not len(mine):
-        return np.zeros(len(traced.overhead), dtype=bool)
+        return np.zeros(n, dtype=bool)
     start, end = observed_times(traced, traced.start_of)
-    on = critical_waits(traced, start, end, int(mine[np.argmax(end[mine])]))
     replayed_end = begin + ticks
+    ran, replayed = holders or (
+        held_by(traced, start, end),
+        held_by(traced, begin, replayed_end),
+    )
+    on = _waits_on_path(ran, start, int(mine[np.argmax(end[mine])]), n)
     last = int(mine[np.argmax(replayed_end[mine])])
-    return on | critical_waits(traced, begin, replayed_end, last)
+    return on | _waits_on_path(replayed, begin, last, n)
 
 
 def _error_summary(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
