@@ -21,6 +21,7 @@ from planner.inspection import inspect, oracles  # noqa: F401 (the API of this m
 from planner.metrics import (
     StepMetrics,
     bounds,
+    collectives_alone,
     device_ops,
     rank_step_metrics,
     speedup_bound,
@@ -308,6 +309,9 @@ def metrics(job: Job, oracle: Mapping[str, TimeOracle] | None = None) -> dict[st
         of_rank.update(resource=resource[rows], dedicated=dedicated[rows])
         device = device_ops(graph)
         per_step = rank_step_metrics(graph, rank, of_rank, device)
+        alone = collectives_alone(job, rank)
+        if alone:  # nothing crosses a network: no transfer to order
+            per_step = [replace(s, efficiency=None, speedup_bound=None) for s in per_step]
         partial = rank_partial_steps(job.trace, rank, graph)
         for s in per_step:
             entry = _step_dict(s)
@@ -320,8 +324,14 @@ def metrics(job: Job, oracle: Mapping[str, TimeOracle] | None = None) -> dict[st
         if device is not None:
             times = {n: t for n, t in times.items() if n in device}
         umax, lmin = bounds(times, graph)
-        applies = bool(graph.transfers)
-        if not applies:
+        applies = bool(graph.transfers) and not alone
+        if alone:
+            notes.append(
+                f"{rank}: a one-rank job (distributedInfo.world_size 1): its collectives move "
+                "nothing over a network, so nothing to order: efficiency E and speedup bound "
+                "S do not apply (null), and --min-efficiency checks nothing"
+            )
+        elif not applies:
             notes.append(
                 f"{rank}: no transfers, so nothing to order: efficiency E and speedup bound S "
                 "do not apply (null), and --min-efficiency checks nothing"

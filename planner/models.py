@@ -34,7 +34,7 @@ from planner import allreduce
 from planner.errors import InputError
 from planner.graph import OpGraph
 from planner.ingest.files import read_bytes
-from planner.metrics import caramel_figures
+from planner.metrics import caramel_figures, collectives_alone
 from planner.oracle import NetworkModel, fit_network_model
 from planner.records import partial_steps
 from planner.schedule.caramel import network_problem
@@ -400,10 +400,7 @@ def _collectives(job: Job) -> bool:
 
 def workers_alone(job: Job) -> bool:
     """A one-rank job whose only transfers are collectives: no network to fit."""
-    if world_size(job) != 1:
-        return False
-    kinds = {op.kind for graph in job.graphs.values() for op in graph.ops.values()}
-    return "collective" in kinds and not kinds & {"send", "recv"}
+    return world_size(job) == 1 and all(collectives_alone(job, rank) for rank in job.ranks)
 
 
 def gradient_exchange(job: Job) -> bool:

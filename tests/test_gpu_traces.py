@@ -195,6 +195,36 @@ def test_gpu_only_trace_one_step_and_no_efficiency():
     assert "NOT CHECKED" in markdown_summary(doc, gate)
 
 
+NS_TRACE = (
+    REPO.parent / "shared" / "traces" / "public" / "HolisticTraceAnalysis" / "tests" / "data"
+    / "ns_resolution_trace" / "rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
+)  # fmt: skip
+
+
+def test_a_one_rank_jobs_collectives_are_nothing_to_order():
+    """HTA's ns trace is a one-rank NCCL job: no NCCL kernel runs, its 8-32 MB
+    all-reduces are 20 us CPU calls, and Umax - Lmin is 0.13-0.17 ms of a 94 ms busy
+    step, so E swung from 0.12 to 0.70 on nothing: a gate on it failed or passed by
+    chance. As for a rank without transfers, E and S are null, a note says why, and
+    the gate says it checked nothing. A multi-rank GPU job (MI300 DDP) keeps its E."""
+    raw = json.loads(gzip.decompress(_need(NS_TRACE).read_bytes()))
+    assert raw["distributedInfo"]["world_size"] == 1
+    job = load_kineto([NS_TRACE])
+    doc = metrics(job)
+    assert len(doc["steps"]) == 5
+    assert all(s["efficiency"] is None and s["speedup_bound"] is None for s in doc["steps"])
+    assert all(0 < s["umax"] - s["lmin"] < 0.0002 for s in doc["steps"])
+    assert doc["ranks"][0]["efficiency_mean"] is None
+    assert doc["ranks"][0]["oracle_speedup_bound"] is None
+    assert any("one-rank job" in n and "nothing to order" in n for n in doc["notes"])
+    gate = Thresholds(min_efficiency=0.5)
+    suite = ET.fromstring(junit_xml(doc, gate)).find("testsuite")
+    assert suite.get("skipped") == "5" and suite.get("failures") == "0"
+    mi300 = metrics(load_kineto([_need(EXTERNAL / "tracelens_mi300_resnet_ddp8"
+                                       / "resnet_act_checkpoint.json.gz")]))  # fmt: skip
+    assert all(s["efficiency"] is not None for s in mi300["steps"])
+
+
 def test_dlrm_every_collective_timed_by_its_kernel():
     for path in sorted(_need(DLRM).glob("*.json.gz")):
         xs = _events(path)
