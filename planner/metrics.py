@@ -80,9 +80,9 @@ def device_ops(graph: OpGraph) -> frozenset[str] | None:
 
 
 def collectives_alone(job: Job, rank: str) -> bool:
-    """Whether `rank` is a one-rank job's (``distributedInfo.world_size`` 1) whose
-    transfers are all collectives: NCCL returns from them at once, and no byte crosses a
-    network, so there is no transfer to order (HTA's ns trace: 8-32 MB all-reduces of
+    """Whether `rank` is the only rank of its job (``distributedInfo.world_size`` 1) and
+    its transfers are all collectives: NCCL returns from them at once, and no byte
+    crosses a network, so there is no transfer to order (HTA's ns trace: 8-32 MB all-reduces of
     20 us each; its E swung from 0.12 to 0.70 over a 0.13-0.17 ms Umax - Lmin)."""
     info = ((job.meta.get("ranks") or {}) if isinstance(job.meta, Mapping) else {}).get(rank)
     if not isinstance(info, Mapping) or info.get("world_size") != 1:
