@@ -441,7 +441,7 @@ def test_model_calibrates_on_public_multi_gpu_traces(name):
 
 def test_a_one_rank_job_has_no_network_to_fit(capsys):
     """HTA's ns trace is a one-rank NCCL job (``distributedInfo.world_size`` 1, each
-    ``record_param_comms`` says ``Group size`` 1): no NCCL kernel runs, and its 8-31 MB
+    ``record_param_comms`` says ``Group size`` 1): no NCCL kernel runs, and its 8-32 MB
     all-reduces are 20 us CPU calls. Fitted to them the bandwidth read 35 TB/s, and
     every worker count was priced as if the network were free. The model says why it
     cannot fit one and exits 2; given a bandwidth it calibrates within 10%."""
