@@ -405,14 +405,18 @@ def workers_alone(job: Job) -> bool:
 
 def gradient_exchange(job: Job) -> bool:
     """Whether the traced transfers can be a data-parallel gradient exchange: PS
-    transfers, or collectives beside a backward pass or an optimizer step. vLLM's
+    transfers, or collectives beside a backward pass or an optimizer step (their phases,
+    or, where the trace marks none, autograd's ops: ``autograd::engine``, ``*Backward0``). vLLM's
     tensor-parallel all-reduces (B200 trace) are an inference step's activations."""
-    ops = [op for graph in job.graphs.values() for op in graph.ops.values()]
-    if any(op.kind in ("send", "recv") for op in ops):
+    named = [(name, op) for graph in job.graphs.values() for name, op in graph.ops.items()]
+    if any(op.kind in ("send", "recv") for _, op in named):
         return True
-    if not any(op.kind == "collective" for op in ops):
+    if not any(op.kind == "collective" for _, op in named):
         return True  # nothing to judge: the network comes from --bandwidth / --network
-    return any(op.phase in ("backward", "optimizer") for op in ops)
+    return any(
+        op.phase in ("backward", "optimizer") or "autograd::engine" in name or "Backward" in name
+        for name, op in named
+    )
 
 
 def world_size(job: Job) -> int:
