@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from planner.oracle import NetworkModel
-from planner.trace import Job
+from planner.trace import Job, rank_meta
 
 MIB = 1 << 20
 FIRST_BUCKET_BYTES = 1 * MIB
@@ -357,7 +357,7 @@ def rank_profile(job: Job, rank: str) -> Profile | None:
     gradient-ready events or when its steps disagree on the gradients."""
     from planner import simulate
 
-    steps = ((job.meta.get("ranks") or {}).get(rank) or {}).get("gradient_ready")
+    steps = rank_meta(job, rank).get("gradient_ready")
     if not steps:
         return None
     spans = job.trace.spans

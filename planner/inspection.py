@@ -19,6 +19,7 @@ from planner.trace import (
     dedicated_columns,
     job_parameters,
     queued_before,
+    rank_meta,
     rank_partial_steps,
 )
 
@@ -142,7 +143,7 @@ def queued_offsets(job: Job, rank: str) -> dict[str, float]:
 def gpu_steps(job: Job, rank: str) -> list[dict[str, Any]]:
     """Per step of a GPU rank: its CPU span, the GPU span of the work it launched, and
     the lag from the CPU start to the GPU start (seconds; empty on a CPU rank)."""
-    meta = (job.meta.get("ranks") or {}).get(rank) or {}
+    meta = rank_meta(job, rank)
     return [
         {
             "iteration": s["step"],

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from planner.graph import OpGraph, on_gpu
-from planner.trace import Job, busy_time
+from planner.trace import Job, busy_time, rank_meta
 
 
 @dataclass(frozen=True)
@@ -84,8 +84,7 @@ def collectives_alone(job: Job, rank: str) -> bool:
     its transfers are all collectives: NCCL returns from them at once, and no byte
     crosses a network, so there is no transfer to order (HTA's ns trace: 8-32 MB all-reduces of
     20 us each; its E swung from 0.12 to 0.70 over a 0.13-0.17 ms Umax - Lmin)."""
-    info = ((job.meta.get("ranks") or {}) if isinstance(job.meta, Mapping) else {}).get(rank)
-    if not isinstance(info, Mapping) or info.get("world_size") != 1:
+    if rank_meta(job, rank).get("world_size") != 1:
         return False
     kinds = {op.kind for op in job.graphs[rank].ops.values()}
     return "collective" in kinds and not kinds & {"send", "recv"}

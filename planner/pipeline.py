@@ -80,6 +80,7 @@ def summary_of(
     plan (else ``"caramel"`` is None). `oracle`: the rank's `analysis.oracles`, when the
     caller has it (computed once, handed on)."""
     from planner import analysis
+    from planner.trace import rank_meta
 
     if oracle is None:
         oracle = analysis.oracles(job) if len(job.trace.timings) else {}
@@ -98,7 +99,7 @@ def summary_of(
         "bounds": _bound_terms(job, rank, oracle[rank].times),
         "caramel": _caramel_terms(job, rank, oracle[rank].times) if plans and collective else None,
         "job_signature": {
-            "meta": _signature_meta(((job.meta.get("ranks") or {}).get(rank)) or {}),
+            "meta": _signature_meta(rank_meta(job, rank)),
             "collectives": [[n, int(graph.ops[n].nbytes)] for n in collective],
         },
     }

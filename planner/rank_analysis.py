@@ -52,6 +52,7 @@ def analysis_summary(paths: Sequence[str], store: str | None = None) -> dict[str
     folder where the loaded rank is kept for the second pass (`rank_store`)."""
     from planner import analysis, buckets, rank_store
     from planner.rank_replay import ready_summary
+    from planner.trace import rank_meta
 
     try:
         job = load_one_rank(paths)
@@ -68,9 +69,7 @@ def analysis_summary(paths: Sequence[str], store: str | None = None) -> dict[str
     summary["observed_orders"] = analysis.observed_orders(job)
     summary["recvs"] = bool(graph.recvs)
     summary["profile"] = buckets.rank_profile(job, rank)
-    summary["gradient_ready"] = bool(
-        ((job.meta.get("ranks") or {}).get(rank) or {}).get("gradient_ready")
-    )
+    summary["gradient_ready"] = bool(rank_meta(job, rank).get("gradient_ready"))
     summary["cpu"] = not any(op.resource.startswith("gpu") for op in graph.ops.values())
     if store is not None:
         rank_store.save(store, paths, job)

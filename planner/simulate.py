@@ -44,7 +44,7 @@ from planner.oracle import TimeOracle, mean_of_runs
 from planner.plan import Plan
 from planner.records import missing_ops
 from planner.schedule.ticks import TICKS_PER_SECOND
-from planner.trace import Job, busy_time, queued_before, with_dedicated
+from planner.trace import Job, busy_time, queued_before, rank_meta, with_dedicated
 
 SCHEMA = "planner.simulation/1"
 
@@ -1201,11 +1201,7 @@ def _replay_rank(
         predicted_wall, ahead = timed_wall(model, start, ticks, span, recorded, device)
         timed = keep & device if (keep & device).any() else keep  # a GPU rank: its device
         predicted = busy_time(begin[timed], took[timed]) / TICKS_PER_SECOND
-        observed_start, observed_end = observed_times(traced, traced.start_of)
-        holders = (
-            held_by(traced, observed_start, observed_end),
-            held_by(traced, start, start + ticks),
-        )
+        holders = _holders(traced, start, ticks)
         path = _critical(traced, start, ticks, n, holders=holders)
         known = own_rows(known, n)
         busy, op_span = measured({k: v[timed[known["idx"]]] for k, v in known.items()})
@@ -1354,7 +1350,7 @@ def cpu_spans_of(job: Job, rank: str) -> dict[int, tuple[int, int]]:
     """Iteration -> (start, end) ns of a GPU rank's steps as its CPU ran them (the
     ingest's record of each step's CPU range beside its device span; empty on a CPU
     rank, whose step spans are these)."""
-    steps = ((job.meta.get("ranks") or {}).get(rank) or {}).get("steps") or []
+    steps = rank_meta(job, rank).get("steps") or []
     return {int(s["step"]): (int(s["cpu_start"]), int(s["cpu_end"])) for s in steps}
 
 
@@ -1397,30 +1393,42 @@ def replay_step(model: StepModel, seed: int = 0) -> tuple[np.ndarray, np.ndarray
     return start[0], ticks
 
 
+Holders = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _holders(traced: StepModel, begin: np.ndarray, ticks: np.ndarray) -> Holders:
+    """The step's start, end and `held_by` as it ran, and `held_by` of its replay from
+    `begin`/`ticks`: what every walk of `_critical` over the step reads."""
+    start, end = observed_times(traced, traced.start_of)
+    replayed_end = begin + ticks
+    return (
+        start,
+        end,
+        held_by(traced, start, end),
+        held_by(traced, begin, replayed_end),
+    )
+
+
 def _critical(
     traced: StepModel,
     begin: np.ndarray,
     ticks: np.ndarray,
     own: int,
     among: np.ndarray | None = None,
-    holders: tuple[np.ndarray, np.ndarray] | None = None,
+    holders: Holders | None = None,
 ) -> np.ndarray:
     """Per op whether its wait lies on the critical path of the step as it ran or of
     its replay (`critical_waits`), each walked back from the rank's op that ended last
     (of the `among` ops, per op of the rank's `own`, where given: a GPU rank's CPU ops
-    for its CPU range). `holders`: `held_by` of the step as it ran and as replayed,
-    when the caller walks from several ends."""
+    for its CPU range). `holders`: `_holders` of the step, when the caller walks from
+    several ends (found once, not per walk)."""
     chosen = traced.observed[:own] if among is None else traced.observed[:own] & among
     mine = np.flatnonzero(chosen)
     n = len(traced.overhead)
     if not len(mine):
         return np.zeros(n, dtype=bool)
-    start, end = observed_times(traced, traced.start_of)
+    start, end, ran, replayed = holders or _holders(traced, begin, ticks)
     replayed_end = begin + ticks
-    ran, replayed = holders or (
-        held_by(traced, start, end),
-        held_by(traced, begin, replayed_end),
-    )
     on = _waits_on_path(ran, start, int(mine[np.argmax(end[mine])]), n)
     last = int(mine[np.argmax(replayed_end[mine])])
     return on | _waits_on_path(replayed, begin, last, n)

@@ -312,13 +312,19 @@ def transfer_part(frame: pd.DataFrame | Columns) -> tuple[np.ndarray, np.ndarray
     return start + wait, duration - wait
 
 
+def rank_meta(job: Job, rank: str) -> Mapping[str, Any]:
+    """What the ingest recorded of one rank (``Job.meta["ranks"][rank]``: its source,
+    world size, steps, gradient-ready events, ...; empty where it recorded nothing)."""
+    ranks = job.meta.get("ranks") if isinstance(job.meta, Mapping) else None
+    meta = ranks.get(rank) if isinstance(ranks, Mapping) else None
+    return meta if isinstance(meta, Mapping) else {}
+
+
 def queued_before(job: Job, rank: str) -> dict[str, int]:
     """GPU stream (and ``net``, the collectives) -> end (ns) of the work the rank's trace
     recorded as issued before profiling began (the Kineto ingest's ``queued_before`` in
     ``Job.meta["ranks"]``; empty where there is none)."""
-    ranks = job.meta.get("ranks")
-    meta = ranks.get(rank) if isinstance(ranks, dict) else None
-    queued = meta.get("queued_before") if isinstance(meta, dict) else None
+    queued = rank_meta(job, rank).get("queued_before")
     return {str(k): int(v) for k, v in (queued or {}).items()}
 
 
