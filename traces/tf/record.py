@@ -1,0 +1,216 @@
+"""Record a TensorFlow parameter-server job on this host, as `../shared/traces/generated/tf`
+was recorded: 1 ps and 2 workers, each a `tf.distribute.Server` in its own process on
+127.0.0.1, tf.compat.v1 graph mode, every variable on the ps, Momentum, 8 steps, steps
+3..7 traced with `RunOptions(trace_level=FULL_TRACE, output_partition_graphs=True)`.
+
+    python traces/tf/record.py --model mlp OUT
+
+In-graph replication: one client drives a tower on each worker, the gradients averaged
+on the ps (one RunMetadata per step with the three partitions). The client writes
+`meta.json` beside them: the cluster, the variables and every step's wall time as it
+timed `session.run`. The RunMetadata and the GraphDef are written gzipped (`.pb.gz`),
+which planner reads. (A between-graph job with SyncReplicasOptimizer needs both workers
+kept in step, which this script does not do.)
+
+Needs TensorFlow (`pip install tensorflow-cpu`), which planner itself does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+STEPS = 8
+TRACED = range(3, STEPS)  # the first steps warm up
+BATCH = 16
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` ports free on 127.0.0.1 now."""
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def server_config(tf):  # noqa: ANN001, ANN201 - TensorFlow is imported late
+    return tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=2)
+
+
+def serve(cluster: dict, job: str, task: int) -> None:
+    """Run one server of the cluster until killed."""
+    import tensorflow as tf
+
+    tf.compat.v1.disable_eager_execution()
+    server = tf.distribute.Server(
+        tf.train.ClusterSpec(cluster), job_name=job, task_index=task, config=server_config(tf)
+    )
+    server.join()
+
+
+def model(tf, name: str, x, labels):  # noqa: ANN001, ANN201
+    """The loss of a small CNN or MLP on `x` (variables made with `tf.compat.v1`)."""
+    v1 = tf.compat.v1
+    layers = []
+    if name == "cnn":
+        h = x
+        for i, ch in enumerate((16, 16, 32, 32)):
+            with v1.variable_scope(f"conv{i + 1}", reuse=v1.AUTO_REUSE):
+                k = v1.get_variable("kernel", [3, 3, h.shape[-1], ch])
+                b = v1.get_variable("bias", [ch], initializer=v1.zeros_initializer())
+            h = tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(h, k, 1, "SAME"), b))
+            if i % 2:
+                h = tf.nn.max_pool2d(h, 2, 2, "SAME")
+            layers.append(k)
+        h = tf.reshape(h, [BATCH, -1])
+        widths = (128, 10)
+    else:
+        h = x  # as the generated mlp: 6 layers, 12 variables of 2 to 4,194,304 floats
+        widths = (2048, 2048, 1024, 512, 256, 2)
+    for i, w in enumerate(widths):
+        with v1.variable_scope(f"dense{i + 1}", reuse=v1.AUTO_REUSE):
+            k = v1.get_variable("kernel", [h.shape[-1], w])
+            b = v1.get_variable("bias", [w], initializer=v1.zeros_initializer())
+        h = tf.matmul(h, k) + b
+        if i < len(widths) - 1:
+            h = tf.nn.relu(h)
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=h))
+
+
+def inputs(tf, name: str, seed: int):  # noqa: ANN001, ANN201
+    shape = [BATCH, 16, 16, 3] if name == "cnn" else [BATCH, 784]
+    x = tf.random.stateless_uniform(shape, seed=[seed, 1])
+    classes = 10 if name == "cnn" else 2
+    labels = tf.random.stateless_uniform([BATCH], seed=[seed, 2], maxval=classes, dtype=tf.int32)
+    return x, labels
+
+
+def variables_meta(tf) -> list[dict]:  # noqa: ANN001
+    return [
+        {
+            "name": v.name,
+            "shape": v.shape.as_list(),
+            "numel": int(v.shape.num_elements()),
+            "dtype": v.dtype.base_dtype.name,
+            "device": v.device,
+            "trainable": v.trainable,
+        }
+        for v in tf.compat.v1.global_variables()
+    ]
+
+
+def run_steps(tf, session, train, out: Path, meta: dict) -> None:  # noqa: ANN001
+    """Run `STEPS` steps of `train`, tracing `TRACED`; write the RunMetadata and
+    `meta.json` into `out`."""
+    v1 = tf.compat.v1
+    steps = []
+    for step in range(STEPS):
+        traced = step in TRACED
+        options = (
+            v1.RunOptions(trace_level=v1.RunOptions.FULL_TRACE, output_partition_graphs=True)
+            if traced
+            else None
+        )
+        run_metadata = v1.RunMetadata() if traced else None
+        began = time.perf_counter()
+        loss = session.run(train, options=options, run_metadata=run_metadata)
+        wall = time.perf_counter() - began
+        if traced:
+            data = gzip.compress(run_metadata.SerializeToString(), mtime=0)
+            (out / f"run_metadata_step{step}.pb.gz").write_bytes(data)
+        steps.append({"step": step, "loss": float(loss), "wall_s": wall, "traced": traced})
+    meta.update(steps=steps, traced_steps=list(TRACED))
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
+def ingraph(cluster: dict, name: str, out: Path) -> None:
+    """One client, a tower per worker, gradients averaged on the ps."""
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    v1.disable_eager_execution()
+    with tf.device("/job:ps/task:0"):
+        global_step = v1.train.get_or_create_global_step()
+    grads, losses = [], []
+    opt = v1.train.MomentumOptimizer(0.01, 0.9)
+    for i in range(len(cluster["worker"])):
+        with tf.device(f"/job:worker/task:{i}"), v1.name_scope(f"tower{i}"):
+            x, labels = inputs(tf, name, i)
+            with v1.variable_scope("model", reuse=v1.AUTO_REUSE, custom_getter=_on_ps(tf)):
+                loss = model(tf, name, x, labels)
+            grads.append(opt.compute_gradients(loss))
+            losses.append(loss)
+    with tf.device("/job:ps/task:0"):
+        averaged = [
+            (tf.add_n([g[k][0] for g in grads]) / len(grads), grads[0][k][1])
+            for k in range(len(grads[0]))
+        ]
+        train = opt.apply_gradients(averaged, global_step=global_step)
+        with tf.control_dependencies([train]):
+            total = tf.add_n(losses) / len(losses)
+    target = f"grpc://{cluster['worker'][0]}"
+    with v1.Session(target, config=server_config(tf)) as session:
+        session.run(v1.global_variables_initializer())
+        meta = {
+            "framework": "tensorflow", "tf_version": tf.__version__, "mode": "ingraph",
+            "model": name, "cluster": cluster, "client_target": target,
+            "variables": variables_meta(tf),
+            "optimizer": "MomentumOptimizer(0.01, 0.9), grads averaged on ps",
+            "server_config": {"intra_op": 1, "inter_op": 2}, "resource_variables": True,
+        }  # fmt: skip
+        run_steps(tf, session, total, out, meta)
+    write_graph(tf, out)
+
+
+def write_graph(tf, out: Path) -> None:  # noqa: ANN001
+    """The client's GraphDef, `out/graph.pb.gz`."""
+    graph = tf.compat.v1.get_default_graph().as_graph_def().SerializeToString()
+    (out / "graph.pb.gz").write_bytes(gzip.compress(graph, mtime=0))
+
+
+def _on_ps(tf):  # noqa: ANN001, ANN202
+    def getter(getter, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        with tf.device("/job:ps/task:0"):
+            return getter(*args, **kwargs)
+
+    return getter
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--model", choices=("cnn", "mlp"), default="mlp")
+    parser.add_argument("--serve", nargs=2, metavar=("JOB", "TASK"), help=argparse.SUPPRESS)
+    parser.add_argument("--cluster", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(json.loads(args.cluster), args.serve[0], int(args.serve[1]))
+        return
+    ports = free_ports(3)
+    cluster = {"ps": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{p}" for p in ports[1:]]}
+    me = [sys.executable, __file__, str(args.out), "--cluster", json.dumps(cluster)]
+    servers = [
+        subprocess.Popen([*me, "--serve", job, str(i)])
+        for job, hosts in cluster.items()
+        for i in range(len(hosts))
+    ]
+    try:
+        time.sleep(5)
+        args.out.mkdir(parents=True, exist_ok=True)
+        ingraph(cluster, args.model, args.out)
+    finally:
+        for s in servers:
+            s.kill()
+
+
+if __name__ == "__main__":
+    main()
