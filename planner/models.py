@@ -1159,17 +1159,17 @@ def model_document(
     error = own_point.iteration_time / measured - 1 if measured else None
     withheld = None
     if error is None:
-        withheld = "no measured step to calibrate on: no recommendation"
+        withheld = "no measured step to calibrate on"
     elif abs(error) > CALIBRATION_TOLERANCE:
         withheld = (
             f"the model misses the traced configuration ({own}, {cal.workers} workers) by "
-            f"{error:+.1%} (more than {CALIBRATION_TOLERANCE:.0%}): no recommendation"
+            f"{error:+.1%} (more than {CALIBRATION_TOLERANCE:.0%})"
         )
     if withheld is None and not gradient_exchange(job):
         withheld = (
             "the trace shows no backward pass and no optimizer step, so its collectives are "
             "no data-parallel gradient exchange (an inference or model-parallel job?), which "
-            "is what the PS, P2P and ring models price: no recommendation"
+            "is what the PS, P2P and ring models price"
         )
     if withheld is not None:
         rec = None

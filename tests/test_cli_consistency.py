@@ -87,8 +87,9 @@ def test_each_analyses_every_run(capsys: pytest.CaptureFixture[str]) -> None:
     document = json.loads(out)
     validate(document)
     paths = [Path(r["path"]) for r in document["runs"]]
-    assert [p.name for p in paths] == ["worker0", "worker1"]
-    assert [r["result"]["schema"] for r in document["runs"]] == ["planner.inspect/1"] * 2
+    # the between-graph job's two workers, then the three runs of the in-graph job
+    assert [p.name for p in paths] == ["worker0", "worker1", "run1", "run2", "run3"]
+    assert [r["result"]["schema"] for r in document["runs"]] == ["planner.inspect/1"] * 5
     worker1 = document["runs"][1]["result"]["ranks"][0]["transfers"]
     assert [t["kind"] for t in worker1].count("recv") == 14
 
