@@ -1,7 +1,8 @@
 """Record a TensorFlow parameter-server job on this host, as `../shared/traces/generated/tf`
 was recorded: 1 ps and 2 workers, each a `tf.distribute.Server` in its own process on
-127.0.0.1, tf.compat.v1 graph mode, every variable on the ps, Momentum, 8 steps, steps
-3..7 traced with `RunOptions(trace_level=FULL_TRACE, output_partition_graphs=True)`.
+127.0.0.1 (started by `examples/tf_ps_job.py`'s `cluster`), tf.compat.v1 graph mode,
+every variable on the ps, Momentum, 8 steps, steps 3..7 traced with
+`RunOptions(trace_level=FULL_TRACE, output_partition_graphs=True)`.
 
     python traces/tf/record.py --model mlp OUT
 
@@ -20,41 +21,17 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from tf_ps_job import cluster  # noqa: E402
+
+WORKERS = 2
 STEPS = 8
 TRACED = range(3, STEPS)  # the first steps warm up
 BATCH = 16
-
-
-def free_ports(n: int) -> list[int]:
-    """`n` ports free on 127.0.0.1 now."""
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def server_config(tf):  # noqa: ANN001, ANN201 - TensorFlow is imported late
-    return tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=2)
-
-
-def serve(cluster: dict, job: str, task: int) -> None:
-    """Run one server of the cluster until killed."""
-    import tensorflow as tf
-
-    tf.compat.v1.disable_eager_execution()
-    server = tf.distribute.Server(
-        tf.train.ClusterSpec(cluster), job_name=job, task_index=task, config=server_config(tf)
-    )
-    server.join()
 
 
 def model(tf, name: str, x, labels):  # noqa: ANN001, ANN201
@@ -132,7 +109,7 @@ def run_steps(tf, session, train, out: Path, meta: dict) -> None:  # noqa: ANN00
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
 
 
-def ingraph(cluster: dict, name: str, out: Path) -> None:
+def ingraph(target: str, name: str, out: Path) -> None:
     """One client, a tower per worker, gradients averaged on the ps."""
     import tensorflow as tf
 
@@ -142,7 +119,7 @@ def ingraph(cluster: dict, name: str, out: Path) -> None:
         global_step = v1.train.get_or_create_global_step()
     grads, losses = [], []
     opt = v1.train.MomentumOptimizer(0.01, 0.9)
-    for i in range(len(cluster["worker"])):
+    for i in range(WORKERS):
         with tf.device(f"/job:worker/task:{i}"), v1.name_scope(f"tower{i}"):
             x, labels = inputs(tf, name, i)
             with v1.variable_scope("model", reuse=v1.AUTO_REUSE, custom_getter=_on_ps(tf)):
@@ -157,12 +134,11 @@ def ingraph(cluster: dict, name: str, out: Path) -> None:
         train = opt.apply_gradients(averaged, global_step=global_step)
         with tf.control_dependencies([train]):
             total = tf.add_n(losses) / len(losses)
-    target = f"grpc://{cluster['worker'][0]}"
-    with v1.Session(target, config=server_config(tf)) as session:
+    with v1.Session(target) as session:
         session.run(v1.global_variables_initializer())
         meta = {
             "framework": "tensorflow", "tf_version": tf.__version__, "mode": "ingraph",
-            "model": name, "cluster": cluster, "client_target": target,
+            "model": name, "workers": WORKERS, "client_target": target,
             "variables": variables_meta(tf),
             "optimizer": "MomentumOptimizer(0.01, 0.9), grads averaged on ps",
             "server_config": {"intra_op": 1, "inter_op": 2}, "resource_variables": True,
@@ -189,27 +165,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--model", choices=("cnn", "mlp"), default="mlp")
-    parser.add_argument("--serve", nargs=2, metavar=("JOB", "TASK"), help=argparse.SUPPRESS)
-    parser.add_argument("--cluster", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve:
-        serve(json.loads(args.cluster), args.serve[0], int(args.serve[1]))
-        return
-    ports = free_ports(3)
-    cluster = {"ps": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{p}" for p in ports[1:]]}
-    me = [sys.executable, __file__, str(args.out), "--cluster", json.dumps(cluster)]
-    servers = [
-        subprocess.Popen([*me, "--serve", job, str(i)])
-        for job, hosts in cluster.items()
-        for i in range(len(hosts))
-    ]
-    try:
-        time.sleep(5)
-        args.out.mkdir(parents=True, exist_ok=True)
-        ingraph(cluster, args.model, args.out)
-    finally:
-        for s in servers:
-            s.kill()
+    args.out.mkdir(parents=True, exist_ok=True)
+    with cluster(WORKERS) as target:  # the servers of examples/tf_ps_job.py
+        ingraph(target, args.model, args.out)
 
 
 if __name__ == "__main__":
