@@ -31,13 +31,12 @@ from tf_ps_job import cluster  # noqa: E402
 WORKERS = 2
 STEPS = 8
 TRACED = range(3, STEPS)  # the first steps warm up
-BATCH = 16
+BATCH = 16  # per worker
 
 
 def model(tf, name: str, x, labels):  # noqa: ANN001, ANN201
     """The loss of a small CNN or MLP on `x` (variables made with `tf.compat.v1`)."""
     v1 = tf.compat.v1
-    layers = []
     if name == "cnn":
         h = x
         for i, ch in enumerate((16, 16, 32, 32)):
@@ -47,7 +46,6 @@ def model(tf, name: str, x, labels):  # noqa: ANN001, ANN201
             h = tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(h, k, 1, "SAME"), b))
             if i % 2:
                 h = tf.nn.max_pool2d(h, 2, 2, "SAME")
-            layers.append(k)
         h = tf.reshape(h, [BATCH, -1])
         widths = (128, 10)
     else:
