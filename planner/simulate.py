@@ -1001,14 +1001,35 @@ def observed_times(model: StepModel, start_of: np.ndarray) -> tuple[np.ndarray, 
     return start, end
 
 
-def _cause(own: StepModel, used: StepModel, path: np.ndarray | None = None) -> str:
+def per_op(compiled: Compiled, values: Mapping[str, float]) -> np.ndarray:
+    """`values` (op name -> number) as an array over `compiled`'s ops, NaN for the rest."""
+    out = np.full(len(compiled.names), np.nan)
+    for name, value in values.items():
+        i = compiled.index.get(name)
+        if i is not None:
+            out[i] = value
+    return out
+
+
+def _cause(
+    own: StepModel,
+    used: StepModel,
+    path: np.ndarray | None = None,
+    queued: np.ndarray | None = None,
+) -> str:
     """The largest unmodelled gap of a step, in words: missing records, the DAG edge the
     trace contradicts most, and the op whose wait in this step differs most from the
     typical one the replay used (a PS-side or peer wait, a slow input batch), among the
     waits of the `path` ops where any is: for the step's wall-clock time the waits on
     the step's or the replay's critical path (`critical_waits`; a wait off both paths
     moved no step end: a recv asked for late while the step waited for other tensors),
-    for its busy time the rank's own ops (that recv spread the step's work)."""
+    for its busy time the rank's own ops (that recv spread the step's work).
+
+    `queued` (ns per op, NaN unknown): how long TensorFlow's executor held the op queued
+    with its inputs done before a thread ran it (`scheduled_micros`). The part of the
+    wait it covers was a wait for a core or a thread, which no record of the step
+    shows (mlp worker1 step 7: 12.3 ms, while worker1's executor ran nothing), and the
+    cause says so: what a user can act on (cores per process, pinning)."""
     parts = []
     if own.missing:
         parts.append(
@@ -1032,6 +1053,12 @@ def _cause(own: StepModel, used: StepModel, path: np.ndarray | None = None) -> s
                 f"started in this step, {used.overhead[k] * 1e3:.3g} ms in the other steps "
                 "(median)"
             )
+            held = queued[k] / 1e9 if queued is not None and k < len(queued) else np.nan
+            if held > 0:
+                parts[-1] += (
+                    f", {min(held, own.overhead[k]) * 1e3:.3g} ms of it queued in TensorFlow's "
+                    "executor with its inputs done: a wait for a core or a thread"
+                )
     return "; ".join(parts)
 
 
@@ -1227,10 +1254,12 @@ def _replay_rank(
     pools: bool = False,
     plans: Mapping[str, Plan] | None = None,
     cpu_spans: Mapping[int, tuple[int, int]] | None = None,
+    queued: Mapping[int, Mapping[str, int]] | None = None,
 ) -> list[dict[str, Any]]:
     """The replayed steps of one rank (see `replay`); `own`, `pools`: as in `_step_models`;
     `plans`: each replayed on every step too (`_replay_plans`); `cpu_spans`: a GPU rank's
-    steps as its CPU ran them (`cpu_spans_of`), timed beside the device's steps."""
+    steps as its CPU ran them (`cpu_spans_of`), timed beside the device's steps;
+    `queued`: step -> op -> ns TensorFlow's executor held the op queued (`_cause`)."""
     models = _step_models(compiled, rows_of_rank, oracle, spans, releases, own, pools)
     lenders = covered_steps(models, own)
     traced_models = {it: m for it, (_, _, m) in models.items()}
@@ -1253,6 +1282,7 @@ def _replay_rank(
         predicted = busy_time(begin[timed], took[timed]) / TICKS_PER_SECOND
         holders = _holders(traced, start, ticks)
         path = _critical(traced, start, ticks, n, holders=holders)
+        in_queue = per_op(compiled, (queued or {}).get(it, {}))
         known = own_rows(known, n)
         busy, op_span = measured({k: v[timed[known["idx"]]] for k, v in known.items()})
         wall = (span[1] - span[0] - ahead) / 1e9
@@ -1272,8 +1302,8 @@ def _replay_rank(
             "overhead_from": "other steps" if len(models) > 1 else "own step",
             "ops_observed": int(len(known["idx"])),
             "cover": covered(known, (span[0] + ahead, span[1])),
-            "cause": _cause(traced, model, path),
-            "busy_cause": _cause(traced, model, np.arange(len(model.overhead)) < n),
+            "cause": _cause(traced, model, path, in_queue),
+            "busy_cause": _cause(traced, model, np.arange(len(model.overhead)) < n, in_queue),
         }
         cpu_timed = timed_cpu(model, known, start, ticks, (cpu_spans or {}).get(it), device)
         if cpu_timed is not None:
@@ -1628,9 +1658,10 @@ def replay(
         spans = spans_of(job, rank)
         release = _latest(release, carried_over(compiled, rows, spans, queued_before(job, rank)))
         of_rank = {name: p[rank] for name, p in (plans or {}).items() if rank in p}
+        queued = (job.meta.get("queued") or {}) if isinstance(job.meta, Mapping) else {}
         steps = _replay_rank(
             compiled, rows, oracle, seed, spans, release, own, pools, of_rank,
-            cpu_spans_of(job, rank),
+            cpu_spans_of(job, rank), queued.get(rank),
         )  # fmt: skip
         ranks.append({"rank": rank, **_error_summary(steps), "steps": steps})
     document = {"schema": SCHEMA, "kind": "replay", "ranks": ranks, **_all_errors(ranks)}

@@ -123,6 +123,7 @@ class _Step:
     op_end: dict[tuple[str, str], int] = field(default_factory=dict)
     op_time: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
     records: dict[tuple[str, str, str], _Record] = field(default_factory=dict)
+    queued: dict[tuple[str, str], int] = field(default_factory=dict)  # ns, see _queued_ns
 
     @cached_property
     def nodes(self) -> dict[str, dict[str, tfpb.NodeDef]]:
@@ -202,7 +203,19 @@ def _index_step(run: tfpb.RunMetadata, number: int, path: Path) -> _Step:
             if key2 not in step.op_time:
                 step.op_time[key2] = (start, duration)
                 step.op_end[key2] = start + duration
+                queued = _queued_ns(stats, start)
+                if queued is not None:
+                    step.queued[key2] = queued
     return step
+
+
+def _queued_ns(stats: tfpb.NodeExecStats, start: int) -> int | None:
+    """How long the executor held the op queued, its inputs done, before a thread ran it
+    (`scheduled_micros`, which TensorFlow records for executed ops); None unrecorded."""
+    scheduled = stats.scheduled_nanos or stats.scheduled_micros * 1000
+    if not scheduled or scheduled > start:
+        return None
+    return start - scheduled
 
 
 def _variable_of(nodes: dict[str, tfpb.NodeDef], node_name: str) -> str:
@@ -383,6 +396,7 @@ def load_run_metadata(files: list[tuple[Path, bytes]]) -> Job:
     ps_work: dict[str, _PsWork] = {}
     replay_rows: list[tuple[str, int, str, int, int]] = []
     replay_release: dict[str, dict[int, dict[str, int]]] = {}
+    queued: dict[str, dict[int, dict[str, int]]] = {}
     for path, step in steps:
         for device in step.partitions:
             rank = task_of(device)
@@ -414,6 +428,11 @@ def load_run_metadata(files: list[tuple[Path, bytes]]) -> Job:
                     "a day: its node stats disagree on the clock",
                 )
             rows.extend((rank, step.number, op, s, d) for _, _, op, s, d in step_rows)
+            queued.setdefault(rank, {})[step.number] = {
+                name: step.queued[(device, name)]
+                for name in graphs[rank].ops
+                if (device, name) in step.queued
+            }
             spans.append((rank, step.number, start, end))
             if rank not in ps_work:
                 ps_work[rank] = _ps_work(step, device, links[rank])
@@ -437,6 +456,7 @@ def load_run_metadata(files: list[tuple[Path, bytes]]) -> Job:
         meta={
             "devices": devices,
             "replay": _replay_meta(graphs, ps_work, replay_rows, replay_release),
+            "queued": queued,
         },
     )
 
