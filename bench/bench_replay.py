@@ -3,7 +3,8 @@
 For every step of every trace in ../shared/traces (generated TF and torch jobs, and the
 Kineto traces of public/ and public/external, one job per file, the 8 DLRM ranks as
 one job; and the traces recorded for this project, traces/torch/h100_cnn_windows,
-traces/torch/cpu_dataloader and the three runs of traces/tf/mlp_ps_ingraph),
+traces/torch/cpu_dataloader and the runs of traces/tf/mlp_ps_ingraph and
+traces/tf/mlp_ps_betweengraph),
 `planner.simulate.replay` predicts the step with the step's own op times and
 observed order. Printed per trace: steps, median and worst |error| against the step's
 wall-clock time (its recorded span: ``ProfilerStep#N`` for PyTorch, first to last
@@ -84,15 +85,17 @@ def repo_jobs() -> list[tuple[str, list[Path]]]:
     README says how): the GPU machine's CNN, recorded after the simulator's models were
     built and never tuned on; the CPU loop fed by a slow DataLoader, recorded to check
     the input wait and the loop's iterations (the loop rule was set on it too); three
-    runs of an in-graph TF PS job on this host's kind, recorded after every TF rule was
-    set and never tuned on."""
+    runs each of an in-graph and a between-graph TF PS job on this host's kind, recorded
+    after every TF rule was set and never tuned on."""
     folder = ROOT / "traces" / "torch" / "h100_cnn_windows"
     jobs = [(str(folder.relative_to(ROOT)), [folder])] if folder.is_dir() else []
     loader = ROOT / "traces" / "torch" / "cpu_dataloader"
     for path in sorted(loader.glob("*.json.gz")):
         jobs.append((str(path.relative_to(ROOT)), [path]))
-    for run in sorted((ROOT / "traces" / "tf" / "mlp_ps_ingraph").glob("run*")):
-        jobs.append((str(run.relative_to(ROOT)), [run]))
+    for job in ("mlp_ps_ingraph", "mlp_ps_betweengraph"):
+        for run in sorted((ROOT / "traces" / "tf" / job).glob("run*")):
+            workers = sorted(p for p in run.iterdir() if p.is_dir())
+            jobs.append((str(run.relative_to(ROOT)), workers or [run]))
     return jobs
 
 

@@ -47,6 +47,13 @@ def _free_ports(n: int) -> list[int]:
 @contextlib.contextmanager
 def cluster(workers: int = 2) -> Iterator[str]:
     """Start a ps and `workers` workers; yield the client target (worker 0); stop them."""
+    with cluster_spec(workers) as spec:
+        yield f"grpc://{spec['worker'][0]}"
+
+
+@contextlib.contextmanager
+def cluster_spec(workers: int = 2) -> Iterator[dict[str, list[str]]]:
+    """Start a ps and `workers` workers; yield the cluster ({job: [host:port]}); stop them."""
     ports = _free_ports(workers + 1)
     spec = {"ps": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{p}" for p in ports[1:]]}
     tasks = [("ps", 0)] + [("worker", i) for i in range(workers)]
@@ -65,7 +72,7 @@ def cluster(workers: int = 2) -> Iterator[str]:
             assert proc.stdout is not None
             if "ready" not in proc.stdout.readline():  # printed once the server listens
                 raise RuntimeError(f"a TF server did not start (exit {proc.poll()})")
-        yield f"grpc://{spec['worker'][0]}"
+        yield spec
     finally:
         for proc in procs:
             proc.kill()

@@ -86,11 +86,14 @@ def test_each_analyses_every_run(capsys: pytest.CaptureFixture[str]) -> None:
     assert status == 0, err
     document = json.loads(out)
     validate(document)
-    paths = [Path(r["path"]) for r in document["runs"]]
-    # the between-graph job's two workers, then the three runs of the in-graph job
-    assert [p.name for p in paths] == ["worker0", "worker1", "run1", "run2", "run3"]
-    assert [r["result"]["schema"] for r in document["runs"]] == ["planner.inspect/1"] * 5
-    worker1 = document["runs"][1]["result"]["ranks"][0]["transfers"]
+    paths = [str(Path(r["path"]).relative_to(TF_RUNS)) for r in document["runs"]]
+    # each worker of the between-graph jobs, each run of the in-graph job (traces/tf/README.md)
+    recorded = [f"mlp_ps_betweengraph/run{k}/worker{w}" for k in (1, 2, 3) for w in (0, 1)]
+    generated = ["mlp_ps_betweengraph_sync/worker0", "mlp_ps_betweengraph_sync/worker1"]
+    ingraph = [f"mlp_ps_ingraph/run{k}" for k in (1, 2, 3)]
+    assert paths == [*recorded, *generated, *ingraph]
+    assert {r["result"]["schema"] for r in document["runs"]} == {"planner.inspect/1"}
+    worker1 = document["runs"][paths.index(generated[1])]["result"]["ranks"][0]["transfers"]
     assert [t["kind"] for t in worker1].count("recv") == 14
 
 
