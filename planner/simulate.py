@@ -1658,10 +1658,9 @@ def replay(
         spans = spans_of(job, rank)
         release = _latest(release, carried_over(compiled, rows, spans, queued_before(job, rank)))
         of_rank = {name: p[rank] for name, p in (plans or {}).items() if rank in p}
-        queued = (job.meta.get("queued") or {}) if isinstance(job.meta, Mapping) else {}
         steps = _replay_rank(
             compiled, rows, oracle, seed, spans, release, own, pools, of_rank,
-            cpu_spans_of(job, rank), queued.get(rank),
+            cpu_spans_of(job, rank), rank_meta(job, rank).get("queued"),
         )  # fmt: skip
         ranks.append({"rank": rank, **_error_summary(steps), "steps": steps})
     document = {"schema": SCHEMA, "kind": "replay", "ranks": ranks, **_all_errors(ranks)}

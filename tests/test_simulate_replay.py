@@ -15,6 +15,7 @@ from planner import simulate as sim
 from planner.ingest import detect
 from planner.ingest import tf_runmetadata as tfr
 from planner.ingest.tf_graphdef import split_input
+from planner.trace import rank_meta
 
 TORCH = SHARED / "generated" / "torch"
 RUNS = {
@@ -961,7 +962,8 @@ def test_a_cause_says_how_much_of_a_tf_wait_was_queued_for_a_core(replays):
         "12.3 ms of it queued in TensorFlow's executor with its inputs done: a wait for a "
         "core or a thread"
     )
-    queued = job.meta["queued"]["worker1"][7]["gradients/MatMul_1_grad/tuple/control_dependency_1"]
+    queued = rank_meta(job, "worker1")["queued"][7]
+    queued = queued["gradients/MatMul_1_grad/tuple/control_dependency_1"]
     assert queued / 1e6 == pytest.approx(12.29, abs=0.01)
     if "tf/cnn_ps_ingraph" in replays:  # worker1 step 4: a recv, answered late
         cnn = replays["tf/cnn_ps_ingraph"][1]

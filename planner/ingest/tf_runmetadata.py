@@ -456,7 +456,7 @@ def load_run_metadata(files: list[tuple[Path, bytes]]) -> Job:
         meta={
             "devices": devices,
             "replay": _replay_meta(graphs, ps_work, replay_rows, replay_release),
-            "queued": queued,
+            "ranks": {rank: {"queued": of_rank} for rank, of_rank in queued.items()},
         },
     )
 
