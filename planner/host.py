@@ -1,4 +1,4 @@
-"""One host core shared by a job's processes: detected from the records, replayed as such.
+"""Processors a job's ops share evenly: one host core of its processes, a PS's links.
 
 A TensorFlow job whose PS and workers run as processes on one host share its cores with
 each other. Where the host gave them one core between them (a container limited to one
@@ -16,12 +16,21 @@ records of the same step, released at their traced start as a peer's collective 
 on one resource, `HOST`, and `shared_schedule` replays it as one processor shared
 evenly by the ops on it, each needing its share of the core in the step (`shares`),
 not its stretched duration. Replayed with its own waits, a step runs as it ran.
+
+On a job with cores to spare, a PS's sending end and its receiving end (`link_of`) are
+such processors for the transfers through them: gRPC serves every worker's reads of the
+PS's variables from the PS's one process, so a read answered late shares the end with
+the others for less time and ends about when they do (``traces/tf/mlp_ps_ingraph/run2``
+worker1 step 5: its 16 MB read of `MatMul_1` answered 5.1 ms after worker0's, both ended
+within 1.2 ms). `on_links` puts each worker's transfers and the other workers' transfers
+of the same step on their end, each needing its share of the end in the step.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -30,6 +39,7 @@ import pandas as pd
 from planner.graph import Op, OpGraph, build_graph
 
 HOST = "(host core)"
+LINK = "(link) "  # a PS's sending or receiving end, shared by its transfers to all workers
 ONE_CORE_RATE = 1.2  # the most progress two processes' ops may add up to on one core
 MIN_OVERLAP = 0.05  # share of the busy time with two processes running that decides it
 MIN_ONE_CORE = 0.9  # share of that time within ONE_CORE_RATE that says one core
@@ -176,31 +186,85 @@ def on_one_core(
     released at their traced start), and a ``work`` column: each such record's share
     of the core (`shares`, over every process's records of the step). Transfers and GPU
     kernels (`on_host`) keep their resources and durations."""
-    ops = {
-        name: (
-            Op(op.name, op.kind, HOST, op.param, op.nbytes, op.phase, op.type)
-            if on_host(op)
-            else op
-        )  # fmt: skip
-        for name, op in graph.ops.items()
-    }
+    return _shared(
+        job, rank, graph, rows, release, frame, spans, "(host) ",
+        lambda op: HOST if on_host(op) else None,
+    )  # fmt: skip
+
+
+def link_of(resource: str) -> str | None:
+    """The PS end a TF transfer runs through: ``worker1<-ps0`` the PS's sending end
+    (``(link) ps0 out``), ``worker1->ps0`` its receiving end (``(link) ps0 in``);
+    None for any other resource."""
+    for arrow, end in (("<-", "out"), ("->", "in")):
+        if arrow in resource:
+            return f"{LINK}{resource.split(arrow, 1)[1]} {end}"
+    return None
+
+
+def on_links(
+    job: Any,
+    rank: str,
+    graph: OpGraph,
+    rows: pd.DataFrame,
+    release: Mapping[int, np.ndarray] | None,
+    frame: pd.DataFrame,
+    spans: Mapping[int, tuple[int, int]],
+) -> tuple[OpGraph, pd.DataFrame, dict[int, np.ndarray]]:
+    """`rank`'s replay graph, records and releases with each PS end (`link_of`) one
+    processor shared by every worker's transfers through it: the rank's transfers moved
+    to their link, the other ranks' transfers through it added (``(link) rank:op``, no
+    edges, released at their traced start), and a ``work`` column: each transfer's
+    share of its link in the step (`shares`)."""
+    return _shared(
+        job, rank, graph, rows, release, frame, spans, "(link) ",
+        lambda op: link_of(op.resource) if op.is_transfer else None,
+    )  # fmt: skip
+
+
+def _shared(
+    job: Any,
+    rank: str,
+    graph: OpGraph,
+    rows: pd.DataFrame,
+    release: Mapping[int, np.ndarray] | None,
+    frame: pd.DataFrame,
+    spans: Mapping[int, tuple[int, int]],
+    tag: str,
+    place: Callable[[Op], str | None],
+) -> tuple[OpGraph, pd.DataFrame, dict[int, np.ndarray]]:
+    """`on_one_core` and `on_links`: the ops `place` puts on a shared processor moved
+    there, the other ranks' such ops added (named `tag` + ``rank:op``, released at their
+    traced start) and each such record's share of its processor in the step as its
+    ``work``. The step's replay begins at the rank's first record on them (or the
+    step's span, if earlier): the other ranks' work before it is theirs alone, and what
+    an op straddling it had left is kept."""
+    ops = {}
+    targets: set[str] = set()  # the shared processors this placement fills
+    for name, op in graph.ops.items():
+        where = place(op)
+        ops[name] = op if where is None else replace(op, resource=where)
+        if where is not None:
+            targets.add(where)
     others = []
     for peer in job.ranks:
         if peer == rank:
             continue
         g = job.graphs[peer]
-        mine = frame[(frame["rank"] == peer)]
-        mine = mine[[on_host(g.ops[o]) for o in mine["op"]]]
+        mine = frame[frame["rank"] == peer]
+        mine = mine[[place(g.ops[o]) is not None for o in mine["op"]]]
         for o in dict.fromkeys(mine["op"]):
-            ops[f"(host) {peer}:{o}"] = Op(
-                f"(host) {peer}:{o}", "compute", HOST, type=g.ops[o].type
+            op, where = g.ops[o], str(place(g.ops[o]))
+            ops[f"{tag}{peer}:{o}"] = Op(
+                f"{tag}{peer}:{o}", op.kind, where, nbytes=op.nbytes, type=op.type
             )
+            targets.add(where)
         others.append(
             pd.DataFrame(
                 {
                     "rank": rank,
                     "iteration": mine["iteration"].to_numpy(),
-                    "op": [f"(host) {peer}:{o}" for o in mine["op"]],
+                    "op": [f"{tag}{peer}:{o}" for o in mine["op"]],
                     "start": mine["start"].to_numpy(dtype=np.int64),
                     "duration": mine["duration"].to_numpy(dtype=np.int64),
                     "dedicated": mine["duration"].to_numpy(dtype=np.float64),
@@ -214,20 +278,23 @@ def on_one_core(
     ]
     joined = build_graph(list(ops.values()), edges)
     rows = pd.concat([rows, *others], ignore_index=True)
-    compute = np.array([joined.ops[o].resource == HOST for o in rows["op"]])
+    where = np.array([joined.ops[o].resource for o in rows["op"]], dtype=object)
+    placed = np.array([r in targets for r in where], dtype=bool)
     start = rows["start"].to_numpy(dtype=np.int64).copy()
     duration = rows["duration"].to_numpy(dtype=np.int64)
     work = duration.astype(np.float64)
+    if "work" in rows:  # placed on another shared processor before
+        work = np.where(rows["work"].isna(), work, rows["work"].to_numpy(dtype=np.float64))
     keep = np.ones(len(rows), dtype=bool)
     own = rows["op"].isin(job.graphs[rank].ops).to_numpy()
-    for it, at in rows[compute].groupby("iteration").groups.items():
+    for it, at in rows[placed].groupby("iteration").groups.items():
         at = np.asarray(at)
-        # the step's replay begins at the rank's first record: the other processes'
-        # work before it is theirs alone, and what an op straddling it had left is kept
         of_rank = at[own[at]]
         first = int(start[of_rank].min()) if len(of_rank) else int(start[at].min())
         since = min(spans.get(it, (first,))[0], first)
-        work[at] = shares(start[at], duration[at], since)
+        for resource in dict.fromkeys(where[at]):
+            on = at[where[at] == resource]
+            work[on] = shares(start[on], duration[on], since)
         late = start[at] < since
         keep[at[late & (start[at] + duration[at] <= since)]] = False
         start[at[late]] = since
@@ -238,11 +305,17 @@ def on_one_core(
         latest = np.full(len(index), -1, dtype=np.int64)
         if release is not None and it in release:
             latest[: len(release[it])] = release[it]
-        peer_rows = step[step["op"].str.startswith("(host) ")]
+        peer_rows = step[step["op"].str.startswith(tag)]
         for name, t in zip(peer_rows["op"], peer_rows["start"], strict=True):
             latest[index[name]] = max(latest[index[name]], int(t))
         out[int(it)] = latest
     return joined, rows, out
+
+
+def is_shared(resource: str) -> bool:
+    """Whether a replay resource is one processor shared evenly by the ops on it: the
+    host core (`HOST`) or a PS's link (`link_of`)."""
+    return resource == HOST or resource.startswith(LINK)
 
 
 def shared_schedule(
@@ -252,15 +325,16 @@ def shared_schedule(
     res: np.ndarray,
     cap: np.ndarray,
     priority: np.ndarray,
-    core: int,
+    cores: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(start, end) per op of a replay in which resource `core` is one processor shared
-    evenly by every op that runs on it (an op of `ticks` work takes longer while others
-    share it); every other resource runs up to `cap` ops at once, the ready ones in
-    `priority` order (lowest first, then the op's index; -1 last). Ticks as given.
+    """(start, end) per op of a replay in which each resource of `cores` (a mask over
+    the resources) is one processor shared evenly by every op that runs on it (an op of
+    `ticks` work takes longer while others share it); every other resource runs up to
+    `cap` ops at once, the ready ones in `priority` order (lowest first, then the op's
+    index; -1 last). Ticks as given.
 
-    With each op's share of the core as its work (`shares`) and its own waits, the
-    replay runs every op when it ran: the same ops share the core at every instant.
+    With each op's share of its processor as its work (`shares`) and its own waits, the
+    replay runs every op when it ran: the same ops share it at every instant.
     """
     n = len(ticks)
     succ: list[list[int]] = [[] for _ in range(n)]
@@ -272,22 +346,24 @@ def shared_schedule(
     end = np.full(n, -1.0)
     free = cap.astype(np.int64).copy()
     queues: dict[int, list[tuple[int, int]]] = {}
-    ends: list[tuple[float, int]] = []  # ops off the core, by end
-    # ops on the core, by the service (work per op since the start) at which each is
-    # done: all progress alike, so the next to finish is the heap's first
-    core_ops: list[tuple[float, int]] = []
-    served = now = 0.0
+    ends: list[tuple[float, int]] = []  # ops off the shared processors, by end
+    # per shared processor its ops, by the service (work per op since the start) at
+    # which each is done: all progress alike, so the next to finish is the heap's first
+    on: dict[int, list[tuple[float, int]]] = {int(r): [] for r in np.flatnonzero(cores)}
+    served = dict.fromkeys(on, 0.0)
+    now = 0.0
 
     def ready(i: int) -> None:
-        if res[i] == core:
+        r = int(res[i])
+        if r in on:
             start[i] = now
             if ticks[i] <= 0:
                 heapq.heappush(ends, (now, i))
             else:
-                heapq.heappush(core_ops, (served + float(ticks[i]), i))
+                heapq.heappush(on[r], (served[r] + float(ticks[i]), i))
             return
         key = int(priority[i]) if priority[i] >= 0 else np.iinfo(np.int64).max
-        heapq.heappush(queues.setdefault(int(res[i]), []), (key, i))
+        heapq.heappush(queues.setdefault(r, []), (key, i))
 
     def dispatch() -> None:
         for r, queue in queues.items():
@@ -302,21 +378,22 @@ def shared_schedule(
     dispatch()
     done = 0
     while done < n:
-        shared = len(core_ops)
-        t_core = now + (core_ops[0][0] - served) * shared if shared else np.inf
-        t_off = ends[0][0] if ends else np.inf
-        if t_core == np.inf and t_off == np.inf:
+        t = ends[0][0] if ends else np.inf
+        for r, heap in on.items():
+            if heap:
+                t = min(t, now + (heap[0][0] - served[r]) * len(heap))
+        if t == np.inf:
             break  # a cycle: the rest never runs (end stays -1)
-        t = min(t_core, t_off)
-        if shared:
-            served += (t - now) / shared
-        now = t
         finished = []
-        while core_ops and core_ops[0][0] - served <= 0.5:  # ticks: rounding left
-            finished.append(heapq.heappop(core_ops)[1])
+        for r, heap in on.items():
+            if heap:
+                served[r] += (t - now) / len(heap)
+            while heap and heap[0][0] - served[r] <= 0.5:  # ticks: rounding left
+                finished.append(heapq.heappop(heap)[1])
+        now = t
         while ends and ends[0][0] <= now:
             _, i = heapq.heappop(ends)
-            if res[i] != core:
+            if int(res[i]) not in on:
                 free[res[i]] += 1
             finished.append(i)
         for i in finished:

@@ -614,7 +614,7 @@ def step_model(
     if shape is not None:
         dropped, rank_width, always = shape
         width = np.maximum(width, rank_width)
-    width[np.asarray(compiled.resources) == host.HOST] = max(1, n)  # shared, no lanes
+    width[[host.is_shared(r) for r in compiled.resources]] = max(1, n)  # shared, no lanes
     res = compiled.res.copy()
     res[~observed] = n_res
     # observed start order per resource -> priorities, and chains on one-at-a-time ones
@@ -1455,14 +1455,14 @@ def covered(rows: Mapping[str, np.ndarray], window: tuple[int, int]) -> float:
 
 def replay_step(model: StepModel, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(start, duration) in ticks of every op of `model.compiled` as the replay runs the
-    step: list scheduling, or, where the job's processes shared one host core
-    (`planner.host`), that core shared evenly by the ops on it."""
+    step: list scheduling, with each shared processor of `planner.host` (the host core
+    a job's processes shared, a PS's links) shared evenly by the ops on it."""
     ticks = to_ticks(model.seconds)
     c = model.compiled
-    if host.HOST in c.resources:
-        core = c.resources.index(host.HOST)
+    cores = np.array([host.is_shared(r) for r in c.resources])
+    if cores.any():
         begin, end = host.shared_schedule(
-            ticks, c.src, c.dst, c.res, model.cap, model.priority, core
+            ticks, c.src, c.dst, c.res, model.cap, model.priority, cores
         )
         if (end < 0).any():
             raise InputError(None, "the replay's edges make the graph cyclic: ops never run")
@@ -1638,6 +1638,9 @@ def replay(
     `plans` ({name: {rank: Plan}}): each step also replayed as each plan would run it
     (``plans`` per step, `_replay_plans`): the same model, so the replay error of the
     observed order is the error beside each plan's prediction.
+    A TF job runs its compute on one shared host core where its records say its
+    processes had one (`host.on_one_core`), else its transfers on its PS's shared links
+    (`host.on_links`).
     """
     frame = _frame(job) if frame is None else frame
     releases = job_releases(job, frame)
@@ -1651,6 +1654,10 @@ def replay(
         )
         if shared_core is not None:
             graph, rows, release = host.on_one_core(
+                job, rank, graph, rows, release, frame, spans_of(job, rank)
+            )
+        elif pools:
+            graph, rows, release = host.on_links(
                 job, rank, graph, rows, release, frame, spans_of(job, rank)
             )
         compiled = compile_graph(graph)
