@@ -3,8 +3,7 @@
 For every step of every trace in ../shared/traces (generated TF and torch jobs, and the
 Kineto traces of public/ and public/external, one job per file, the 8 DLRM ranks as
 one job; and the traces recorded for this project, traces/torch/h100_cnn_windows,
-traces/torch/cpu_dataloader and the runs of traces/tf/mlp_ps_ingraph and
-traces/tf/mlp_ps_betweengraph),
+traces/torch/cpu_dataloader and the runs of the TF jobs in traces/tf),
 `planner.simulate.replay` predicts the step with the step's own op times and
 observed order. Printed per trace: steps, median and worst |error| against the step's
 wall-clock time (its recorded span: ``ProfilerStep#N`` for PyTorch, first to last
@@ -20,8 +19,10 @@ the trace itself, records covering less than half of its wall-clock time; the ex
 traces are printed with the reason, and the overall figures with and without them. For
 the generated jobs the replay is also compared with the step times their scripts
 recorded (TF: the whole ``session.run``, as it is and with the client time of the other
-steps that no RunMetadata record covers). A GPU rank's step is its device's; its CPU
-range (what the training loop's clock reads) is printed beside it, not judged.
+steps that no RunMetadata record covers). Beside the replay, a baseline with no model:
+each step predicted by the median wall-clock time of its rank's other judged steps. A
+GPU rank's step is its device's; its CPU range (what the training loop's clock reads)
+is printed beside it, not judged.
 Files that cannot be replayed (no graph, no timed op) are listed with the reason.
 
 Run: ``nice python bench/bench_replay.py`` from the repo root (``--only SUBSTRING`` to
@@ -85,14 +86,15 @@ def repo_jobs() -> list[tuple[str, list[Path]]]:
     README says how): the GPU machine's CNN, recorded after the simulator's models were
     built and never tuned on; the CPU loop fed by a slow DataLoader, recorded to check
     the input wait and the loop's iterations (the loop rule was set on it too); three
-    runs each of an in-graph and a between-graph TF PS job on this host's kind, recorded
-    after every TF rule was set and never tuned on."""
+    runs each of an in-graph and a between-graph TF PS job on this host's kind, of the
+    mlp and of a small CNN (traces/tf/README.md says which rules were set when each was
+    recorded)."""
     folder = ROOT / "traces" / "torch" / "h100_cnn_windows"
     jobs = [(str(folder.relative_to(ROOT)), [folder])] if folder.is_dir() else []
     loader = ROOT / "traces" / "torch" / "cpu_dataloader"
     for path in sorted(loader.glob("*.json.gz")):
         jobs.append((str(path.relative_to(ROOT)), [path]))
-    for job in ("mlp_ps_ingraph", "mlp_ps_betweengraph"):
+    for job in ("mlp_ps_ingraph", "mlp_ps_betweengraph", "cnn_ps_ingraph", "cnn_ps_betweengraph"):
         for run in sorted((ROOT / "traces" / "tf" / job).glob("run*")):
             workers = sorted(p for p in run.iterdir() if p.is_dir())
             jobs.append((str(run.relative_to(ROOT)), workers or [run]))
@@ -185,6 +187,44 @@ def recorded(rows: list[tuple[str, str, dict, float]]) -> None:
             f"signed {np.median(alone) * 100:+.1f}%); with the other steps' client time "
             f"median {pct(np.median(both))}, worst {pct(both.max())}"
         )
+
+
+def baseline(judged: list[tuple[str, str, dict]]) -> None:
+    """The replay against a baseline with no model: each step predicted by the median
+    wall-clock time of its rank's other judged steps. How far a trace's steps differ
+    from one another bounds what the other steps can say of one: where the baseline
+    misses by tens of percent, a step's own records carry the prediction. Printed for
+    the traces whose replay misses a step by more than the target."""
+    by_rank: dict[tuple[str, str], list[dict]] = {}
+    for name, rank, step in judged:
+        by_rank.setdefault((name, rank), []).append(step)
+    errors: dict[str, list[tuple[float, float]]] = {}
+    for (name, _), steps in by_rank.items():
+        walls = np.array([s["wall"] for s in steps])
+        for i, step in enumerate(steps):
+            if len(steps) > 1:
+                guess = float(np.median(np.delete(walls, i)))
+                errors.setdefault(name, []).append(
+                    (abs(step["wall_error"]), abs(guess / walls[i] - 1))
+                )
+    pairs = [p for v in errors.values() for p in v]
+    if not pairs:
+        return
+    better = sum(r < b for r, b in pairs)
+    print(
+        "\nagainst a baseline with no model (each step predicted by the median wall-clock "
+        f"time of its rank's other judged steps): the replay is closer on {better} of "
+        f"{len(pairs)} judged steps; on the traces it misses a step by more than "
+        f"{pct(TARGET_WORST)}:"
+    )
+    for name, v in errors.items():
+        replay_err, base_err = np.array(v).T
+        if replay_err.max() > TARGET_WORST:
+            print(
+                f"  {name}: replay median {pct(np.median(replay_err))}, worst "
+                f"{pct(replay_err.max())}; baseline median {pct(np.median(base_err))}, worst "
+                f"{pct(base_err.max())}"
+            )
 
 
 def host_clock(judged: list[tuple[str, str, dict]]) -> None:
@@ -318,6 +358,7 @@ def main() -> int:
             )
     wall = np.array([abs(s["wall_error"]) for _, _, s in judged_steps or steps_all])
     busy = np.array([abs(s["replay_error"]) for _, _, s in judged_steps or steps_all])
+    baseline(judged_steps)
     host_clock(judged_steps)
     if rec_rows:
         recorded(rec_rows)

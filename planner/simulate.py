@@ -814,7 +814,8 @@ def orphan_overheads(
         model = models[it]
         elsewhere = ~np.isnan(np.delete(starts, row, axis=0)).all(axis=0)
         cut = model.observed[g_dst] & ~model.observed[g_src] & elsewhere[g_src] & (g_src >= own)
-        orphans = sorted_unique(g_dst[cut])
+        held = sorted_unique(g_dst[model.observed[g_dst] & model.observed[g_src]])
+        orphans = np.setdiff1d(sorted_unique(g_dst[cut]), held)  # no predecessor left
         others = starts[_others(lending, row)][:, orphans]
         seen = (~np.isnan(others)).any(axis=0)
         orphans, others = orphans[seen], others[:, seen]
@@ -1255,13 +1256,17 @@ def _replay_rank(
     plans: Mapping[str, Plan] | None = None,
     cpu_spans: Mapping[int, tuple[int, int]] | None = None,
     queued: Mapping[int, Mapping[str, int]] | None = None,
+    in_trace: int | None = None,
 ) -> list[dict[str, Any]]:
     """The replayed steps of one rank (see `replay`); `own`, `pools`: as in `_step_models`;
     `plans`: each replayed on every step too (`_replay_plans`); `cpu_spans`: a GPU rank's
     steps as its CPU ran them (`cpu_spans_of`), timed beside the device's steps;
-    `queued`: step -> op -> ns TensorFlow's executor held the op queued (`_cause`)."""
+    `queued`: step -> op -> ns TensorFlow's executor held the op queued (`_cause`);
+    `in_trace`: the first `in_trace` ops of `compiled` are the rank's trace (its own ops and
+    the PS work its RunMetadata recorded, `own` when None): what covers its steps."""
     models = _step_models(compiled, rows_of_rank, oracle, spans, releases, own, pools)
-    lenders = covered_steps(models, own)
+    in_trace = own if in_trace is None else in_trace
+    lenders = covered_steps(models, in_trace)
     traced_models = {it: m for it, (_, _, m) in models.items()}
     overheads = typical_overheads(traced_models, lenders)
     overheads = orphan_overheads(compiled, traced_models, overheads, own, lenders)
@@ -1283,6 +1288,7 @@ def _replay_rank(
         holders = _holders(traced, start, ticks)
         path = _critical(traced, start, ticks, n, holders=holders)
         in_queue = per_op(compiled, (queued or {}).get(it, {}))
+        cover = covered(own_rows(known, in_trace), (span[0] + ahead, span[1]))
         known = own_rows(known, n)
         busy, op_span = measured({k: v[timed[known["idx"]]] for k, v in known.items()})
         wall = (span[1] - span[0] - ahead) / 1e9
@@ -1301,7 +1307,7 @@ def _replay_rank(
             "overhead": float(model.overhead[:n][keep].sum()),
             "overhead_from": "other steps" if len(models) > 1 else "own step",
             "ops_observed": int(len(known["idx"])),
-            "cover": covered(known, (span[0] + ahead, span[1])),
+            "cover": cover,
             "cause": _cause(traced, model, path, in_queue),
             "busy_cause": _cause(traced, model, np.arange(len(model.overhead)) < n, in_queue),
         }
@@ -1652,6 +1658,7 @@ def replay(
         graph, rows, release = joint_work(
             job, rank, frame[frame["rank"] == rank], releases.get(rank)
         )
+        in_trace = len(graph.ops)  # the rank's ops and the PS work of its RunMetadata
         if shared_core is not None:
             graph, rows, release = host.on_one_core(
                 job, rank, graph, rows, release, frame, spans_of(job, rank)
@@ -1667,7 +1674,7 @@ def replay(
         of_rank = {name: p[rank] for name, p in (plans or {}).items() if rank in p}
         steps = _replay_rank(
             compiled, rows, oracle, seed, spans, release, own, pools, of_rank,
-            cpu_spans_of(job, rank), rank_meta(job, rank).get("queued"),
+            cpu_spans_of(job, rank), rank_meta(job, rank).get("queued"), in_trace,
         )  # fmt: skip
         ranks.append({"rank": rank, **_error_summary(steps), "steps": steps})
     document = {"schema": SCHEMA, "kind": "replay", "ranks": ranks, **_all_errors(ranks)}

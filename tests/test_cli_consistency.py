@@ -87,11 +87,22 @@ def test_each_analyses_every_run(capsys: pytest.CaptureFixture[str]) -> None:
     document = json.loads(out)
     validate(document)
     paths = [str(Path(r["path"]).relative_to(TF_RUNS)) for r in document["runs"]]
-    # each worker of the between-graph jobs, each run of the in-graph job (traces/tf/README.md)
-    recorded = [f"mlp_ps_betweengraph/run{k}/worker{w}" for k in (1, 2, 3) for w in (0, 1)]
+
+    # each worker of the between-graph jobs, each run of the in-graph jobs (traces/tf/README.md)
+    def between(job: str) -> list[str]:
+        return [f"{job}/run{k}/worker{w}" for k in (1, 2, 3) for w in (0, 1)]
+
+    def within(job: str) -> list[str]:
+        return [f"{job}/run{k}" for k in (1, 2, 3)]
+
     generated = ["mlp_ps_betweengraph_sync/worker0", "mlp_ps_betweengraph_sync/worker1"]
-    ingraph = [f"mlp_ps_ingraph/run{k}" for k in (1, 2, 3)]
-    assert paths == [*recorded, *generated, *ingraph]
+    assert paths == [
+        *between("cnn_ps_betweengraph"),
+        *within("cnn_ps_ingraph"),
+        *between("mlp_ps_betweengraph"),
+        *generated,
+        *within("mlp_ps_ingraph"),
+    ]
     assert {r["result"]["schema"] for r in document["runs"]} == {"planner.inspect/1"}
     worker1 = document["runs"][paths.index(generated[1])]["result"]["ranks"][0]["transfers"]
     assert [t["kind"] for t in worker1].count("recv") == 14
