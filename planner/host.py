@@ -17,13 +17,14 @@ on one resource, `HOST`, and `shared_schedule` replays it as one processor share
 evenly by the ops on it, each needing its share of the core in the step (`shares`),
 not its stretched duration. Replayed with its own waits, a step runs as it ran.
 
-On a job with cores to spare, a PS's sending end and its receiving end (`link_of`) are
-such processors for the transfers through them: gRPC serves every worker's reads of the
-PS's variables from the PS's one process, so a read answered late shares the end with
-the others for less time and ends about when they do (``traces/tf/mlp_ps_ingraph/run2``
-worker1 step 5: its 16 MB read of `MatMul_1` answered 5.1 ms after worker0's, both ended
-within 1.2 ms). `on_links` puts each worker's transfers and the other workers' transfers
-of the same step on their end, each needing its share of the end in the step.
+On a job with cores to spare, a PS's link (`link_of`) is such a processor for the
+transfers to and from it: gRPC serves every worker's reads of the PS's variables and
+takes their gradients in the PS's one process, so a read answered late shares the link
+with the others for less time and ends about when they do
+(``traces/tf/mlp_ps_ingraph/run2`` worker1 step 5: its 16 MB read of `MatMul_1`
+answered 5.1 ms after worker0's, both ended within 1.2 ms). `on_links` puts each
+worker's transfers and the other workers' transfers of the same step on their link,
+each needing its share of the link in the step.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import pandas as pd
 from planner.graph import Op, OpGraph, build_graph
 
 HOST = "(host core)"
-LINK = "(link) "  # a PS's sending or receiving end, shared by its transfers to all workers
+LINK = "(link) "  # a PS's link, shared by its transfers to and from all workers
 ONE_CORE_RATE = 1.2  # the most progress two processes' ops may add up to on one core
 MIN_OVERLAP = 0.05  # share of the busy time with two processes running that decides it
 MIN_ONE_CORE = 0.9  # share of that time within ONE_CORE_RATE that says one core
@@ -193,12 +194,11 @@ def on_one_core(
 
 
 def link_of(resource: str) -> str | None:
-    """The PS end a TF transfer runs through: ``worker1<-ps0`` the PS's sending end
-    (``(link) ps0 out``), ``worker1->ps0`` its receiving end (``(link) ps0 in``);
-    None for any other resource."""
-    for arrow, end in (("<-", "out"), ("->", "in")):
+    """The PS link a TF transfer runs through, both ways (``worker1<-ps0`` and
+    ``worker1->ps0``: ``(link) ps0``); None for any other resource."""
+    for arrow in ("<-", "->"):
         if arrow in resource:
-            return f"{LINK}{resource.split(arrow, 1)[1]} {end}"
+            return f"{LINK}{resource.split(arrow, 1)[1]}"
     return None
 
 
@@ -211,7 +211,7 @@ def on_links(
     frame: pd.DataFrame,
     spans: Mapping[int, tuple[int, int]],
 ) -> tuple[OpGraph, pd.DataFrame, dict[int, np.ndarray]]:
-    """`rank`'s replay graph, records and releases with each PS end (`link_of`) one
+    """`rank`'s replay graph, records and releases with each PS link (`link_of`) one
     processor shared by every worker's transfers through it: the rank's transfers moved
     to their link, the other ranks' transfers through it added (``(link) rank:op``, no
     edges, released at their traced start), and a ``work`` column: each transfer's

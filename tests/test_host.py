@@ -57,11 +57,12 @@ def test_shared_schedule_shares_each_processor_apart():
     assert end.tolist() == pytest.approx([4.0, 4.0, 2.0])
 
 
-def test_a_transfer_runs_through_its_ps_end():
-    assert host.link_of("worker1<-ps0") == "(link) ps0 out"  # the PS sends
-    assert host.link_of("worker0->ps1") == "(link) ps1 in"  # the PS receives
+def test_a_transfer_runs_through_its_ps_link_both_ways():
+    assert host.link_of("worker1<-ps0") == "(link) ps0"  # the PS sends
+    assert host.link_of("worker0->ps0") == "(link) ps0"  # the PS receives
+    assert host.link_of("worker0->ps1") == "(link) ps1"
     assert host.link_of("worker0/CPU:0") is None and host.link_of("net") is None
-    assert host.is_shared("(link) ps0 out") and host.is_shared(host.HOST)
+    assert host.is_shared("(link) ps0") and host.is_shared(host.HOST)
     assert not host.is_shared("worker1<-ps0")
 
 
