@@ -283,8 +283,6 @@ def _shared(
     start = rows["start"].to_numpy(dtype=np.int64).copy()
     duration = rows["duration"].to_numpy(dtype=np.int64)
     work = duration.astype(np.float64)
-    if "work" in rows:  # placed on another shared processor before
-        work = np.where(rows["work"].isna(), work, rows["work"].to_numpy(dtype=np.float64))
     keep = np.ones(len(rows), dtype=bool)
     own = rows["op"].isin(job.graphs[rank].ops).to_numpy()
     for it, at in rows[placed].groupby("iteration").groups.items():

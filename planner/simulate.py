@@ -787,8 +787,8 @@ def orphan_overheads(
     lenders: Collection[int] | None = None,
 ) -> dict[int, np.ndarray]:
     """`overheads` (as `typical_overheads` gives them) with the orphans of each step
-    waiting until their typical start: an orphan is an op with a record whose
-    predecessor, recorded in another step, has none in this one.
+    waiting until their typical start: an orphan is an op with a record none of whose
+    predecessors has one in this step, one of them recorded in another step.
 
     An op's typical overhead is its wait after its predecessors, but an orphan's ready
     time in this step is taken without the predecessor, so that wait would start it
@@ -801,7 +801,11 @@ def orphan_overheads(
     predecessor among the joined PS work (numbered from `own` on) makes an orphan: an
     op of the rank's own missing from one step (a Kineto call named differently) leaves
     its successors' waits as they are, and a kernel's ready time holds its launch's
-    offset, which a typical start would not.
+    offset, which a typical start would not. An op with another predecessor in the
+    step waits after that one as usual: in the small CNN's between-graph run1
+    (traces/tf) the PS's `global_step` read ended before worker1's step 3 began, but
+    `Read/ReadVariableOp` ran 5 us after its other predecessor, 5.4 ms before its
+    typical start.
     """
     items = sorted(models)
     if len(items) < 2 or own is None:
