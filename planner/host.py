@@ -246,6 +246,8 @@ def _shared(
         ops[name] = op if where is None else replace(op, resource=where)
         if where is not None:
             targets.add(where)
+    if not targets:  # nothing of the rank's to share: its replay is as it was
+        return graph, rows, dict(release or {})
     others = []
     for peer in job.ranks:
         if peer == rank:
