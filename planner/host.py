@@ -254,9 +254,10 @@ def _shared(
             continue
         g = job.graphs[peer]
         mine = frame[frame["rank"] == peer]
-        mine = mine[[place(g.ops[o]) is not None for o in mine["op"]]]
-        for o in dict.fromkeys(mine["op"]):
-            op, where = g.ops[o], str(place(g.ops[o]))
+        on = {o: w for o in mine["op"].unique() if (w := place(g.ops[o])) is not None}
+        mine = mine[mine["op"].isin(on)]
+        for o, where in on.items():
+            op = g.ops[o]
             ops[f"{tag}{peer}:{o}"] = Op(
                 f"{tag}{peer}:{o}", op.kind, where, nbytes=op.nbytes, type=op.type
             )
@@ -280,7 +281,7 @@ def _shared(
     ]
     joined = build_graph(list(ops.values()), edges)
     rows = pd.concat([rows, *others], ignore_index=True)
-    where = np.array([joined.ops[o].resource for o in rows["op"]], dtype=object)
+    where = rows["op"].map({name: op.resource for name, op in joined.ops.items()}).to_numpy()
     placed = np.array([r in targets for r in where], dtype=bool)
     start = rows["start"].to_numpy(dtype=np.int64).copy()
     duration = rows["duration"].to_numpy(dtype=np.int64)
@@ -306,8 +307,8 @@ def _shared(
         if release is not None and it in release:
             latest[: len(release[it])] = release[it]
         peer_rows = step[step["op"].str.startswith(tag)]
-        for name, t in zip(peer_rows["op"], peer_rows["start"], strict=True):
-            latest[index[name]] = max(latest[index[name]], int(t))
+        at = peer_rows["op"].map(index).to_numpy(dtype=np.int64)
+        np.maximum.at(latest, at, peer_rows["start"].to_numpy(dtype=np.int64))
         out[int(it)] = latest
     return joined, rows, out
 

@@ -1663,17 +1663,13 @@ def replay(
             job, rank, frame[frame["rank"] == rank], releases.get(rank)
         )
         in_trace = len(graph.ops)  # the rank's ops and the PS work of its RunMetadata
+        spans = spans_of(job, rank)
         if shared_core is not None:
-            graph, rows, release = host.on_one_core(
-                job, rank, graph, rows, release, frame, spans_of(job, rank)
-            )
+            graph, rows, release = host.on_one_core(job, rank, graph, rows, release, frame, spans)
         elif pools:
-            graph, rows, release = host.on_links(
-                job, rank, graph, rows, release, frame, spans_of(job, rank)
-            )
+            graph, rows, release = host.on_links(job, rank, graph, rows, release, frame, spans)
         compiled = compile_graph(graph)
         oracle = mean_of_runs(graph, rows)
-        spans = spans_of(job, rank)
         release = _latest(release, carried_over(compiled, rows, spans, queued_before(job, rank)))
         of_rank = {name: p[rank] for name, p in (plans or {}).items() if rank in p}
         steps = _replay_rank(

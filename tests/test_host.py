@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import REPO, SHARED, TF_RUNS, need
+from conftest import REPO, SHARED, TF_RUNS, need, without_links
 
 from planner import host
 from planner import simulate as sim
@@ -161,9 +161,7 @@ def test_the_shared_links_cut_the_two_core_tf_replay_error(monkeypatch):
     wall-clock 0.96% / 9.68% -> 0.25% / 2.26%."""
     job = detect.load([MLP_RUN2])
     shared = _wall_errors(sim.replay(job))
-    monkeypatch.setattr(
-        host, "on_links", lambda job, rank, graph, rows, release, *_: (graph, rows, release)
-    )
+    without_links(monkeypatch)
     alone = _wall_errors(sim.replay(job))
     assert alone[("worker1", 5)] < -0.09 and abs(shared[("worker1", 5)]) < 0.03
     before, after = np.abs(list(alone.values())), np.abs(list(shared.values()))

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import REPO, RESNET_IN_REPO, SHARED, TF, TF_RUNS, need, run_cli
+from conftest import REPO, RESNET_IN_REPO, SHARED, TF, TF_RUNS, need, run_cli, without_links
 
 from planner import analysis, records
 from planner import simulate as sim
@@ -36,14 +36,6 @@ PINNED = {
     "torch/transformer_ddp": (0.0173, 0.0002),  # from 2.79%
 }
 SLACK = 0.005
-
-
-def _without_links(monkeypatch) -> None:
-    """The replay as it was before the PS's links were shared (`host.on_links`): each
-    transfer at its observed duration on its own channel."""
-    monkeypatch.setattr(
-        sim.host, "on_links", lambda job, rank, graph, rows, release, *_: (graph, rows, release)
-    )
 
 
 def _job(name: str):
@@ -339,7 +331,7 @@ def test_the_ps_work_removes_the_tf_error(name, median_alone, worst_alone, repla
     added: before the PS's links were shared."""
     if name not in replays:
         pytest.skip(f"{RUNS[name][0]} is not available")
-    _without_links(monkeypatch)
+    without_links(monkeypatch)
     job = replays[name][0]
     joint = sim.replay(job)
     alone = sim.replay(type(job)(job.framework, job.graphs, job.trace, job.sources, job.notes, {}))
@@ -481,7 +473,7 @@ def test_the_ranks_shape_removes_the_tf_error(name, before, after, replays, monk
     to 3.7% / 6.3%. Measured as it was added: before the shared core (`test_host.py`)
     and the shared links."""
     monkeypatch.setattr(sim.host, "one_core", lambda job, frame: None)
-    _without_links(monkeypatch)
+    without_links(monkeypatch)
     if name == "merged_gpu":
         job = detect.load([need(MERGED_GPU)])
     elif name in replays:
