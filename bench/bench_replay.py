@@ -88,7 +88,8 @@ def repo_jobs() -> list[tuple[str, list[Path]]]:
     the input wait and the loop's iterations (the loop rule was set on it too); three
     runs each of an in-graph and a between-graph TF PS job on this host's kind, of the
     mlp and of a small CNN (traces/tf/README.md says which rules were set when each was
-    recorded)."""
+    recorded); the generated cnn's GraphDef run as traced and with its TIC plan enforced
+    (`cnn_enforced`)."""
     folder = ROOT / "traces" / "torch" / "h100_cnn_windows"
     jobs = [(str(folder.relative_to(ROOT)), [folder])] if folder.is_dir() else []
     loader = ROOT / "traces" / "torch" / "cpu_dataloader"
@@ -98,6 +99,8 @@ def repo_jobs() -> list[tuple[str, list[Path]]]:
         for run in sorted((ROOT / "traces" / "tf" / job).glob("run*")):
             workers = sorted(p for p in run.iterdir() if p.is_dir())
             jobs.append((str(run.relative_to(ROOT)), workers or [run]))
+    for run in sorted(p for p in (ROOT / "traces" / "tf" / "cnn_enforced").glob("*") if p.is_dir()):
+        jobs.append((str(run.relative_to(ROOT)), [run]))
     return jobs
 
 

@@ -204,7 +204,8 @@ def _replayed(replayed: dict | None) -> str:
         return "-"
     if replayed["gain"] is None:
         return "cannot run"
-    return _pct(replayed["gain"])
+    mode = replayed.get("enforce")
+    return f"{_pct(replayed['gain'])} ({mode})" if mode else _pct(replayed["gain"])
 
 
 def _pct(value: float | None) -> str:
@@ -258,7 +259,9 @@ def simulation_view(document: dict[str, Any]) -> None:
                 f"{_pct(r.get('wall_error_median'))}, worst {_pct(r.get('wall_error_max'))}); "
                 f"comparison on the observed order {_pct(r.get('comparison_error'))}; "
                 "replayed: the plan's gain over the observed order, each traced step replayed "
-                "both ways (the replay error above is its error); "
+                "both ways (the replay error above is its error; a TF plan as planner export "
+                "--enforce (mode) applies it: arrival, one transfer of a rank at a time, a "
+                "control message each); "
                 f"Umax {render.seconds_text(r['umax'])}, Lmin {render.seconds_text(r['lmin'])}"
             ),
         )

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from planner import _simkernel, host, records
+from planner import _simkernel, enforced, host, records
 from planner.errors import InputError
 from planner.graph import OpGraph, on_gpu
 from planner.metrics import caramel_figures, efficiency
@@ -1261,9 +1261,11 @@ def _replay_rank(
     cpu_spans: Mapping[int, tuple[int, int]] | None = None,
     queued: Mapping[int, Mapping[str, int]] | None = None,
     in_trace: int | None = None,
+    enforce: str | None = "arrival",
 ) -> list[dict[str, Any]]:
     """The replayed steps of one rank (see `replay`); `own`, `pools`: as in `_step_models`;
-    `plans`: each replayed on every step too (`_replay_plans`); `cpu_spans`: a GPU rank's
+    `plans`: each replayed on every step too (`_replay_plans`, TF plans as `enforce`
+    applies them); `cpu_spans`: a GPU rank's
     steps as its CPU ran them (`cpu_spans_of`), timed beside the device's steps;
     `queued`: step -> op -> ns TensorFlow's executor held the op queued (`_cause`);
     `in_trace`: the first `in_trace` ops of `compiled` are the rank's trace (its own ops and
@@ -1328,7 +1330,7 @@ def _replay_rank(
         observed = {s["iteration"]: s["predicted_wall"] for s in steps}
         judged = _replay_plans(
             compiled, rows_of_rank, oracle, seed, spans, releases, own, pools, plans,
-            overheads, observed,
+            overheads, observed, enforce,
         )  # fmt: skip
         for step in steps:
             step["plans"] = judged[step["iteration"]]
@@ -1347,6 +1349,7 @@ def _replay_plans(
     plans: Mapping[str, Plan],
     overheads: Mapping[int, np.ndarray],
     observed: Mapping[int, float],
+    enforce: str | None = "arrival",
 ) -> dict[int, dict[str, dict[str, Any]]]:
     """Step -> plan -> the step replayed as the plan would run it: the step's own op
     times, the typical waits the observed order's replay used, the planned ops in the
@@ -1355,6 +1358,7 @@ def _replay_plans(
     same step; ``error`` instead where the plan cannot run on the step (its order or
     edges close a cycle with what the step observed)."""
     out: dict[int, dict[str, dict[str, Any]]] = {it: {} for it in observed}
+    message: float | None = None  # one control message's time, found once per rank
     for name, plan in plans.items():
         try:
             arrays = plan_arrays(compiled, plan)
@@ -1362,18 +1366,85 @@ def _replay_plans(
             for it in out:
                 out[it][name] = {"error": exc.problem}
             continue
+        waits = alone = np.zeros(0, dtype=np.int64)
+        latency = 0.0
+        mode = enforce if pools and plan.order else None
+        if mode is not None:  # as the TF module applies it (`enforced`)
+            arrays, waits, alone = _enforced(compiled, own, plan, arrays, mode)
+            latency = message if message is not None else _message(compiled, rows_of_rank)
+            message = latency
         models = _step_models(compiled, rows_of_rank, oracle, spans, releases, own, pools, arrays)
         device = _device_ops(compiled)[: len(compiled.names[:own])]
         for it, (_, span, traced) in models.items():
+            overhead = overheads[it]
+            if len(waits):
+                overhead = overhead.copy()
+                overhead[waits] = np.maximum(overhead[waits], latency)
+            model = with_overhead(traced, overhead)
+            if len(alone):  # a transfer alone on its link takes a message's time at least
+                seconds = model.seconds.copy()
+                seconds[alone] = np.maximum(seconds[alone], latency)
+                model = replace(model, seconds=seconds)
             try:
-                start, ticks = replay_step(with_overhead(traced, overheads[it]), seed)
+                start, ticks = replay_step(model, seed)
             except InputError:
                 out[it][name] = {"error": "the plan's order closes a cycle with the step's"}
                 continue
             wall, _ = timed_wall(traced, start, ticks, span, (spans or {}).get(it), device)
             gain = observed[it] / wall - 1.0 if wall > 0 else None
-            out[it][name] = {"predicted_wall": wall, "gain": gain}
+            out[it][name] = {"predicted_wall": wall, "gain": gain, "enforce": mode}
     return out
+
+
+def _message(compiled: Compiled, rows: pd.DataFrame) -> float:
+    """`enforced.control_message` on the records of the replay's transfers (the rank's
+    own and, on a shared link, its peers')."""
+    index = compiled.index
+    i = rows["op"].map(index).to_numpy()
+    transfer = compiled.transfer[i]
+    names = rows["op"].to_numpy()[transfer]
+    nbytes = np.array([compiled.graph.ops[o].nbytes or np.nan for o in names], dtype=np.float64)
+    mine = np.array([not o.startswith(host.PEER_TAGS) for o in names], dtype=bool)
+    return enforced.control_message(
+        rows["start"].to_numpy(dtype=np.float64)[transfer],
+        rows["duration"].to_numpy(dtype=np.float64)[transfer],
+        nbytes,
+        mine,
+    )
+
+
+def _enforced(
+    compiled: Compiled,
+    own: int | None,
+    plan: Plan,
+    arrays: PlanArrays,
+    mode: str,
+) -> tuple[PlanArrays, np.ndarray, np.ndarray]:
+    """`arrays` with the control edges the TF module adds for `plan` in `mode`, the ops
+    that then wait for a control message and the transfers alone on their link
+    (`enforced.chain`)."""
+    n = len(compiled.names[:own])
+    is_transfer = compiled.transfer[compiled.dst]
+    joined = (compiled.src >= n) & (compiled.dst < n) & is_transfer
+    feeder = dict(zip(compiled.dst[joined].tolist(), compiled.src[joined].tolist(), strict=True))
+    index = {name: i for name, i in compiled.index.items() if i < n}
+    ops = compiled.graph.ops
+    reads = [
+        t
+        for t in plan.order
+        if t in index
+        and enforced.is_read(
+            t, ops[compiled.names[feeder[index[t]]]].type if index[t] in feeder else None
+        )
+    ]
+    src, dst, waits, alone = enforced.chain(reads, index, feeder, mode)
+    return (
+        PlanArrays(
+            arrays.position, np.concatenate([arrays.src, src]), np.concatenate([arrays.dst, dst])
+        ),
+        waits,
+        alone,
+    )
 
 
 def timed_wall(
@@ -1639,6 +1710,7 @@ def replay(
     seed: int = 0,
     frame: pd.DataFrame | None = None,
     plans: Mapping[str, Mapping[str, Plan]] | None = None,
+    enforce: str | None = "arrival",
 ) -> dict[str, Any]:
     """Each traced step of each rank with its own op times and observed order.
 
@@ -1647,7 +1719,9 @@ def replay(
     `frame`: the job's `with_dedicated` timings, when the caller has them already.
     `plans` ({name: {rank: Plan}}): each step also replayed as each plan would run it
     (``plans`` per step, `_replay_plans`): the same model, so the replay error of the
-    observed order is the error beside each plan's prediction.
+    observed order is the error beside each plan's prediction. On a TF job an ordered
+    plan runs as ``planner export --enforce`` `enforce` applies it (`planner.enforced`;
+    None: its priorities alone, which no TF runtime module applies).
     A TF job runs its compute on one shared host core where its records say its
     processes had one (`host.on_one_core`), else its transfers on its PS's shared links
     (`host.on_links`).
@@ -1674,7 +1748,7 @@ def replay(
         of_rank = {name: p[rank] for name, p in (plans or {}).items() if rank in p}
         steps = _replay_rank(
             compiled, rows, oracle, seed, spans, release, own, pools, of_rank,
-            cpu_spans_of(job, rank), rank_meta(job, rank).get("queued"), in_trace,
+            cpu_spans_of(job, rank), rank_meta(job, rank).get("queued"), in_trace, enforce,
         )  # fmt: skip
         ranks.append({"rank": rank, **_error_summary(steps), "steps": steps})
     document = {"schema": SCHEMA, "kind": "replay", "ranks": ranks, **_all_errors(ranks)}
@@ -1977,8 +2051,9 @@ def replayed_plan(steps: Sequence[Mapping[str, Any]], name: str) -> dict[str, An
     """A plan's prediction by the replay (`_replay_plans`), over the rank's complete
     steps: median ``predicted_wall`` (s) and median ``gain`` over the observed order
     replayed on the same steps, the ``steps`` it ran on and the first ``error`` of a
-    step it could not run on. The observed order is the replay itself (gain 0); None
-    for a plan the steps were not replayed with (the baseline orders nothing)."""
+    step it could not run on, and ``enforce``: the TF module's mode it ran as (None:
+    its order and edges as they are). The observed order is the replay itself (gain 0);
+    None for a plan the steps were not replayed with (the baseline orders nothing)."""
     complete = [s for s in steps if not s.get("partial")]
     if name == "observed":
         runs = [{"predicted_wall": s["predicted_wall"], "gain": 0.0} for s in complete]
@@ -1993,6 +2068,7 @@ def replayed_plan(steps: Sequence[Mapping[str, Any]], name: str) -> dict[str, An
         "gain": float(np.median([r["gain"] for r in ran])) if ran else None,
         "steps": len(ran),
         "error": failed,
+        "enforce": next((r["enforce"] for r in ran if r.get("enforce")), None),
     }
 
 

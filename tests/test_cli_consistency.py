@@ -97,6 +97,8 @@ def test_each_analyses_every_run(capsys: pytest.CaptureFixture[str]) -> None:
 
     generated = ["mlp_ps_betweengraph_sync/worker0", "mlp_ps_betweengraph_sync/worker1"]
     assert paths == [
+        "cnn_enforced/arrival",
+        "cnn_enforced/none",
         *between("cnn_ps_betweengraph"),
         *within("cnn_ps_ingraph"),
         *between("mlp_ps_betweengraph"),

@@ -201,16 +201,18 @@ def test_a_report_of_many_ranks_plots_the_timeline_ranks_and_tables_every_rank(
 def test_the_advice_follows_the_replay_of_each_plan() -> None:
     """The demo's TF worker: the comparison (mean op times, no waits) credits TIC with
     about 10%, but TIC replayed on the five traced steps (their op times and waits, the
-    model whose error the page gives) gains nothing. The page recommends nothing and
-    says so; with the replay's figures taken away it would recommend TIC."""
+    model whose error the page gives) as `planner export --enforce arrival` applies it
+    loses. The page recommends nothing and says why; with the replay's figures taken
+    away it would recommend TIC."""
     job = detect.load([DEMO])
     report = analysis.analyze(job)
     entry = report["simulation"]["comparison"]["ranks"][0]
     plans = {p["plan"]: p for p in entry["plans"]}
     assert plans["tic"]["speedup_vs_observed"] > 0.05
-    assert abs(plans["tic"]["replayed"]["gain"]) < 0.005
+    assert plans["tic"]["replayed"]["gain"] < -0.005
     advice = _sections(render_html(report))["advice"]
     assert "already as good as any plan" in advice and "replayed on the traced steps" in advice
+    assert "--enforce arrival" in advice and "costs more than the order gains" in advice
     for p in entry["plans"]:
         p["replayed"] = None
     assert "Apply the TIC" in _sections(render_html(report))["advice"]

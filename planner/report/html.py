@@ -206,6 +206,7 @@ def recommendation(entry: Mapping[str, Any]) -> dict[str, Any]:
         "gain": gain,
         "replay_error": error,
         "replayed_gain": replayed_gain,
+        "enforce": replayed.get("enforce"),
         "apply": gain is not None
         and gain > margin
         and (replayed_gain is None or replayed_gain > margin),
@@ -263,12 +264,21 @@ def advice_section(report: Mapping[str, Any]) -> str:
                 "not change the step"
             )
         elif r["gain"] is not None and r["gain"] > SAME and r["replayed_gain"] is not None:
+            applied = (
+                f", applied as <code>planner export --enforce {esc(r['enforce'])}</code> does,"
+                if r.get("enforce")
+                else ""
+            )
             why = (
                 f"the comparison credits the best plan, {esc(str(r['plan']).upper())}, with "
                 f"{percent(r['gain'])} (mean op times, no waits), but replayed on the traced "
                 f"steps (their op times and waits; replay error {percent(r['replay_error'])}, "
-                f"median) it gains {percent(r['replayed_gain'])}: the order of its transfers "
-                "does not decide the step as it ran"
+                f"median){applied} it gains {percent(r['replayed_gain'])}: "
+                + (
+                    "enforcing its order costs more than the order gains"
+                    if r["replayed_gain"] < -SAME
+                    else "the order of its transfers does not decide the step as it ran"
+                )
             )
         else:
             why = (
