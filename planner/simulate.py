@@ -1265,8 +1265,8 @@ def _replay_rank(
 ) -> list[dict[str, Any]]:
     """The replayed steps of one rank (see `replay`); `own`, `pools`: as in `_step_models`;
     `plans`: each replayed on every step too (`_replay_plans`, TF plans as `enforce`
-    applies them); `cpu_spans`: a GPU rank's
-    steps as its CPU ran them (`cpu_spans_of`), timed beside the device's steps;
+    applies them); `cpu_spans`: a GPU rank's steps as its CPU ran them (`cpu_spans_of`),
+    timed beside the device's steps;
     `queued`: step -> op -> ns TensorFlow's executor held the op queued (`_cause`);
     `in_trace`: the first `in_trace` ops of `compiled` are the rank's trace (its own ops and
     the PS work its RunMetadata recorded, `own` when None): what covers its steps."""
@@ -1356,7 +1356,9 @@ def _replay_plans(
     plan's order and its control edges (`step_model`). ``predicted_wall`` (s, timed as
     `_replay_rank` times the step) and ``gain`` over the observed order's replay of the
     same step; ``error`` instead where the plan cannot run on the step (its order or
-    edges close a cycle with what the step observed)."""
+    edges close a cycle with what the step observed). On a TF job (`pools`) an ordered
+    plan runs with the chain the TF module adds in mode `enforce` (`_enforced`; None:
+    its priorities alone), and each entry names the mode it ran as (``enforce``)."""
     out: dict[int, dict[str, dict[str, Any]]] = {it: {} for it in observed}
     message: float | None = None  # one control message's time, found once per rank
     for name, plan in plans.items():
