@@ -111,6 +111,13 @@ def build_plans(job: Job, which: str, channels: int = 1) -> dict[str, dict[str, 
     show_default=True,
     help="Concurrent transfers per network resource.",
 )
+@click.option(
+    "--enforce",
+    type=click.Choice(["arrival", "sender"]),
+    default="arrival",
+    show_default=True,
+    help="TF: replay each plan as planner export --enforce MODE applies it.",
+)
 @click.option("--sweep", "sweep_spec", metavar="KNOB=a:b:n", help="Compare over n knob values.")
 @click.option(
     "--timeline",
@@ -130,6 +137,7 @@ def simulate(
     compute_scale: float,
     latency: float,
     channels: int,
+    enforce: str,
     sweep_spec: str | None,
     timeline: Path | None,
     rank: str | None,
@@ -180,6 +188,7 @@ def simulate(
         sweep_knob=sweep[0] if sweep else None,
         sweep_values=sweep[1] if sweep else (),
         timelines=timeline is not None,
+        enforce=enforce,
         **knobs,
     )
     schedules = document.pop("timelines", None)
@@ -260,8 +269,8 @@ def simulation_view(document: dict[str, Any]) -> None:
                 f"comparison on the observed order {_pct(r.get('comparison_error'))}; "
                 "replayed: the plan's gain over the observed order, each traced step replayed "
                 "both ways (the replay error above is its error; a TF plan as planner export "
-                "--enforce (mode) applies it: arrival, one transfer of a rank at a time, a "
-                "control message each); "
+                "--enforce applies it in the mode beside its gain: arrival, one transfer of a "
+                "rank at a time and a control message each; sender, the PS's reads in order); "
                 f"Umax {render.seconds_text(r['umax'])}, Lmin {render.seconds_text(r['lmin'])}"
             ),
         )
@@ -288,6 +297,9 @@ def simulation_view(document: dict[str, Any]) -> None:
         for key in ("warning", "cpu_warning", "comparison_warning"):
             if r.get(key):
                 render.note(f"{r['rank']}: {r[key]}", False, error=True)
+        cautions = {(p.get("replayed") or {}).get("caution") for p in r["plans"]} - {None}
+        for caution in sorted(cautions):
+            render.note(f"{r['rank']}: replayed: {caution}", False, error=True)
     sweep = document.get("sweep")
     if sweep:
         for r in sweep["ranks"]:

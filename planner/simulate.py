@@ -2053,8 +2053,9 @@ def replayed_plan(steps: Sequence[Mapping[str, Any]], name: str) -> dict[str, An
     """A plan's prediction by the replay (`_replay_plans`), over the rank's complete
     steps: median ``predicted_wall`` (s) and median ``gain`` over the observed order
     replayed on the same steps, the ``steps`` it ran on and the first ``error`` of a
-    step it could not run on, and ``enforce``: the TF module's mode it ran as (None:
-    its order and edges as they are). The observed order is the replay itself (gain 0);
+    step it could not run on, ``enforce``: the TF module's mode it ran as (None: its
+    order and edges as they are) and ``caution``: what that mode's replay is known to
+    miss (`enforced.caution`). The observed order is the replay itself (gain 0);
     None for a plan the steps were not replayed with (the baseline orders nothing)."""
     complete = [s for s in steps if not s.get("partial")]
     if name == "observed":
@@ -2070,7 +2071,8 @@ def replayed_plan(steps: Sequence[Mapping[str, Any]], name: str) -> dict[str, An
         "gain": float(np.median([r["gain"] for r in ran])) if ran else None,
         "steps": len(ran),
         "error": failed,
-        "enforce": next((r["enforce"] for r in ran if r.get("enforce")), None),
+        "enforce": (mode := next((r["enforce"] for r in ran if r.get("enforce")), None)),
+        "caution": enforced.caution(mode),
     }
 
 
@@ -2288,9 +2290,11 @@ def simulation(
     sweep_knob: str | None = None,
     sweep_values: Sequence[float] = (),
     timelines: bool = False,
+    enforce: str | None = "arrival",
     **knobs: float,
 ) -> dict[str, Any]:
-    """Replay, comparison (and a sweep when `sweep_knob` is given) of one job.
+    """Replay, comparison (and a sweep when `sweep_knob` is given) of one job; a TF
+    plan's replay as `enforce` applies it (`replay`).
 
     With `timelines`, ``timelines`` lists the schedule of every plan per rank (its
     median sample) and the traced step with the median busy makespan (plan
@@ -2302,7 +2306,7 @@ def simulation(
         rank: mean_of_runs(graph, frame[frame["rank"] == rank])
         for rank, graph in job.graphs.items()
     }
-    replayed = replay(job, seed=seed, frame=frame, plans=plans)
+    replayed = replay(job, seed=seed, frame=frame, plans=plans, enforce=enforce)
     steps = replayed_steps(replayed)
     comparison = compare(
         job, plans, samples=samples, seed=seed, timelines=timelines, oracles=oracles,

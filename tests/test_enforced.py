@@ -13,6 +13,8 @@ import pytest
 from planner import enforced, simulate
 from planner.ingest import detect
 from planner.plan import Plan
+from tests.conftest import DEMO, run_cli
+from tests.test_schemas import validate
 
 ORDER = (
     "recv:b/ReadVariableOp",
@@ -148,3 +150,23 @@ def test_a_tf_plan_replayed_as_enforced_comes_closer_to_the_run_that_enforced_it
         # -30.2% / -31.3%); each hop of the chain also waits for both executors to
         # dispatch the marker and the read on the busy host, which no record shows
         assert abs(error) <= 0.35, (rank, error)
+
+
+@pytest.mark.parametrize(("mode", "cautioned"), [("arrival", True), ("sender", False)])
+def test_simulate_replays_a_tf_plan_in_the_mode_asked_and_says_so(
+    mode: str, cautioned: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, err = run_cli(
+        ["simulate", DEMO, "--samples", "2", "--enforce", mode, "--json"], capsys
+    )
+    assert status == 0, err
+    document = json.loads(out)
+    validate(document)
+    (rank,) = document["comparison"]["ranks"]
+    for entry in rank["plans"]:
+        if entry["plan"] in ("tic", "tac"):
+            assert entry["replayed"]["enforce"] == mode
+            assert (entry["replayed"]["caution"] is not None) == cautioned
+    status, out, err = run_cli(["simulate", DEMO, "--samples", "2", "--enforce", mode], capsys)
+    assert status == 0 and f"({mode})" in out  # the mode beside the replayed gain
+    assert ("so its gain is an upper bound" in err) == cautioned

@@ -207,6 +207,7 @@ def recommendation(entry: Mapping[str, Any]) -> dict[str, Any]:
         "replay_error": error,
         "replayed_gain": replayed_gain,
         "enforce": replayed.get("enforce"),
+        "caution": replayed.get("caution"),
         "apply": gain is not None
         and gain > margin
         and (replayed_gain is None or replayed_gain > margin),
@@ -247,7 +248,9 @@ def advice_section(report: Mapping[str, Any]) -> str:
                     if r["replayed_gain"] is not None
                     else ""
                 )
-                + f", replay error of the traced steps {percent(r['replay_error'])} (median).</p>"
+                + f", replay error of the traced steps {percent(r['replay_error'])} (median)."
+                + (f" Replayed {esc(r['caution'])}." if r.get("caution") else "")
+                + "</p>"
             )
     else:
         lines.append('<p class="headline">The observed order is already as good as any plan.</p>')
@@ -709,6 +712,9 @@ def comparison_section(report: Mapping[str, Any]) -> str:
         for key in ("warning", "cpu_warning", "comparison_warning"):
             if entry.get(key):
                 parts.append(f"<p><b>Warning:</b> {esc(entry[key])}</p>")
+        cautions = {(p.get("replayed") or {}).get("caution") for p in entry["plans"]} - {None}
+        for caution in sorted(cautions):
+            parts.append(f"<p><b>Replayed:</b> {esc(caution)}.</p>")
         predicted = [p["predicted"] for p in entry["plans"]]
         if predicted and max(predicted) - min(predicted) <= SAME * max(predicted):
             parts.append(
