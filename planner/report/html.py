@@ -249,7 +249,7 @@ def advice_section(report: Mapping[str, Any]) -> str:
                     else ""
                 )
                 + f", replay error of the traced steps {percent(r['replay_error'])} (median)."
-                + (f" Replayed {esc(r['caution'])}." if r.get("caution") else "")
+                + (f" Replayed: {esc(r['caution'])}." if r.get("caution") else "")
                 + "</p>"
             )
     else:
