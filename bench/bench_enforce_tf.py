@@ -30,7 +30,7 @@ from pathlib import Path
 
 from planner import simulate
 from planner.ingest import detect
-from planner.plan import Plan
+from planner.plan import from_priorities
 from planner.verify import verify
 from planner_cli.main import main as planner
 
@@ -49,20 +49,6 @@ def _planner(*argv: str) -> None:
             raise
 
 
-def _plans(path: Path) -> dict[str, Plan]:
-    """The TIC plan file (``planner schedule --json``) as one Plan per rank."""
-    plans = {}
-    for r in json.loads(path.read_text())["ranks"]:
-        transfers = sorted(r["transfers"], key=lambda t: t["order_index"])
-        plans[r["rank"]] = Plan(
-            algorithm="tic",
-            rank=r["rank"],
-            priority={t["name"]: t["priority"] for t in transfers},
-            order=tuple(t["name"] for t in transfers),
-        )
-    return plans
-
-
 def _median_walls(folder: Path) -> dict[str, float]:
     """Rank -> median traced step (s) of the RunMetadata files in `folder`."""
     document = simulate.replay(detect.load([str(folder)]))
@@ -74,7 +60,7 @@ def _median_walls(folder: Path) -> dict[str, float]:
 
 def judge(out: Path, plan: Path, rounds: int) -> None:
     """Per round and rank, each mode's replay on the traced run against its enforced run."""
-    plans = {"tic": _plans(plan)}
+    plans = {"tic": from_priorities(json.loads(plan.read_text()))}
     errors: dict[str, list[float]] = {"arrival": [], "sender": [], "priorities": []}
     print(f"\n{'round':5s} {'rank':8s} {'traced':>8s} {'arrival':>8s} {'sender':>8s}   "
           f"replayed: arrival / priorities alone vs arrival run; sender vs sender run")  # fmt: skip

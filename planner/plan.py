@@ -37,3 +37,19 @@ def dense_priorities(keys: Mapping[str, Any]) -> dict[str, int]:
     distinct = sorted(set(keys.values()))
     rank = {k: i for i, k in enumerate(distinct)}
     return {name: rank[k] for name, k in keys.items()}
+
+
+def from_priorities(document: Mapping[str, Any]) -> dict[str, Plan]:
+    """Rank -> Plan of a priorities document (``planner schedule --json``,
+    ``priorities_*.json``): a plan as written, taken back to replay it."""
+    plans = {}
+    for entry in document["ranks"]:
+        transfers = sorted(entry["transfers"], key=lambda t: t["order_index"])
+        plans[entry["rank"]] = Plan(
+            algorithm=entry["algorithm"],
+            rank=entry["rank"],
+            priority={t["name"]: t["priority"] for t in transfers},
+            order=tuple(t["name"] for t in transfers),
+            control_edges=tuple(tuple(e) for e in entry.get("control_edges") or ()),
+        )
+    return plans

@@ -10,9 +10,9 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from planner import enforced, simulate
+from planner import analysis, enforced, simulate
 from planner.ingest import detect
-from planner.plan import Plan
+from planner.plan import from_priorities
 from tests.conftest import DEMO, run_cli
 from tests.test_schemas import validate
 
@@ -104,20 +104,6 @@ def test_a_control_message_is_the_median_small_transfer_alone_on_its_link() -> N
 ENFORCED = Path(__file__).resolve().parent.parent / "traces" / "tf" / "cnn_enforced"
 
 
-def _plan_file(path: Path) -> dict[str, Plan]:
-    """The TIC plan the enforced run applied (``planner schedule -a tic --json``)."""
-    plans = {}
-    for r in json.loads(path.read_text())["ranks"]:
-        transfers = sorted(r["transfers"], key=lambda t: t["order_index"])
-        plans[r["rank"]] = Plan(
-            algorithm="tic",
-            rank=r["rank"],
-            priority={t["name"]: t["priority"] for t in transfers},
-            order=tuple(t["name"] for t in transfers),
-        )
-    return plans
-
-
 def _median_wall(steps: list[dict]) -> float:
     return float(np.median([s["wall"] for s in steps if not s.get("partial")]))
 
@@ -132,7 +118,7 @@ def test_a_tf_plan_replayed_as_enforced_comes_closer_to_the_run_that_enforced_it
     ran = {r["rank"]: _median_wall(r["steps"]) for r in simulate.replay(none)["ranks"]}
     arrival = detect.load([str(ENFORCED / "arrival")])
     measured = {r["rank"]: _median_wall(r["steps"]) for r in simulate.replay(arrival)["ranks"]}
-    plans = {"tic": _plan_file(ENFORCED / "arrival" / "tic.json")}
+    plans = {"tic": from_priorities(json.loads((ENFORCED / "arrival" / "tic.json").read_text()))}
     as_enforced = simulate.replay(none, plans=plans)
     as_priorities = simulate.replay(none, plans=plans, enforce=None)
     for enforced_rank, priorities_rank in zip(
@@ -170,3 +156,13 @@ def test_simulate_replays_a_tf_plan_in_the_mode_asked_and_says_so(
     status, out, err = run_cli(["simulate", DEMO, "--samples", "2", "--enforce", mode], capsys)
     assert status == 0 and f"({mode})" in out  # the mode beside the replayed gain
     assert ("so its gain is an upper bound" in err) == cautioned
+
+
+def test_a_priorities_document_reads_back_as_the_plans_written() -> None:
+    job = detect.load([DEMO])
+    written = analysis.schedule(job, "tic")
+    read = from_priorities(analysis.plan_document(written, job.graphs))
+    for rank, plan in written.items():
+        assert read[rank].order == plan.order
+        assert dict(read[rank].priority) == dict(plan.priority)
+        assert read[rank].control_edges == plan.control_edges
