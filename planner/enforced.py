@@ -15,8 +15,9 @@ transfers has in the plan:
 - ``sender``: the reads chained on the PS, so the PS sends in plan order, but the
   worker's concurrent RecvTensor RPCs still share the link.
 
-`chain` gives the control edges each mode adds to the replayed step and the transfers
-that then wait for a control message (`control_message`).
+`chain` gives the control edges each mode adds to the replayed step, the transfers that
+then wait for a control message (`control_message`) and those it leaves alone on their
+link (a message, then their bytes at the link's rate, `link_throughput`).
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ import numpy as np
 MODES = ("arrival", "sender")
 READS = ("ReadVariableOp", "Identity")  # the PS ops whose values the TF module orders
 SMALL = 1024  # bytes: a transfer no larger carries a control message, not a tensor
-# how far short the arrival replay predicted the enforced runs' step: median over the 16
-# rank-rounds of two runs of bench/bench_enforce_tf.py --rounds 4 on the cnn job
-# (docs/algorithms.md, "A plan replayed as it is enforced")
-ARRIVAL_SHORT = 0.289
+# the arrival replay's median |error| against the enforced runs' step on the cnn job: 16
+# rank-rounds of two runs of bench/bench_enforce_tf.py --rounds 4 recorded after the
+# replay's rules were set (docs/algorithms.md, "A plan replayed as it is enforced")
+UNCERTAINTY = {"arrival": 0.075}
 
 
 def read_of(transfer: str) -> str:
@@ -76,11 +77,13 @@ def chain(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(src, dst, waits, alone) as op indices: the control edges `mode` adds for a rank's
     `order`, the ops that wait for a control message after them, and the transfers it
-    leaves alone on their link. ``arrival``: the PS read of each read's transfers
-    (`feeder`: transfer -> the PS op it receives from, where the replay holds one; else
-    the transfers themselves) after every transfer of the read before, one control
-    message later; every planned transfer alone. ``sender``: each read after the read
-    before it, no message, no transfer alone."""
+    leaves alone on their link (each then takes a message's time and its bytes at the
+    link's rate, `control_message`, `link_throughput`, not its share of a link it no
+    longer shares). ``arrival``: the PS read of each read's transfers (`feeder`:
+    transfer -> the PS op it receives from, where the replay holds one; else the
+    transfers themselves) after every transfer of the read before, one control message
+    later; every planned transfer alone. ``sender``: each read after the read before
+    it, no message, no transfer alone."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     groups = read_groups(order, index)
@@ -124,13 +127,29 @@ def control_message(
 
 
 def caution(mode: str | None) -> str | None:
-    """What a plan's replayed gain in `mode` does not model, for every output that
-    prints it; None where nothing is known to be missing."""
-    if mode != "arrival":
+    """What a plan's replayed gain in `mode` does not model, and how far it missed where
+    it was measured, for every output that prints it; None where nothing is known."""
+    if mode not in UNCERTAINTY:
         return None
     return (
         "enforced by arrival, each transfer also waits for the worker's and the PS's "
         "executors to dispatch its marker and read, which the traced run never shows: on "
-        f"the cnn job the replay predicted the enforced step {ARRIVAL_SHORT:.0%} short "
-        "(median), so its gain is an upper bound"
+        f"the cnn job the replay missed the enforced step by {UNCERTAINTY[mode]:.1%} "
+        "(median, either way), so a gain smaller than that is not one"
     )
+
+
+def link_throughput(start: np.ndarray, duration: np.ndarray, nbytes: np.ndarray) -> float:
+    """The bytes per second a link moved while any transfer was in flight on it: all the
+    transfers' bytes over the union of their records (`start`, `duration` in ns); a
+    low estimate of its bandwidth, as the latency-bound spells count in the union. 0
+    without a timed byte."""
+    order = np.argsort(start, kind="stable")
+    begin, end = start[order], start[order] + duration[order]
+    reach = np.maximum.accumulate(end)
+    new = np.concatenate([[True], begin[1:] > reach[:-1]])
+    first = np.flatnonzero(new)
+    last = np.concatenate([first[1:], [len(begin)]]) - 1
+    union = float((reach[last] - begin[first]).sum())
+    moved = float(np.nansum(nbytes))
+    return moved / (union / 1e9) if union > 0 and moved > 0 else 0.0

@@ -1360,7 +1360,7 @@ def _replay_plans(
     plan runs with the chain the TF module adds in mode `enforce` (`_enforced`; None:
     its priorities alone), and each entry names the mode it ran as (``enforce``)."""
     out: dict[int, dict[str, dict[str, Any]]] = {it: {} for it in observed}
-    message: float | None = None  # one control message's time, found once per rank
+    link: tuple[float, float] | None = None  # (message s, bytes/s), found once per rank
     for name, plan in plans.items():
         try:
             arrays = plan_arrays(compiled, plan)
@@ -1369,12 +1369,15 @@ def _replay_plans(
                 out[it][name] = {"error": exc.problem}
             continue
         waits = alone = np.zeros(0, dtype=np.int64)
-        latency = 0.0
+        latency, least = 0.0, np.zeros(0)
         mode = enforce if pools and plan.order else None
         if mode is not None:  # as the TF module applies it (`enforced`)
             arrays, waits, alone = _enforced(compiled, own, plan, arrays, mode)
-            latency = message if message is not None else _message(compiled, rows_of_rank)
-            message = latency
+            link = link if link is not None else _link(compiled, rows_of_rank)
+            latency = link[0]
+            ops = compiled.graph.ops
+            nbytes = np.array([ops[compiled.names[i]].nbytes or 0 for i in alone], dtype=float)
+            least = latency + (nbytes / link[1] if link[1] > 0 else 0.0)
         models = _step_models(compiled, rows_of_rank, oracle, spans, releases, own, pools, arrays)
         device = _device_ops(compiled)[: len(compiled.names[:own])]
         for it, (_, span, traced) in models.items():
@@ -1383,9 +1386,9 @@ def _replay_plans(
                 overhead = overhead.copy()
                 overhead[waits] = np.maximum(overhead[waits], latency)
             model = with_overhead(traced, overhead)
-            if len(alone):  # a transfer alone on its link takes a message's time at least
+            if len(alone):  # alone on its link: a message, then its bytes at the link's rate
                 seconds = model.seconds.copy()
-                seconds[alone] = np.maximum(seconds[alone], latency)
+                seconds[alone] = np.maximum(seconds[alone], least)
                 model = replace(model, seconds=seconds)
             try:
                 start, ticks = replay_step(model, seed)
@@ -1398,20 +1401,20 @@ def _replay_plans(
     return out
 
 
-def _message(compiled: Compiled, rows: pd.DataFrame) -> float:
-    """`enforced.control_message` on the records of the replay's transfers (the rank's
-    own and, on a shared link, its peers')."""
+def _link(compiled: Compiled, rows: pd.DataFrame) -> tuple[float, float]:
+    """(`enforced.control_message`, `enforced.link_throughput`) on the records of the
+    replay's transfers (the rank's own and, on a shared link, its peers')."""
     index = compiled.index
     i = rows["op"].map(index).to_numpy()
     transfer = compiled.transfer[i]
     names = rows["op"].to_numpy()[transfer]
     nbytes = np.array([compiled.graph.ops[o].nbytes or np.nan for o in names], dtype=np.float64)
     mine = np.array([not o.startswith(host.PEER_TAGS) for o in names], dtype=bool)
-    return enforced.control_message(
-        rows["start"].to_numpy(dtype=np.float64)[transfer],
-        rows["duration"].to_numpy(dtype=np.float64)[transfer],
-        nbytes,
-        mine,
+    start = rows["start"].to_numpy(dtype=np.float64)[transfer]
+    duration = rows["duration"].to_numpy(dtype=np.float64)[transfer]
+    return (
+        enforced.control_message(start, duration, nbytes, mine),
+        enforced.link_throughput(start, duration, nbytes),
     )
 
 

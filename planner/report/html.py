@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from statistics import median
 from typing import TYPE_CHECKING, Any
 
-from planner import __version__
+from planner import __version__, enforced
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -210,7 +210,11 @@ def recommendation(entry: Mapping[str, Any]) -> dict[str, Any]:
         "caution": replayed.get("caution"),
         "apply": gain is not None
         and gain > margin
-        and (replayed_gain is None or replayed_gain > margin),
+        and (
+            replayed_gain is None
+            # a plan's replay as enforced misses by more than the observed order's, where known
+            or replayed_gain > max(margin, enforced.UNCERTAINTY.get(replayed.get("enforce"), 0.0))
+        ),
         "same": same,
         "plans": len(candidates),
     }
