@@ -166,3 +166,13 @@ def test_a_priorities_document_reads_back_as_the_plans_written() -> None:
         assert read[rank].order == plan.order
         assert dict(read[rank].priority) == dict(plan.priority)
         assert read[rank].control_edges == plan.control_edges
+
+
+def test_a_links_rate_is_its_bytes_over_the_union_of_its_transfers() -> None:
+    # ns: two overlapping transfers (0-100, 50-150) and one apart (200-300): 250 ns in
+    # flight for 2000 bytes (the control message's unknown size moves none)
+    start = np.array([200.0, 0.0, 50.0])
+    duration = np.array([100.0, 100.0, 100.0])
+    nbytes = np.array([np.nan, 1000.0, 1000.0])
+    assert enforced.link_throughput(start, duration, nbytes) == pytest.approx(2000 / 250e-9)
+    assert enforced.link_throughput(start[:1], duration[:1], nbytes[:1]) == 0.0
