@@ -215,6 +215,9 @@ def test_the_advice_follows_the_replay_of_each_plan() -> None:
     assert "--enforce arrival" in advice and "costs more than the order gains" in advice
     caution = plans["tic"]["replayed"]["caution"]
     assert "not one" in caution and "a gain smaller than that is not one" in render_html(report)
+    # the plan's chart says whose schedule it draws and what the replay gives the plan
+    timeline = _sections(render_html(report))["timeline"]
+    assert "the comparison's schedule" in timeline and "replayed on the traced steps" in timeline
     for p in entry["plans"]:
         p["replayed"] = None
     assert "Apply the TIC" in _sections(render_html(report))["advice"]

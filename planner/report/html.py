@@ -491,6 +491,11 @@ def timeline_section(report: Mapping[str, Any]) -> str:
         raise NotApplicable("no simulated schedules in this report")
     comparison = _comparison(report) or {}
     picks = {e["rank"]: recommendation(e) for e in comparison.get("ranks") or []}
+    replayed = {
+        (e["rank"], p["plan"]): p.get("replayed") or {}
+        for e in comparison.get("ranks") or []
+        for p in e.get("plans") or []
+    }
     by_rank: dict[str, dict[str, Mapping[str, Any]]] = {}
     for schedule in schedules:
         by_rank.setdefault(schedule["rank"], {})[schedule["plan"]] = schedule
@@ -507,7 +512,16 @@ def timeline_section(report: Mapping[str, Any]) -> str:
             if name == "measured":
                 title = f"{rank}: traced step {schedule.get('iteration', '')}"
             else:
-                title = f"{rank}: plan {name} (predicted {seconds(schedule.get('predicted'))})"
+                title = (
+                    f"{rank}: plan {name}, the comparison's schedule (mean op times, no "
+                    f"waits; predicted {seconds(schedule.get('predicted'))})"
+                )
+                gain = replayed.get((rank, name), {}).get("gain")
+                if gain is not None:
+                    mode = replayed[(rank, name)].get("enforce")
+                    title += f"; replayed on the traced steps {percent(gain)}" + (
+                        f" ({mode})" if mode else ""
+                    )
                 if name == pick.get("plan") and pick.get("apply"):
                     title += ", recommended"
             drawn.append((title, schedule))
