@@ -41,7 +41,6 @@ from planner.graph import Op, OpGraph, build_graph
 
 HOST = "(host core)"
 LINK = "(link) "  # a PS's link, shared by its transfers to and from all workers
-PEER_TAGS = ("(host) ", LINK)  # how another rank's ops on a shared processor are named
 ONE_CORE_RATE = 1.2  # the most progress two processes' ops may add up to on one core
 MIN_OVERLAP = 0.05  # share of the busy time with two processes running that decides it
 MIN_ONE_CORE = 0.9  # share of that time within ONE_CORE_RATE that says one core
@@ -189,7 +188,7 @@ def on_one_core(
     of the core (`shares`, over every process's records of the step). Transfers and GPU
     kernels (`on_host`) keep their resources and durations."""
     return _shared(
-        job, rank, graph, rows, release, frame, spans, PEER_TAGS[0],
+        job, rank, graph, rows, release, frame, spans, "(host) ",
         lambda op: HOST if on_host(op) else None,
     )  # fmt: skip
 
@@ -218,7 +217,7 @@ def on_links(
     edges, released at their traced start), and a ``work`` column: each transfer's
     share of its link in the step (`shares`)."""
     return _shared(
-        job, rank, graph, rows, release, frame, spans, LINK,
+        job, rank, graph, rows, release, frame, spans, "(link) ",
         lambda op: link_of(op.resource) if op.is_transfer else None,
     )  # fmt: skip
 

@@ -1373,10 +1373,9 @@ def _replay_plans(
         mode = enforce if pools and plan.order else None
         if mode is not None:  # as the TF module applies it (`enforced`)
             arrays, waits, alone = _enforced(compiled, own, plan, arrays, mode)
-            link = link if link is not None else _link(compiled, rows_of_rank)
+            link = link if link is not None else _link(compiled, rows_of_rank, own)
             latency = link[0]
-            ops = compiled.graph.ops
-            nbytes = np.array([ops[compiled.names[i]].nbytes or 0 for i in alone], dtype=float)
+            nbytes = np.nan_to_num(_op_bytes(compiled)[alone], nan=0.0)
             least = latency + (nbytes / link[1] if link[1] > 0 else 0.0)
         models = _step_models(compiled, rows_of_rank, oracle, spans, releases, own, pools, arrays)
         device = _device_ops(compiled)[: len(compiled.names[:own])]
@@ -1401,17 +1400,22 @@ def _replay_plans(
     return out
 
 
-def _link(compiled: Compiled, rows: pd.DataFrame) -> tuple[float, float]:
+def _op_bytes(compiled: Compiled) -> np.ndarray:
+    """Per op of `compiled`, the bytes it carries (NaN: unknown, e.g. a control message)."""
+    return np.array([op.nbytes or np.nan for op in compiled.graph.ops.values()], dtype=float)
+
+
+def _link(compiled: Compiled, rows: pd.DataFrame, own: int | None) -> tuple[float, float]:
     """(`enforced.control_message`, `enforced.link_throughput`) on the records of the
-    replay's transfers (the rank's own and, on a shared link, its peers')."""
-    index = compiled.index
-    i = rows["op"].map(index).to_numpy()
-    transfer = compiled.transfer[i]
-    names = rows["op"].to_numpy()[transfer]
-    nbytes = np.array([compiled.graph.ops[o].nbytes or np.nan for o in names], dtype=np.float64)
-    mine = np.array([not o.startswith(host.PEER_TAGS) for o in names], dtype=bool)
+    replay's transfers: the rank's own (its first `own` ops) and, on a shared link, its
+    peers'."""
+    idx = rows["op"].map(compiled.index).to_numpy(dtype=np.int64)
+    transfer = compiled.transfer[idx]
+    idx = idx[transfer]
     start = rows["start"].to_numpy(dtype=np.float64)[transfer]
     duration = rows["duration"].to_numpy(dtype=np.float64)[transfer]
+    nbytes = _op_bytes(compiled)[idx]
+    mine = idx < len(compiled.names[:own])
     return (
         enforced.control_message(start, duration, nbytes, mine),
         enforced.link_throughput(start, duration, nbytes),
