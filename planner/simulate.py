@@ -1111,7 +1111,8 @@ def rank_shape(
 
     An edge the trace contradicts is not a wait of v for u but an order after u's
     *issue*, which the op table does not hold (TensorFlow runs an executor node once its
-    GPU inputs' kernels are launched, not done, and the op is timed by its kernel).
+    GPU inputs' kernels are launched, not done: a DAG whose GPU node was timed by its
+    kernels alone was contradicted so in every step of the TF1 GPU timeline).
     Dropped only in the steps that contradict it and kept in the others, it would make
     v's wait swing between steps with the GPU queue, and the typical wait of the other
     steps would miss by as much: it is dropped in every step of the rank. A step is its

@@ -12,6 +12,7 @@ import random
 import re
 import shutil
 from collections import Counter
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from conftest import SHARED, TF, need, run_cli
 from planner.errors import InputError
 from planner.ingest import detect
 from planner.ingest.tf_graphdef import split_input
+from planner.ingest.tf_timeline import kernel_name
 from tests.test_schemas import validate
 
 EXTERNAL = SHARED / "public" / "external"
@@ -65,6 +67,13 @@ def _nodes(events: list[dict[str, Any]]) -> set[str]:
     return {e["args"]["name"] for e in _executor(events) + _stream_records(events)}
 
 
+def _ops(events: list[dict[str, Any]]) -> set[str]:
+    """The ops of one run: each executor record's node, each stream record's kernel."""
+    count = Counter(e["args"]["name"] for e in _stream_records(events))
+    kernels = {kernel_name(node, k) for node, n in count.items() for k in range(n)}
+    return {e["args"]["name"] for e in _executor(events)} | kernels
+
+
 def _facts(source: Path, file: str) -> list[int]:
     """The integers of the SOURCE.md fact sentence about `file`."""
     text = need(source).read_text()
@@ -93,16 +102,29 @@ def test_gpu_step_counts_match_the_raw_file_and_source_md() -> None:
     assert job.framework == "tensorflow" and job.ranks == ["localhost0"]
     graph = job.graphs["localhost0"]
     nodes = {e["args"]["name"] for e in _executor(events)}
-    copies = {e["args"]["name"] for e in _stream_records(events)} - nodes
-    assert set(graph.ops) == nodes | copies
-    # host<->device copies have a stream record and no executor node: ops of their own
-    assert copies and {graph.ops[c].type for c in copies} == {"MEMCPYHtoD", "MEMCPYDtoH"}
+    kernels = Counter(e["args"]["name"] for e in _stream_records(events))
+    # one op per executor record, one per kernel or copy on a numbered stream
+    expected = nodes | {kernel_name(n, k) for n, count in kernels.items() for k in range(count)}
+    assert set(graph.ops) == expected
+    assert len(graph.ops) == len(nodes) + len(_stream_records(events))
+    # host<->device copies have a stream record and no executor node
+    copies = set(kernels) - nodes
+    assert copies and {graph.ops[kernel_name(c, 0)].type for c in copies} == {
+        "MEMCPYHtoD",
+        "MEMCPYDtoH",
+    }
     assert job.trace.iterations("localhost0") == [0]
     assert not graph.transfers
     assert any("no transfers" in n for n in job.notes)
 
 
-def test_gpu_ops_are_timed_by_their_kernels_on_their_stream() -> None:
+def test_a_gpu_node_is_its_launch_and_its_kernels_on_their_streams() -> None:
+    """The executor's record of a GPU node is its launch (on the device's executor);
+    each of its kernels is an op on the stream that ran it, after the launch and in the
+    order they ran. One op spanning a node's kernels overlapped the kernels of other
+    nodes run between them (`SoftmaxCrossEntropyWithLogits`'s seven kernels, with
+    `Mean_grad/Cast`'s between its fourth and fifth), and the replay took the stream for
+    one that runs two kernels at once."""
     path = need(IKHLESTOV / "GPU" / "timeline_02_step_0.json")
     events = _events(path)
     names = _processes(events)
@@ -112,26 +134,39 @@ def test_gpu_ops_are_timed_by_their_kernels_on_their_stream() -> None:
     job = detect.load([path])
     graph = job.graphs["localhost0"]
     timings = job.trace.of("localhost0", 0).set_index("op")
-    assert len(timings) == len(graph.ops)
+    assert timings.index.is_unique and len(timings) == len(graph.ops)
     assert kernels  # the GPU run has kernels
+    edges = {(graph.names[u], graph.names[v]) for u, v in zip(graph.src, graph.dst, strict=True)}
     for node, records in kernels.items():
-        per_stream = Counter()
-        for e in records:
-            per_stream[names[e["pid"]].split("/")[-1].removesuffix(" Compute")] += e["dur"]
-        start = min(e["ts"] for e in records) * 1000
-        end = max(e["ts"] + e["dur"] for e in records) * 1000
-        assert timings.loc[node, "start"] == start
-        assert timings.loc[node, "duration"] == end - start
-        stream = min(per_stream.items(), key=lambda item: (-item[1], item[0]))[0]
-        assert graph.ops[node].resource == f"localhost0/GPU:0/{stream}"
-    # a node with no kernel keeps its executor record and its device
+        records.sort(key=lambda e: (e["ts"], e["ts"] + e["dur"]))
+        ops = [kernel_name(node, k) for k in range(len(records))]
+        for op, e in zip(ops, records, strict=True):
+            assert timings.loc[op, "start"] == e["ts"] * 1000
+            assert timings.loc[op, "duration"] == e["dur"] * 1000
+            stream = names[e["pid"]].split("/")[-1].removesuffix(" Compute")
+            assert graph.ops[op].resource == f"localhost0/GPU:0/{stream}"
+        chain = ([node] if node in graph.ops else []) + ops
+        assert set(pairwise(chain)) <= edges
+    # every executor record is an op on its device: a launch, or a node with no kernel
+    once = Counter(e["args"]["name"] for e in _executor(events))
     for e in _executor(events):
         node = e["args"]["name"]
-        if node not in kernels and node != "_SOURCE":
-            device = "GPU:0" if "gpu:0" in names[e["pid"]] else "CPU:0"
+        device = "GPU:0" if "gpu:0" in names[e["pid"]] else "CPU:0"
+        if once[node] == 1:  # not `_SOURCE`, run on each device
             assert graph.ops[node].resource == f"localhost0/{device}"
-    # Umax/Lmin see one op per node, never a kernel and its launch twice
-    assert timings.index.is_unique
+            assert timings.loc[node, "start"] == e["ts"] * 1000
+    # in the merged runs, other nodes' kernels ran between its kernels on its stream
+    merged = detect.load([need(IKHLESTOV / "GPU" / "timeline_03_merged_5_runs.json")])
+    rows = merged.trace.timings
+    softmax = rows[rows["op"].str.startswith("SoftmaxCrossEntropyWithLogits#")]
+    assert softmax.groupby("iteration").size().min() > 1
+    stream = merged.graphs["localhost0"].ops[softmax["op"].iloc[0]].resource
+    on_stream = rows["op"].map(lambda o: merged.graphs["localhost0"].ops[o].resource) == stream
+    between = 0
+    for it, mine in softmax.groupby("iteration"):
+        others = rows[on_stream & (rows["iteration"] == it) & ~rows["op"].isin(mine["op"])]
+        between += int(others["start"].between(mine["start"].min(), mine["start"].max()).sum())
+    assert between
 
 
 def _expected_edges(events: list[dict[str, Any]], known: set[str]) -> tuple[set, set]:
@@ -151,6 +186,28 @@ def _expected_edges(events: list[dict[str, Any]], known: set[str]) -> tuple[set,
     return inputs, flows
 
 
+def _as_ops(edges: set[tuple[str, str]], events: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    """Node edges as op edges: from the producer's launch (a copy with no executor record:
+    its last copy) to the consumer's launch (or first copy), plus last kernel to first
+    kernel where both nodes have kernels, plus each GPU node's launch -> kernel chain."""
+    launches = {e["args"]["name"] for e in _executor(events)}
+    count = Counter(e["args"]["name"] for e in _stream_records(events))
+    ops: set[tuple[str, str]] = set()
+    for node, n in count.items():
+        chain = ([node] if node in launches else []) + [kernel_name(node, k) for k in range(n)]
+        ops |= set(pairwise(chain))
+    for u, v in edges:
+        ops.add(
+            (
+                u if u in launches else kernel_name(u, count[u] - 1),
+                v if v in launches else kernel_name(v, 0),
+            )
+        )
+        if count[u] and count[v]:
+            ops.add((kernel_name(u, count[u] - 1), kernel_name(v, 0)))
+    return ops
+
+
 @pytest.mark.parametrize("device", ["CPU", "GPU"])
 @pytest.mark.parametrize("step", [0, 1, 2])
 def test_edges_are_the_inputs_and_flow_arrows_and_the_dag_is_acyclic(
@@ -159,10 +216,10 @@ def test_edges_are_the_inputs_and_flow_arrows_and_the_dag_is_acyclic(
     path = need(IKHLESTOV / device / f"timeline_02_step_{step}.json")
     events = _events(path)
     graph = detect.load([path]).graphs["localhost0"]
-    inputs, flows = _expected_edges(events, set(graph.ops))
+    inputs, flows = _expected_edges(events, _nodes(events))
     edges = {(u, v) for u, v, _ in graph.edges()}
     assert inputs and flows
-    assert edges == inputs | flows
+    assert edges == _as_ops(inputs | flows, events)
     assert nx.is_directed_acyclic_graph(graph.dag)
     # control inputs (^node) are control edges, data inputs data edges
     kinds = {(u, v): k for u, v, k in graph.edges()}
@@ -179,10 +236,10 @@ def test_flow_arrows_add_the_edges_that_pass_through_a_recv() -> None:
     path = need(IKHLESTOV / "GPU" / "timeline_02_step_0.json")
     events = _events(path)
     graph = detect.load([path]).graphs["localhost0"]
-    inputs, flows = _expected_edges(events, set(graph.ops))
+    inputs, flows = _expected_edges(events, _nodes(events))
     through = flows - inputs
     assert through
-    for src, dst in through:
+    for src, dst in _as_ops(through, events) - _as_ops(set(), events):
         assert graph.dag.has_edge(src, dst)
 
 
@@ -190,11 +247,11 @@ def test_three_step_files_are_three_steps_of_one_job() -> None:
     paths = [need(IKHLESTOV / "GPU" / f"timeline_02_step_{k}.json") for k in range(3)]
     job = detect.load(list(reversed(paths)))
     assert job.trace.iterations("localhost0") == [0, 1, 2]
-    nodes = set().union(*(_nodes(_events(p)) for p in paths))
-    assert set(job.graphs["localhost0"].ops) == nodes
+    ops = set().union(*(_ops(_events(p)) for p in paths))
+    assert set(job.graphs["localhost0"].ops) == ops
     for k, path in enumerate(paths):
         step = job.trace.of("localhost0", k)
-        assert set(step["op"]) == _nodes(_events(path))
+        assert set(step["op"]) == _ops(_events(path))
         span = job.trace.spans.query("iteration == @k").iloc[0]
         assert span["start"] == step["start"].min()
         assert span["end"] == (step["start"] + step["duration"]).max()
@@ -251,13 +308,14 @@ def test_merged_runs_are_split_at_each_runs_source_node(device: str) -> None:
     assert nx.is_directed_acyclic_graph(graph.dag)
 
 
-def test_a_merged_runs_misfiled_gpu_nodes_are_timed_by_their_kernels() -> None:
+def test_a_merged_runs_misfiled_gpu_nodes_are_launches_with_their_kernels() -> None:
     """The merging script kept only the first run's process names; TensorFlow listed the
     last run's devices the other way round, so that run's GPU node records sit under the
-    ``cpu:0`` process (and the CPU's ``_SOURCE`` under ``gpu:0``). Their kernels, on
-    their streams, still time them: the last step spans its raw records (1.245 ms, not
-    the 0.92 ms of its executor records alone) and its kernel nodes are timed as in the
-    other runs, by first kernel start to last kernel end; a note names the misfiling."""
+    ``cpu:0`` process (and the CPU's ``_SOURCE`` under ``gpu:0``). They are still the
+    launches of the GPU's executor, and their kernels, on their streams, still run after
+    them: the last step spans its raw records (1.245 ms, not the 0.92 ms of its executor
+    records alone) and its nodes are launches and kernels as in the other runs; a note
+    names the misfiling."""
     path = need(IKHLESTOV / "GPU" / "timeline_03_merged_5_runs.json")
     events = _events(path)
     names = _processes(events)
@@ -276,11 +334,15 @@ def test_a_merged_runs_misfiled_gpu_nodes_are_timed_by_their_kernels() -> None:
     raw_span = max(e["ts"] + e["dur"] for e in in_run) - min(e["ts"] for e in in_run)
     assert (step["start"] + step["duration"]).max() - step["start"].min() == raw_span * 1000
     assert raw_span > 1200
-    for node in misfiled:
-        mine = [e for e in kernels if e["args"]["name"] == node]
-        row = step[step["op"] == node].iloc[0]
-        assert row["start"] == min(e["ts"] for e in mine) * 1000
-        assert row["start"] + row["duration"] == max(e["ts"] + e["dur"] for e in mine) * 1000
+    graph = job.graphs["localhost0"]
+    for node in misfiled:  # its launch on the GPU's executor, its kernels on their streams
+        assert graph.ops[node].resource == "localhost0/GPU:0"
+        (launch,) = [e for e in cpu if e["args"]["name"] == node]
+        assert step.loc[step["op"] == node, "start"].item() == launch["ts"] * 1000
+        mine = sorted((e for e in kernels if e["args"]["name"] == node), key=lambda e: e["ts"])
+        for k, e in enumerate(mine):
+            row = step[step["op"] == kernel_name(node, k)].iloc[0]
+            assert (row["start"], row["duration"]) == (e["ts"] * 1000, e["dur"] * 1000)
 
 
 # ----------------------------------------------------------------------------- TF2 PS job

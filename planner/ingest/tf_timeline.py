@@ -8,11 +8,17 @@ copies of each node, plus the aggregates ``stream:all`` and ``memcpy`` that repe
 ``DataFlow`` flow events (ph ``s``/``t``) draw the inputs that cross threads.
 
 Each task (``/job:worker/task:1`` -> ``worker1``) is a rank; parameter-server tasks are
-not. A node is one op: timed by its kernels (first start to last end) on the stream
-that ran most of their time when it has any (wherever the task's records file the node:
-a merged file keeps the first run's process names), else by its executor record on its
-device; a host<->device copy recorded only on a stream is an op of its own. Its
-inputs and the flow arrows are the DAG's edges. ``RecvTensor`` RPC records carry no
+not. A node is the op of its executor record on its device; on a GPU that record is the
+node's *launch*, and each of its kernels and copies is an op of its own on the stream
+that ran it (``<node>#<k>``, `kernel_name`), after the launch and in the order they
+ran (wherever the task's records file the node: a merged file keeps the first run's
+process names); a host<->device copy recorded only on a stream has its copy ops alone.
+Its inputs and the flow arrows are the DAG's edges: from the producer's launch to the
+consumer's (TensorFlow's executor runs a node once its inputs are launched, not run:
+the stream keeps the order) and from the producer's last kernel to the consumer's
+first (the event a kernel on another stream waits for). One op timed from a node's
+first kernel to its last overlapped the kernels other nodes ran between them, and its
+consumers' launches ran before it. ``RecvTensor`` RPC records carry no
 tensor name in a timeline, so transfers are not modelled: RunMetadata (preferred when
 beside) has them.
 
@@ -34,6 +40,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +63,7 @@ _INPUT = re.compile(r"^input\d+$")
 _PROFILER_DEVICE = re.compile(r"^/device:(?P<kind>[A-Z_]+):(?P<index>\d+)")
 _STREAM_THREAD = re.compile(r"^Stream #(?P<stream>\d+)")
 _TF_OPS_LINE = "TensorFlow Ops"
+KERNEL = "#"  # ``<node>#<k>``: a GPU node's k-th kernel or copy, beside its launch
 _STEPS_LINE = "Steps"
 
 # ----------------------------------------------------------------------------- events
@@ -237,6 +245,15 @@ class _Timed:
     inputs: tuple[str, ...]
 
 
+@dataclass
+class _StepOps:
+    """A task's ops in one run (executor records by node, kernels by `kernel_name`) and
+    the kernel ops of each GPU node, in start order."""
+
+    ops: dict[str, _Timed]
+    kernels: dict[str, list[str]] = field(default_factory=dict)
+
+
 def _executor_ops(device: _Device, run: int, starts: list[int]) -> dict[str, _Timed]:
     """Executor records of one device in one run, one op per node."""
     ops: dict[str, _Timed] = {}
@@ -251,26 +268,24 @@ def _executor_ops(device: _Device, run: int, starts: list[int]) -> dict[str, _Ti
     return ops
 
 
-def _kernel_ops(device: _Device, run: int, starts: list[int]) -> dict[str, _Timed]:
-    """Kernels and copies of one GPU device in one run, per node: first start to last
-    end, on the stream that ran most of the node's kernel time."""
+def _kernel_ops(device: _Device, run: int, starts: list[int]) -> dict[str, list[_Timed]]:
+    """Kernels and copies of one GPU device in one run, per node, in start order: each
+    on its stream."""
     lanes = device.streams or device.aggregate
-    kernels: dict[str, _Timed] = {}
-    busy: dict[str, Counter[str]] = defaultdict(Counter)
+    kernels: dict[str, list[_Timed]] = defaultdict(list)
     for stream, records in sorted(lanes.items()):
         for r in records:
-            if _run_of(starts, r.start) != run:
-                continue
-            busy[r.name][stream] += r.end - r.start
-            known = kernels.get(r.name)
-            if known is None:
-                kernels[r.name] = _Timed(r.type, "", r.start, r.end, ())
-            else:
-                known.start, known.end = min(known.start, r.start), max(known.end, r.end)
-    for name, timed in kernels.items():
-        stream = min(busy[name].items(), key=lambda item: (-item[1], item[0]))[0]
-        timed.resource = f"{device.resource}/{stream}"
+            if _run_of(starts, r.start) == run:
+                resource = f"{device.resource}/{stream}"
+                kernels[r.name].append(_Timed(r.type, resource, r.start, r.end, ()))
+    for timed in kernels.values():
+        timed.sort(key=lambda t: (t.start, t.end, t.resource))
     return kernels
+
+
+def kernel_name(node: str, k: int) -> str:
+    """The op of a node's `k`-th kernel or copy (in start order)."""
+    return f"{node}{KERNEL}{k}"
 
 
 # ----------------------------------------------------------------------------- job
@@ -315,12 +330,13 @@ def load_timelines(files: list[tuple[Path, Any]]) -> Job:
     skipped: Counter[str] = Counter()
     for (_, path, devices, flows, starts), steps in zip(parsed, numbers, strict=True):
         for run, number in enumerate(steps):
-            for task, ops in sorted(_run_ops(devices, run, starts, skipped).items()):
+            for task, step in sorted(_run_ops(devices, run, starts, skipped).items()):
+                ops = step.ops
                 if (task, number) in seen:
                     raise InputError(path, f"step {number} of {task} is given twice")
                 seen[(task, number)] = path
                 build = builds.setdefault(task, _RankBuild())
-                _add_step(build, ops, flows, starts, run)
+                _add_step(build, step, flows, starts, run)
                 rows.extend((task, number, n, t.start, t.end - t.start) for n, t in ops.items())
                 start = min(t.start for t in ops.values())
                 end = max(t.end for t in ops.values())
@@ -355,16 +371,17 @@ def _run_ops(
     run: int,
     starts: list[int],
     skipped: Counter[str],
-) -> dict[str, dict[str, _Timed]]:
+) -> dict[str, _StepOps]:
     """Task -> its ops in one run (parameter servers and RecvTensor records counted out).
 
-    A node is timed by its kernels wherever the task's executor records file it: a file
+    A GPU node's kernels are its own wherever the task's executor records file it: a file
     merging several runs keeps the first run's process names, so a later run whose
     devices TensorFlow listed in another order has its GPU nodes' records under the CPU's
-    process (``timeline_03_merged_5_runs``, the last run); their kernels still say when
-    the node ran. Such nodes are counted in ``skipped["misfiled"]``."""
+    process (``timeline_03_merged_5_runs``, the last run); they are still the GPU
+    executor's launches, and their kernels still ran on the GPU's streams. Such nodes
+    are counted in ``skipped["misfiled"]``."""
     by_task: dict[str, dict[str, _Timed]] = defaultdict(dict)
-    kernels: dict[str, dict[str, _Timed]] = defaultdict(dict)
+    kernels: dict[str, dict[str, list[_Timed]]] = defaultdict(dict)
     for device in devices.values():
         if device.task.startswith("ps"):
             skipped["ps"] += 1
@@ -375,42 +392,76 @@ def _run_ops(
         for name, timed in _executor_ops(device, run, starts).items():
             if timed.type != "RecvTensor":
                 by_task[device.task].setdefault(name, timed)
-        for name, timed in _kernel_ops(device, run, starts).items():
-            kernels[device.task].setdefault(name, timed)
-    for task, timed_kernels in kernels.items():
-        ops = by_task[task]
-        for name, timed in timed_kernels.items():
-            op = ops.get(name)
-            if op is None:  # a copy between host and device (``edge_N_x``): no executor node
-                ops[name] = timed
-                continue
-            if not timed.resource.startswith(f"{op.resource}/"):
+        for name, timed_kernels in _kernel_ops(device, run, starts).items():
+            kernels[device.task].setdefault(name, timed_kernels)
+    out: dict[str, _StepOps] = {}
+    for task, ops in by_task.items():
+        step = _StepOps(dict(ops))
+        for node, timed_kernels in kernels.get(task, {}).items():
+            op = ops.get(node)
+            if op is not None and not timed_kernels[0].resource.startswith(f"{op.resource}/"):
                 skipped["misfiled"] += 1
-            op.resource, op.start, op.end = timed.resource, timed.start, timed.end
-    return {task: ops for task, ops in by_task.items() if ops}
+            names = [kernel_name(node, k) for k in range(len(timed_kernels))]
+            step.kernels[node] = names
+            for name, timed in zip(names, timed_kernels, strict=True):
+                timed.type = op.type if op is not None else timed.type
+                step.ops[name] = timed
+        if step.ops:
+            out[task] = step
+    return out
 
 
 def _add_step(
     build: _RankBuild,
-    ops: Mapping[str, _Timed],
+    step: _StepOps,
     flows: list[tuple[str, str, int]],
     starts: list[int],
     run: int,
 ) -> None:
-    """Add one step's ops and their edges: ``args.inputN`` and the flow arrows."""
+    """Add one step's ops and their edges: ``args.inputN`` and the flow arrows, each
+    from the producer's launch (or, a copy with no executor record, its last copy) to
+    the consumer's launch (or its first copy), and from the producer's last kernel to
+    the consumer's first where both have kernels (the stream event a GPU consumer
+    waits for); each GPU node's launch leads to its kernels, in order."""
+    ops, kernels = step.ops, step.kernels
     for name, timed in ops.items():
         build.ops.setdefault(name, Op(name, "compute", timed.resource, type=timed.type))
+
+    def add(src: str, dst: str, kind: str, arrow: bool = False) -> None:
+        if src == dst:
+            return
+        if arrow:  # an arrow draws a dependency of either kind: it keeps the input's
+            build.edges.setdefault((src, dst), kind)
+        elif build.edges.get((src, dst)) != "data":
+            build.edges[(src, dst)] = kind
+
+    def head(node: str) -> str | None:
+        return node if node in ops else (kernels[node][0] if node in kernels else None)
+
+    def tail(node: str) -> str | None:
+        return node if node in ops else (kernels[node][-1] if node in kernels else None)
+
+    def link(src: str, dst: str, kind: str, arrow: bool = False) -> None:
+        u, v = tail(src), head(dst)
+        if u is None or v is None:
+            build.unresolved.add((src, dst))
+            return
+        add(u, v, kind, arrow)
+        if src in kernels and dst in kernels:
+            add(kernels[src][-1], kernels[dst][0], kind, arrow)
+
+    for node, names in kernels.items():
+        chain = ([node] if node in ops else []) + names
+        for u, v in pairwise(chain):
+            add(u, v, "data")
     for name, timed in ops.items():
         for raw in timed.inputs:
             src, kind = split_input(raw)
-            if src in ops and src != name:
-                if build.edges.get((src, name)) != "data":
-                    build.edges[(src, name)] = kind
-            else:
-                build.unresolved.add((src, name))
+            if src != name:
+                link(src, name, kind)
     for src, dst, time in flows:
-        if _run_of(starts, time) == run and src in ops and dst in ops and src != dst:
-            build.edges.setdefault((src, dst), "data")
+        if _run_of(starts, time) == run and head(src) and head(dst) and src != dst:
+            link(src, dst, "data", arrow=True)
 
 
 def _timeline_notes(skipped: Counter[str], unresolved: int) -> list[str]:
@@ -428,8 +479,8 @@ def _timeline_notes(skipped: Counter[str], unresolved: int) -> list[str]:
     if skipped["misfiled"]:
         notes.append(
             f"{skipped['misfiled']} node record(s) filed under another device's process than "
-            "their kernels (a merged file keeps the first run's process names): timed by "
-            "their kernels"
+            "their kernels (a merged file keeps the first run's process names): taken as "
+            "the launches of their kernels' device"
         )
     if unresolved:
         notes.append(
