@@ -27,6 +27,8 @@ from itertools import pairwise
 
 import numpy as np
 
+from planner.trace import busy_time
+
 MODES = ("arrival", "sender")
 READS = ("ReadVariableOp", "Identity")  # the PS ops whose values the TF module orders
 SMALL = 1024  # bytes: a transfer no larger carries a control message, not a tensor
@@ -144,12 +146,6 @@ def link_throughput(start: np.ndarray, duration: np.ndarray, nbytes: np.ndarray)
     transfers' bytes over the union of their records (`start`, `duration` in ns); a
     low estimate of its bandwidth, as the latency-bound spells count in the union. 0
     without a timed byte."""
-    order = np.argsort(start, kind="stable")
-    begin, end = start[order], start[order] + duration[order]
-    reach = np.maximum.accumulate(end)
-    new = np.concatenate([[True], begin[1:] > reach[:-1]])
-    first = np.flatnonzero(new)
-    last = np.concatenate([first[1:], [len(begin)]]) - 1
-    union = float((reach[last] - begin[first]).sum())
+    union = float(busy_time(start, duration))
     moved = float(np.nansum(nbytes))
     return moved / (union / 1e9) if union > 0 and moved > 0 else 0.0

@@ -1362,6 +1362,7 @@ def _replay_plans(
     its priorities alone), and each entry names the mode it ran as (``enforce``)."""
     out: dict[int, dict[str, dict[str, Any]]] = {it: {} for it in observed}
     link: tuple[float, float] | None = None  # (message s, bytes/s), found once per rank
+    op_bytes = _op_bytes(compiled) if pools else np.zeros(0)
     for name, plan in plans.items():
         try:
             arrays = plan_arrays(compiled, plan)
@@ -1374,9 +1375,9 @@ def _replay_plans(
         mode = enforce if pools and plan.order else None
         if mode is not None:  # as the TF module applies it (`enforced`)
             arrays, waits, alone = _enforced(compiled, own, plan, arrays, mode)
-            link = link if link is not None else _link(compiled, rows_of_rank, own)
+            link = link if link is not None else _link(compiled, rows_of_rank, own, op_bytes)
             latency = link[0]
-            nbytes = np.nan_to_num(_op_bytes(compiled)[alone], nan=0.0)
+            nbytes = np.nan_to_num(op_bytes[alone], nan=0.0)
             least = latency + (nbytes / link[1] if link[1] > 0 else 0.0)
         models = _step_models(compiled, rows_of_rank, oracle, spans, releases, own, pools, arrays)
         device = _device_ops(compiled)[: len(compiled.names[:own])]
@@ -1406,16 +1407,18 @@ def _op_bytes(compiled: Compiled) -> np.ndarray:
     return np.array([op.nbytes or np.nan for op in compiled.graph.ops.values()], dtype=float)
 
 
-def _link(compiled: Compiled, rows: pd.DataFrame, own: int | None) -> tuple[float, float]:
+def _link(
+    compiled: Compiled, rows: pd.DataFrame, own: int | None, op_bytes: np.ndarray
+) -> tuple[float, float]:
     """(`enforced.control_message`, `enforced.link_throughput`) on the records of the
     replay's transfers: the rank's own (its first `own` ops) and, on a shared link, its
-    peers'."""
+    peers'; `op_bytes`: `_op_bytes` of `compiled`."""
     idx = rows["op"].map(compiled.index).to_numpy(dtype=np.int64)
     transfer = compiled.transfer[idx]
     idx = idx[transfer]
     start = rows["start"].to_numpy(dtype=np.float64)[transfer]
     duration = rows["duration"].to_numpy(dtype=np.float64)[transfer]
-    nbytes = _op_bytes(compiled)[idx]
+    nbytes = op_bytes[idx]
     mine = idx < len(compiled.names[:own])
     return (
         enforced.control_message(start, duration, nbytes, mine),

@@ -404,7 +404,8 @@ def _run_ops(
             names = [kernel_name(node, k) for k in range(len(timed_kernels))]
             step.kernels[node] = names
             for name, timed in zip(names, timed_kernels, strict=True):
-                timed.type = op.type if op is not None else timed.type
+                if op is not None:  # a kernel is of its node's type; a copy keeps its own
+                    timed.type = op.type
                 step.ops[name] = timed
         if step.ops:
             out[task] = step
