@@ -9,8 +9,9 @@ observed order. Printed per trace: steps, median and worst |error| against the s
 wall-clock time (its recorded span: ``ProfilerStep#N`` for PyTorch, first to last
 record of the RunMetadata for TF; on a GPU rank the device's step) and against its busy
 time (the union of its op intervals; on a GPU rank of its device work); then the overall
-figures and the five worst steps (wall-clock, then busy time) with the largest
-unmodelled gap the replay names as their cause. Steps flagged partial (records
+figures and the five worst steps (wall-clock, then busy time; over every judged step,
+then over those of ../shared/traces) with the largest unmodelled gap the replay names
+as their cause. Steps flagged partial (records
 missing) are listed apart and left out of the figures, as CI gates leave them out; so
 are ranks with a single step (no other step to take the overheads from: the replay
 would reproduce the step by construction). `cover` is the share of the wall-clock time
@@ -374,9 +375,14 @@ def main() -> int:
     host_clock(judged_steps)
     if rec_rows:
         recorded(rec_rows)
-    for key, what in (("wall_error", "wall-clock"), ("replay_error", "busy time")):
-        print(f"\nfive worst judged steps ({what} error):")
-        worst = sorted(judged_steps, key=lambda x: -abs(x[2][key]))[:5]
+    for key, what, among, of in (
+        ("wall_error", "wall-clock", judged_steps, ""),
+        ("replay_error", "busy time", judged_steps, ""),
+        ("wall_error", "wall-clock", named, " of ../shared/traces"),
+        ("replay_error", "busy time", named, " of ../shared/traces"),
+    ):
+        print(f"\nfive worst judged steps{of} ({what} error):")
+        worst = sorted(among, key=lambda x: -abs(x[2][key]))[:5]
         for name, rank, step in worst:
             print(
                 f"  {name} {rank} step {step['iteration']}: wall "

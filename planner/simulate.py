@@ -562,6 +562,7 @@ def step_model(
     shape: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
     idx: np.ndarray | None = None,
     plan: PlanArrays | None = None,
+    usual: np.ndarray | None = None,
 ) -> StepModel:
     """The replay model of one step: what plain list scheduling misses, taken from it.
 
@@ -594,6 +595,12 @@ def step_model(
     `plan` (`plan_arrays`): the step as a plan would run it: the planned ops take the
     places their resource gave planned ops in the observed order, in the plan's order,
     and the plan's control edges join the DAG; everything else as observed.
+    `usual` (`usual_predecessors`): per op the op that precedes it on its one-at-a-time
+    resource in most steps of the rank (-1 none). Where another op came between them in
+    this step, the op's overhead runs from (and is measured from) its usual
+    predecessor's end, and the op follows the one before it in this step with no
+    overhead: an op slotted into the gap (a kernel of another thread run while the
+    stream waited) fills the gap rather than pushing the op's wait behind it.
     """
     n = len(compiled.names)
     if idx is None:
@@ -630,6 +637,19 @@ def step_model(
     priority[o_idx] = np.arange(len(o_idx)) - first
     same = (o_res[1:] == o_res[:-1]) & (width[o_res[1:]] == 1)
     chain_src, chain_dst = o_idx[:-1][same], o_idx[1:][same]
+    anchor_src = direct_src = direct_dst = np.zeros(0, dtype=np.int64)
+    if usual is not None and len(chain_dst):
+        position = np.full(n, -1, dtype=np.int64)
+        position[o_idx] = np.arange(len(o_idx))
+        u = usual[chain_dst]
+        slotted = (u >= 0) & (u != chain_src)
+        slotted[slotted] = (
+            observed[u[slotted]]
+            & (res[u[slotted]] == res[chain_dst[slotted]])
+            & (position[u[slotted]] < position[chain_dst[slotted]])
+        )
+        anchor_src, direct_src, direct_dst = u[slotted], chain_src[slotted], chain_dst[slotted]
+        chain_src, chain_dst = chain_src[~slotted], chain_dst[~slotted]
     end_of = np.zeros(n, dtype=np.int64)
     end_of[idx] = observed_end
     start_of = np.zeros(n, dtype=np.int64)
@@ -664,6 +684,7 @@ def step_model(
     ready = np.zeros(n, dtype=np.int64)
     both = observed[src] & observed[dst]
     np.maximum.at(ready, dst[both], end_of[src[both]])
+    np.maximum.at(ready, direct_dst, end_of[anchor_src])  # a slotted op's wait: from u*
     np.maximum.at(ready, l_dst, start_of[l_dst])
     own_ready = ready.copy()
     held = np.zeros(0, dtype=np.int64)
@@ -696,8 +717,10 @@ def step_model(
         compiled.index,
         (*compiled.resources, "(unrecorded)", "(overhead)"),
         np.concatenate([res, np.full(n + k + m, n_res + 1, dtype=np.int64)]),
-        np.concatenate([src, n + every, 2 * n + np.arange(k), n + l_src, lag]),
-        np.concatenate([n + dst, every, n + held, lag, n + l_dst]),
+        np.concatenate(
+            [src, n + every, 2 * n + np.arange(k), n + l_src, lag, direct_src, anchor_src]
+        ),
+        np.concatenate([n + dst, every, n + held, lag, n + l_dst, direct_dst, n + direct_dst]),
         np.concatenate([compiled.transfer, np.zeros(n + k + m, dtype=bool)]),
     )
     priority = np.concatenate([priority, np.full(k + m, -1, dtype=np.int64)])
@@ -1189,6 +1212,7 @@ def _step_models(
         compiled, ((known, known["idx"]) for it, known in steps if it not in gone)
     )
     shape = (dropped, width if pools else np.ones_like(width), always)
+    usual = usual_predecessors(compiled, (known for it, known in steps if it not in gone))
     models = {}
     for it, known in steps:
         of_rank = own_rows(known, own)  # the first own are mine
@@ -1207,10 +1231,44 @@ def _step_models(
             span,
             step_model(
                 compiled, known, span, fallback, gone.get(it, ()), release, own, shape,
-                known["idx"], plan,
+                known["idx"], plan, usual,
             ),
         )  # fmt: skip
     return models
+
+
+def usual_predecessors(compiled: Compiled, steps: Iterable[Mapping[str, np.ndarray]]) -> np.ndarray:
+    """Per op the op that ran just before it on its resource in more than half of the
+    `steps` that recorded it (numpy columns ``start``, ``idx``; ties in start by the
+    DAG's topological order, as `step_model` chains them), -1 where none did, or where
+    it was first on its resource."""
+    n = len(compiled.names)
+    topo = topological_positions(compiled)
+    candidate = np.full(n, -3, dtype=np.int64)
+    lead = np.zeros(n, dtype=np.int64)
+    preds = []
+    for known in steps:
+        idx = known["idx"]
+        order = np.lexsort((topo[idx], known["start"], compiled.res[idx]))
+        o_idx = idx[order]
+        pred = np.full(n, -2, dtype=np.int64)  # -2: no record in the step
+        pred[o_idx] = -1
+        same = compiled.res[o_idx[1:]] == compiled.res[o_idx[:-1]]
+        pred[o_idx[1:][same]] = o_idx[:-1][same]
+        preds.append(pred)
+        # majority vote (Boyer-Moore), op by op
+        seen = pred != -2
+        agree = seen & (pred == candidate)
+        lead[agree] += 1
+        fresh = seen & ~agree & (lead == 0)
+        candidate[fresh], lead[fresh] = pred[fresh], 1
+        lead[seen & ~agree & ~fresh] -= 1
+    if not preds:
+        return np.full(n, -1, dtype=np.int64)
+    table = np.stack(preds)
+    votes = (table == candidate).sum(axis=0)
+    recorded = (table != -2).sum(axis=0)
+    return np.where((2 * votes > recorded) & (candidate >= 0), candidate, -1)
 
 
 def peer_releases(
