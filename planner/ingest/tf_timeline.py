@@ -60,6 +60,11 @@ from planner.trace import Job, make_trace
 _STREAM = re.compile(r"^(?P<device>.*?)/(?:stream:(?P<stream>\w+)|(?P<memcpy>memcpy))$")
 _DEVICE_KIND = re.compile(r"/(?:device:)?(?P<kind>[A-Za-z_]+):(?P<index>\d+)$")
 _INPUT = re.compile(r"^input\d+$")
+# a partition's _Recv node is named after the node it receives from (`<src>/_<k>`), and
+# the tensor it receives, which names the copy a stream ran for it, `edge_<id>_<src>`
+# (TensorFlow's graph_partition.cc)
+_RECV_NODE = re.compile(r"^(?P<src>.+)/_\d+$")
+_COPY = re.compile(r"^edge_\d+_(?P<src>.+)$")
 _PROFILER_DEVICE = re.compile(r"^/device:(?P<kind>[A-Z_]+):(?P<index>\d+)")
 _STREAM_THREAD = re.compile(r"^Stream #(?P<stream>\d+)")
 _TF_OPS_LINE = "TensorFlow Ops"
@@ -423,7 +428,10 @@ def _add_step(
     from the producer's launch (or, a copy with no executor record, its last copy) to
     the consumer's launch (or its first copy), and from the producer's last kernel to
     the consumer's first where both have kernels (the stream event a GPU consumer
-    waits for); each GPU node's launch leads to its kernels, in order."""
+    waits for); each GPU node's launch leads to its kernels, in order. An input from a
+    partition's _Recv node (``<src>/_<k>``, which TensorFlow does not time) comes from
+    the one copy a stream ran of ``<src>``'s tensor (``edge_<id>_<src>``), and that
+    copy from ``<src>``."""
     ops, kernels = step.ops, step.kernels
     for name, timed in ops.items():
         build.ops.setdefault(name, Op(name, "compute", timed.resource, type=timed.type))
@@ -455,9 +463,22 @@ def _add_step(
         chain = ([node] if node in ops else []) + names
         for u, v in pairwise(chain):
             add(u, v, "data")
+    copies = defaultdict(list)  # src node -> the copies (no executor record) of its tensors
+    for node in kernels:
+        found = _COPY.match(node)
+        if found and node not in ops:
+            copies[found["src"]].append(node)
     for name, timed in ops.items():
         for raw in timed.inputs:
             src, kind = split_input(raw)
+            recv = _RECV_NODE.match(src) if head(src) is None else None
+            if recv and len(copies.get(recv["src"], ())) == 1:
+                # an input from a _Recv node (untimed): the copy it waited for, after
+                # the tensor's producer where that has a record
+                (copy,) = copies[recv["src"]]
+                if head(recv["src"]) is not None:
+                    link(recv["src"], copy, "data")
+                src = copy
             if src != name:
                 link(src, name, kind)
     for src, dst, time in flows:
