@@ -636,12 +636,14 @@ def test_no_step_of_the_tf1_gpu_timeline_contradicts_its_dag():
     assert not dropped.any() and not always.any()
     (replayed,) = sim.replay(job)["ranks"]
     assert not any("contradicted" in s["cause"] for s in replayed["steps"])
-    # all five steps judged (the warm-up's 112 ms launch is a record of it): 0.56% median,
-    # 5.33% worst (busy 3.73%); 0.81% / 5.83% (busy 3.87%) before a kernel slotted into a
-    # stream's gap filled it (below); 3.5% / 3.7% on steps 1-4 as one op per node
+    # all five steps judged (the warm-up's 112 ms launch is a record of it): 0.72% median,
+    # 4.54% worst (busy 2.42% / 3.58%), within #16's targets; 0.81% / 5.83% (busy 3.87%)
+    # before a kernel slotted into a stream's gap filled it (below) and the copies of fed
+    # tensors led to their consumers (test_tf_timeline.py); 3.5% / 3.7% on steps 1-4 as
+    # one op per node
     wall, busy = _judged({"ranks": [replayed]})
-    assert len(wall) == 5 and np.median(wall) < 0.01 and wall.max() < 0.055
-    assert busy.max() < 0.0375
+    assert len(wall) == 5 and np.median(wall) < 0.01 and wall.max() < 0.05
+    assert np.median(busy) < 0.03 and busy.max() < 0.0375
 
 
 def test_a_kernel_slotted_into_a_stream_gap_fills_the_gap(monkeypatch):
