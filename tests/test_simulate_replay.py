@@ -692,16 +692,18 @@ def test_a_kernel_slotted_into_a_stream_gap_fills_the_gap(monkeypatch):
     monkeypatch.setattr(sim, "replay_step", keep)
 
     def step1() -> tuple[float, float, float]:
-        """Step 1's wall-clock error, and the time from #4's and from truediv's replayed
-        end to #5's replayed start less #5's lent overhead (us)."""
+        """Step 1's wall-clock error, and #5's replayed start less its lent overhead,
+        counted from #4's and from truediv's replayed end (us)."""
         replayed_steps.clear()
         (replayed,) = sim.replay(job)["ranks"]
         error = next(s["wall_error"] for s in replayed["steps"] if s["iteration"] == 1)
         model, start, ticks = replayed_steps[1]  # steps 0..4 in order
-        end = (start + ticks) / sim.TICKS_PER_SECOND * 1e6
-        after = start[softmax[1]] / sim.TICKS_PER_SECOND * 1e6 - model.overhead[softmax[1]] * 1e6
-        assert end[softmax[0]] < end[truediv] <= after + model.overhead[softmax[1]] * 1e6
-        return error, after - end[softmax[0]], after - end[truediv]
+        us = 1e6 / sim.TICKS_PER_SECOND
+        end = (start + ticks) * us
+        begin = start[softmax[1]] * us
+        assert end[softmax[0]] < end[truediv] <= begin  # truediv's kernel ran in the gap
+        waited_from = begin - model.overhead[softmax[1]] * 1e6
+        return error, waited_from - end[softmax[0]], waited_from - end[truediv]
 
     error, from_4, from_truediv = step1()
     assert from_4 == pytest.approx(0, abs=0.5)  # #5 waits its overhead after #4
