@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from synthetic_allreduce import allreduce_dag  # noqa: E402
 
-from planner.oracle import NetworkModel, TimeOracle  # noqa: E402
-from planner.schedule.caramel import caramel  # noqa: E402
+from planner.model.oracle import NetworkModel, TimeOracle  # noqa: E402
+from planner.planning.caramel import caramel  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
 LARGEST = (
@@ -67,8 +67,8 @@ def main() -> None:
     OPTIONS.update(repeats=args.repeats, tracemalloc=args.tracemalloc)
 
     if args.trace.exists():
-        from planner.analysis import oracles
         from planner.ingest.kineto import load_kineto
+        from planner.job.analysis import oracles
 
         job, _ = measure(f"ingest {args.trace.name}", lambda: load_kineto([args.trace]))
         times = oracles(job)

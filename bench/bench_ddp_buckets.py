@@ -1,7 +1,7 @@
 """Bucket advice against real runs: predicted vs measured step time per bucket_cap_mb.
 
 1. The network model, unless `--network FILE` is given: gloo all-reduce timed on this
-   machine by the `planner bench-network` code (`planner.netbench`), before the training,
+   machine by the `planner bench-network` code (`planner.ingest.netbench`), before the training,
    as a user runs it. With `--network-between-steps` the same passes over the sizes
    (`netbench.allreduce_pass`) run in the training processes instead, in blocks of their
    own shuffled among the caps' blocks below (as many passes per round as a cap has
@@ -22,11 +22,11 @@
    cost against the same cap untraced). With `--reference-cap` (100 MB by default: one
    bucket, whose all-reduce runs after the backward pass) a second configuration is
    traced the same way, each round: the reference trace.
-3. `planner.analysis.bucket_sweep` on that trace predicts the step time of every cap,
+3. `planner.job.analysis.bucket_sweep` on that trace predicts the step time of every cap,
    told the traced cap's untraced step time, as a user reads it from the training log
    (`planner analyze --untraced-step-time`): the profiler's own cost is taken out of the
    traced steps; with the reference trace (and its untraced step time) the backward
-   pass's own contention factor is measured from it (`planner.buckets.backward_factor`).
+   pass's own contention factor is measured from it (`planner.planning.buckets.backward_factor`).
    The bench takes the recommended cap (else the best predicted), the default and the
    worst predicted cap, and prints the median measured step time beside each
    prediction, the error, and whether the ranking by prediction matches: caps whose
@@ -100,7 +100,7 @@ def _worker(
     runs: tuple,
     net_sizes: list[int],
 ) -> None:
-    from planner import netbench
+    from planner.ingest import netbench
 
     rounds, steps, window, block = runs
     warnings.filterwarnings("ignore", ".*Profiler clears events")  # one file per window: wanted
@@ -204,7 +204,7 @@ def _run(
 
 def _network(path: Path | None, out: str, shape: dict):
     """The network model: the file given, else a fresh gloo all-reduce benchmark."""
-    from planner import netbench
+    from planner.ingest import netbench
 
     if path is not None:
         return netbench.read_model(path), str(path)
@@ -264,8 +264,10 @@ def main() -> int:
         help="time the network in the training processes, between the caps' steps",
     )
     args = parser.parse_args()
-    from planner import analysis, buckets, netbench
+    from planner.ingest import netbench
     from planner.ingest.kineto import load_kineto
+    from planner.job import analysis
+    from planner.planning import buckets
 
     shape = {"width": args.width, "layers": args.layers, "batch": args.batch}
     caps = [float(c) for c in buckets.DEFAULT_CAPS_MB] + [DEFAULT]

@@ -10,7 +10,7 @@ that enforced it. Needs the ``tf`` extra and ../shared/traces.
 ``--rounds K`` runs the three graphs K times, interleaved on one cluster, so that a slow
 spell of the host falls on every mode alike. Per round and rank: the median step as
 traced (first to last record of the RunMetadata, what the replay times) of each mode,
-and the TIC plan replayed on that round's traced run (``planner.simulate.replay``) in
+and the TIC plan replayed on that round's traced run (``planner.prediction.simulate.replay``) in
 each mode and with its priorities alone, against the enforced run's median step.
 ``--tf-python`` runs the cluster with another interpreter (one with TensorFlow, where
 this one has planner's dependencies).
@@ -28,10 +28,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from planner import simulate
 from planner.ingest import detect
-from planner.plan import from_priorities
-from planner.verify import verify
+from planner.job.verify import verify
+from planner.model.plan import from_priorities
+from planner.prediction import simulate
 from planner_cli.main import main as planner
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -41,8 +41,8 @@ sys.path.insert(0, str(ROOT))
 from ddp_layers_job import WIDTHS  # noqa: E402  (beside this file)
 
 from planner.ingest.kineto import load_kineto  # noqa: E402
-from planner.oracle import NetworkModel, fit_network_model  # noqa: E402
-from planner.schedule.caramel import network_problem, trace_network_model  # noqa: E402
+from planner.model.oracle import NetworkModel, fit_network_model  # noqa: E402
+from planner.planning.caramel import network_problem, trace_network_model  # noqa: E402
 
 JOB = Path(__file__).with_name("ddp_layers_job.py")
 SIZES = sorted((a * b + b) * 4 for a, b in zip(WIDTHS, WIDTHS[1:], strict=False))

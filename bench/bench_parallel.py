@@ -1,4 +1,4 @@
-"""Speedup of `planner.parallel.analyze_ranks` from 1 to 2 workers, and memory per worker.
+"""Speedup of `planner.job.parallel.analyze_ranks` from 1 to 2 workers, and memory per worker.
 
 Input: the 2 rank traces of the real long DDP run (``bench/make_large_trace.py``,
 git-ignored under bench/_data/ddp_large; profiled first if absent), or the folders /
@@ -22,7 +22,7 @@ SOURCE = HERE / "_data" / "ddp_large"
 
 CHILD = r"""
 import json, sys, time
-from planner.parallel import analyze_ranks
+from planner.job.parallel import analyze_ranks
 workers, paths = int(sys.argv[1]), sys.argv[2:]
 t0 = time.perf_counter()
 document, usage = analyze_ranks([[p] for p in paths], workers=workers)

@@ -1,6 +1,6 @@
 """CPU per rank of each stage of `planner analyze` on many ranks: where a worker's time goes.
 
-A worker of `planner.rank_analysis.report_ranks` reads a rank and runs the first pass
+A worker of `planner.job.rank_analysis.report_ranks` reads a rank and runs the first pass
 (`rank_analysis.analysis_summary`: oracle, metrics with the all-reduce figures, the ready
 times of the replay's step models, inspection and order, bucket profile, the rank kept
 on disk), then, after the parent's joins, the second pass (`rank_analysis.rank_report`:
@@ -36,8 +36,8 @@ CHILD = r"""
 import collections, json, statistics, sys, tempfile, time
 from pathlib import Path
 from planner import analysis, buckets, pipeline, rank_analysis, rank_store
-from planner.pipeline import load_one_rank, summary_of
-from planner.rank_replay import ready_summary, releases, simulation_of
+from planner.job.pipeline import load_one_rank, summary_of
+from planner.job.rank_replay import ready_summary, releases, simulation_of
 files = sorted(Path(sys.argv[1]).glob("rank*.json.gz"), key=lambda p: int(p.name[4:-8]))
 files = files[: int(sys.argv[2])]
 spent = collections.defaultdict(list)

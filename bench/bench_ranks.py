@@ -18,8 +18,8 @@ otherwise compile its modules from source in every process (about 0.1 s).
 `simulate.simulation` of the Caramel plan, 100 samples, with ``--command simulate``;
 `analysis.analyze`, the whole report, with ``--command analyze``);
 ``-j 1``, ``-j 2`` and ``dask`` (a LocalCluster of 2 worker processes, started inside
-the timed process) run `planner.parallel.metrics_ranks` / `schedule_ranks` /
-`simulate_ranks` / `planner.rank_analysis.report_ranks`, whose
+the timed process) run `planner.job.parallel.metrics_ranks` / `schedule_ranks` /
+`simulate_ranks` / `planner.job.rank_analysis.report_ranks`, whose
 document is checked byte-identical to the one-process document where both ran.
 CPU s: the user and system seconds of the timed process and every process it started
 (its pool's workers included): steadier than wall time on a shared machine. Parent RSS:

@@ -4,7 +4,7 @@ For every step of every trace in ../shared/traces (generated TF and torch jobs, 
 Kineto traces of public/ and public/external, one job per file, the 8 DLRM ranks as
 one job; and the traces recorded for this project, traces/torch/h100_cnn_windows,
 traces/torch/cpu_dataloader and the runs of the TF jobs in traces/tf),
-`planner.simulate.replay` predicts the step with the step's own op times and
+`planner.prediction.simulate.replay` predicts the step with the step's own op times and
 observed order. Printed per trace: steps, median and worst |error| against the step's
 wall-clock time (its recorded span: ``ProfilerStep#N`` for PyTorch, first to last
 record of the RunMetadata for TF; on a GPU rank the device's step) and against its busy
@@ -46,9 +46,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner import simulate as sim  # noqa: E402
 from planner.errors import InputError  # noqa: E402
 from planner.ingest import detect  # noqa: E402
+from planner.prediction import simulate as sim  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "traces"
 GENERATED = SHARED / "generated"

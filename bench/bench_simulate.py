@@ -9,7 +9,7 @@
 
 Every speed figure is a median over ``--repeats`` runs, beside a baseline timed in the
 same run on the same arrays, interleaved with it: the uncompiled Python loop (what runs
-without numba, and for small work, see `planner._simkernel.SMALL_WORK`).
+without numba, and for small work, see `planner.prediction._simkernel.SMALL_WORK`).
 
 Run: ``nice python bench/bench_simulate.py`` from the repo root.
 """
@@ -28,10 +28,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.synthetic import layered_dag  # noqa: E402
-from planner import _simkernel  # noqa: E402
-from planner import simulate as sim  # noqa: E402
 from planner.errors import InputError  # noqa: E402
 from planner.ingest import detect  # noqa: E402
+from planner.prediction import _simkernel  # noqa: E402
+from planner.prediction import simulate as sim  # noqa: E402
 
 LARGE = {"n_layers": 500, "recvs_per_layer": 4, "ops_per_layer": 191}  # ~200k ops
 SMALL = {"n_layers": 130, "recvs_per_layer": 3, "ops_per_layer": 13}  # ~5k ops

@@ -16,7 +16,7 @@ from typing import TypeVar
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.synthetic import layered_dag  # noqa: E402
-from planner.schedule.tictac import tac, tac_reference, tic, tic_reference  # noqa: E402
+from planner.planning.tictac import tac, tac_reference, tic, tic_reference  # noqa: E402
 
 T = TypeVar("T")
 

@@ -3,7 +3,7 @@
 On every multi-rank GPU trace under ../shared/traces/public (a Kineto trace with GPU
 kernels whose ``distributedInfo.world_size`` is > 1 or that runs NCCL kernels; the
 files of one folder are the ranks of one job; ``_history`` copies are left out), this
-prints, per rank and per step, planner's Caramel §3.1 figures (`planner.allreduce`:
+prints, per rank and per step, planner's Caramel §3.1 figures (`planner.measure.allreduce`:
 N, C, alpha) beside HTA 0.5.0's, and the relative difference; a difference over 5%
 is flagged with ``!``. A trace that either tool cannot read is a row saying why.
 
@@ -11,7 +11,7 @@ What is compared (docs/formats.md, "Peer check against HTA", says the same):
 
 - ``comm``: planner's N = the union of the rank's collective spans in the step, its
   waits for later ranks included, as HTA's kernel time holds them (``wait pl``: the
-  part of N this rank spent waiting, `planner.waits`);
+  part of N this rank spent waiting, `planner.model.waits`);
   HTA's = the union of its communication kernels (``get_kernel_type`` ==
   COMMUNICATION, i.e. "nccl" in the kernel name) in the step, merged by HTA's own
   ``merge_kernel_intervals`` over its trace frame (``iteration`` column). The rank row
@@ -97,8 +97,8 @@ def find_jobs(root: Path) -> list[list[Path]]:
 def planner_figures(files: list[Path]) -> dict[int, dict[Any, dict[str, float]]]:
     """Rank -> step -> C, N, alpha, overlap and the rank's wait for its peers in
     collectives (seconds) from planner's library."""
-    from planner import allreduce
     from planner.ingest import detect
+    from planner.measure import allreduce
 
     job = detect.load(files)
     try:  # where planner splits a collective into waiting and transferring

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.graph import Op, OpGraph, OpKind, Phase, build_graph
+from planner.model.graph import Op, OpGraph, OpKind, Phase, build_graph
 
 LINK_BYTES_PER_S = 1.25e9  # 10 Gb/s
 LINK_LATENCY_S = 50e-6

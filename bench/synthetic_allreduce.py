@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.graph import Op, OpGraph, Phase, build_graph
+from planner.model.graph import Op, OpGraph, Phase, build_graph
 
 
 def allreduce_dag(

@@ -14,7 +14,7 @@ from planner_cli.options import json_option
 
 
 def _sizes(text: str | None) -> tuple[int, ...]:
-    from planner import netbench
+    from planner.ingest import netbench
 
     if text is None:
         return netbench.DEFAULT_SIZES
@@ -47,7 +47,7 @@ def bench_network(
     as_json: bool,
 ) -> None:
     """Time gloo all-reduce per message size with real torch.distributed processes."""
-    from planner import netbench
+    from planner.ingest import netbench
 
     try:
         rows = netbench.bench_allreduce(_sizes(sizes), world_size, repeats, warmup)
@@ -84,8 +84,8 @@ def _bench_view(rows: list[dict[str, Any]]) -> None:
 @json_option
 def fit_network(csv_path: Path, as_json: bool) -> None:
     """Fit f(d) = a + b*d; print R^2, residuals, batching threshold and depth table."""
-    from planner import netbench
-    from planner.schedule.batching import fit_report
+    from planner.ingest import netbench
+    from planner.planning.batching import fit_report
 
     try:
         text = csv_path.read_text(encoding="utf-8")

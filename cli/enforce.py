@@ -14,7 +14,7 @@ from planner_cli import render
 from planner_cli.options import json_option
 
 MODES = ("arrival", "sender")
-"""`planner.enforce.tf_graph.MODES`, spelled here so that parsing options imports no
+"""`planner.export.tf_graph.MODES`, spelled here so that parsing options imports no
 protobuf."""
 
 _file = click.Path(exists=True, dir_okay=False, path_type=Path)
@@ -52,7 +52,7 @@ def export_command(
 
     An ordered plan orders, per rank, the PS-side reads that feed that rank's transfers:
     by default each read waits until the previous transfer has arrived on the worker."""
-    from planner.enforce.tf_graph import rewrite_file
+    from planner.export.tf_graph import rewrite_file
 
     data, rewrite = rewrite_file(graphdef, plan, rank, drop_cyclic, mode)
     write_atomic(output, data)
@@ -97,7 +97,7 @@ def verify_command(
     """Check a trace taken with enforcement on: steps in plan order, first violation,
     measured vs predicted iteration time. Exits 1 when a planned transfer matched nothing
     in the trace (it was not checked) or, with --min-compliance, a rank is below it."""
-    from planner import verify as verify_lib
+    from planner.job import verify as verify_lib
 
     document = verify_lib.verify(plan, traces)
     if rank is not None:

@@ -15,10 +15,10 @@ from typing import Any
 
 import click
 
-from planner import __version__
 from planner.api import resolve
 from planner.errors import InputError
 from planner.export.files import dumps, file_names, write_atomic
+from planner.version import __version__
 from planner_cli import caramel as caramel_commands
 from planner_cli import enforce as enforce_commands
 from planner_cli import model as model_commands
@@ -78,7 +78,7 @@ def cli(no_color: bool, step_marker: str | None, comm_patterns: Path | None) -> 
 @each_option()
 def inspect_command(paths: tuple[Path, ...], rank: str | None, as_json: bool) -> None:
     """What is in the input: devices, op counts, transfers with sizes, steps."""
-    from planner import inspection
+    from planner.measure import inspection
 
     job = select_ranks(load(paths, as_json), rank)
     document = inspection.inspect(job)
@@ -118,7 +118,7 @@ def schedule_command(
 
     Caramel on the PyTorch traces of several ranks reads one rank per process (-j,
     --dask); the plan is the same as in one process."""
-    from planner import analysis, parallel
+    from planner.job import analysis, parallel
 
     ranks = None
     if rank is None and algorithm == "caramel":
@@ -231,8 +231,8 @@ def metrics_command(
 
     PyTorch traces of several ranks are read one rank per process (-j, --dask); the
     figures are the same as in one process."""
-    from planner import analysis, parallel
-    from planner.report.ci import Thresholds, failures, junit_xml, markdown_summary, unchecked
+    from planner.job import analysis, parallel
+    from planner.reporting.ci import Thresholds, failures, junit_xml, markdown_summary, unchecked
 
     ranks = parallel.rank_inputs(resolve(paths)) if rank is None else None
     if ranks is not None:
@@ -329,10 +329,10 @@ def analyze_command(
     --dask); the report is the same as in one process (above 16 ranks its timelines
     are those of the slowest, the fastest and the last-arriving rank: docs/parallel.md).
     """
-    from planner import analysis, parallel, rank_analysis
     from planner.export.files import check_set_target, write_set
     from planner.ingest import detect
-    from planner.report.outputs import analysis_files
+    from planner.job import analysis, parallel, rank_analysis
+    from planner.reporting.outputs import analysis_files
 
     if output is not None:
         check_set_target(output, force)

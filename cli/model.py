@@ -12,7 +12,7 @@ from planner_cli import render
 from planner_cli.options import json_option, load, paths_argument, rank_option, select_ranks
 
 if TYPE_CHECKING:
-    from planner.oracle import NetworkModel
+    from planner.model.oracle import NetworkModel
 
 MAX_WORKERS = 100_000
 ARCHITECTURES = ("ps", "p2p", "ring")
@@ -109,7 +109,8 @@ def model_command(
     as_json: bool,
 ) -> None:
     """Iteration time and throughput vs workers for PS, P2P and ring all-reduce."""
-    from planner import models
+    from planner.planning import models
+    from planner.prediction import calibration
 
     counts = parse_workers(workers)
     ps_counts = parse_ps(ps_text)
@@ -140,7 +141,7 @@ def model_command(
         overlap=overlap,
         dataset_size=dataset_size,
         target_momentum=momentum,
-        simulator=models.calibrated_simulator if cal.ps == 0 else None,
+        simulator=calibration.calibrated_simulator if cal.ps == 0 else None,
     )
     render.emit(document, as_json, model_view)
 
@@ -149,8 +150,8 @@ def read_network(path: Path) -> NetworkModel:
     """f(d) fitted to a bench-network CSV; exit 2 when it cannot be read or fitted."""
     import numpy as np
 
-    from planner import netbench
-    from planner.oracle import fit_network_model
+    from planner.ingest import netbench
+    from planner.model.oracle import fit_network_model
 
     try:
         sizes, seconds = netbench.read_csv(path.read_text(encoding="utf-8"))

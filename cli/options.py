@@ -18,12 +18,12 @@ from planner.errors import InputError
 from planner_cli import render
 
 if TYPE_CHECKING:
-    from planner.trace import Job
+    from planner.model.trace import Job
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 ALGORITHMS = ("tic", "tac", "caramel")
-"""The schedulers (`planner.analysis.ALGORITHMS`, spelled here so that parsing options
+"""The schedulers (`planner.job.analysis.ALGORITHMS`, spelled here so that parsing options
 imports no scheduler)."""
 
 
@@ -49,7 +49,7 @@ def load(paths: Sequence[Path], as_json: bool) -> Job:
 
 def select_ranks(job: Job, rank: str | None) -> Job:
     """The job restricted to one rank (`--rank`); an unknown rank names the ones there are."""
-    from planner.trace import Job
+    from planner.model.trace import Job
 
     if rank is None:
         return job
@@ -62,7 +62,7 @@ rank_option = click.option("--rank", default=None, help="Analyse only this rank 
 
 
 def _network(_ctx: click.Context, _param: click.Parameter, value: Path | None) -> Any:
-    from planner import netbench
+    from planner.ingest import netbench
 
     return None if value is None else netbench.read_model(value)
 

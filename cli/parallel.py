@@ -53,7 +53,7 @@ def analyze_ranks_command(
     Each worker loads one rank and returns only its figures; the job-level efficiency,
     iteration time and stragglers are reduced from those (`planner.ranks/1`).
     """
-    from planner import parallel
+    from planner.job import parallel
 
     inputs = expand_globs(paths)
     ranks = rank_files(inputs[0]) if len(inputs) == 1 else None

@@ -50,7 +50,7 @@ def read_report(result_dir: Path) -> dict:
 @json_option
 def report_command(result_dir: Path, output: Path | None, as_json: bool) -> None:
     """Write RESULT_DIR/report.html from report.json: self-contained, plots inline, offline."""
-    from planner.report.html import render_html
+    from planner.reporting.html import render_html
 
     document = read_report(result_dir)
     target = output if output is not None else result_dir / "report.html"

@@ -20,8 +20,8 @@ from planner_cli.options import (
 from planner_cli.parallel import parallel_options
 
 if TYPE_CHECKING:
-    from planner.plan import Plan
-    from planner.trace import Job
+    from planner.model.plan import Plan
+    from planner.model.trace import Job
 
 PLAN_CHOICES = ("baseline", "observed", "tic", "tac", "caramel", "all")
 KNOB_NAMES = {
@@ -30,7 +30,7 @@ KNOB_NAMES = {
     "latency": "latency",
     "channels": "channels",
 }
-"""`--sweep` knob spellings (`planner.simulate.KNOBS`, spelled here so that parsing
+"""`--sweep` knob spellings (`planner.prediction.simulate.KNOBS`, spelled here so that parsing
 options imports no simulator)."""
 
 
@@ -63,8 +63,8 @@ def build_plans(job: Job, which: str, channels: int = 1) -> dict[str, dict[str, 
     With ``all``: TIC and TAC where the ranks have recvs (parameter server), Caramel
     where they have collectives (all-reduce).
     """
-    from planner import analysis
-    from planner import simulate as sim
+    from planner.job import analysis
+    from planner.prediction import simulate as sim
 
     if which in sim.REFERENCE_PLANS:
         return {}
@@ -150,10 +150,10 @@ def simulate(
     The PyTorch traces of several ranks are read one rank per process (-j, --dask; not
     with --timeline, --rank or --plan tic/tac); the document is the same as in one
     process."""
-    from planner import parallel
-    from planner import simulate as sim
     from planner.api import resolve
     from planner.export.chrome_trace import chrome_trace
+    from planner.job import parallel
+    from planner.prediction import simulate as sim
 
     sweep = parse_sweep(sweep_spec)
     knobs = {

@@ -24,8 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner.errors import InputError
-
-__version__ = "0.1.0"
+from planner.version import __version__
 
 API = ("load", "inspect", "metrics", "schedule", "simulate", "report")
 RESULTS = ("Inspection", "MetricsResult", "Plans", "SimulationResult", "Report")
@@ -33,12 +32,9 @@ __all__ = [*API, *RESULTS, "InputError", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
-    """The API, imported on first use. `metrics`, `schedule`, `simulate` and `report` are
-    also library modules; those are callable as the API function (`planner.api`)."""
-    if name in ("metrics", "schedule", "simulate", "report"):
-        import importlib
-
-        return importlib.import_module(f"planner.{name}")
+    """The API, imported on first use. No module of the library bears an API function's
+    name (the implementations live in their stage packages, docs/architecture.md), so
+    `planner.metrics` is always the function."""
     if name in API or name in RESULTS:
         from planner import api
 

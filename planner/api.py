@@ -10,21 +10,15 @@
 Every result is a dataclass with `.to_dict()` (the document the CLI's `--json` prints,
 with its ``schema``) and `.to_frame()` (a pandas DataFrame). Heavy modules (pandas,
 numba, matplotlib, protobuf) load on first use, so `import planner` stays cheap.
-
-`planner.metrics`, `planner.schedule`, `planner.simulate` and `planner.report` are also
-the names of the library's modules; those modules are callable (see `callable_module`),
-so both `planner.metrics(job)` and `from planner.metrics import efficiency` work.
 """
 
 from __future__ import annotations
 
 import copy
 import glob
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from planner.errors import InputError
@@ -32,8 +26,8 @@ from planner.errors import InputError
 if TYPE_CHECKING:
     import pandas as pd
 
-    from planner.plan import Plan
-    from planner.trace import Job
+    from planner.model.plan import Plan
+    from planner.model.trace import Job
 
 __all__ = [
     "Inspection", "MetricsResult", "Plans", "Report", "SimulationResult",
@@ -196,7 +190,7 @@ class Plans:
 
     def to_dict(self) -> dict[str, Any]:
         """The `planner.priorities/1` document (what `planner schedule --json` prints)."""
-        from planner import analysis
+        from planner.job import analysis
 
         return analysis.plan_document(self.plans, self.job.graphs)
 
@@ -290,7 +284,7 @@ def load(paths: str | Path | Iterable[str | Path], rank: str | None = None) -> J
 
 def select_rank(job: Job, rank: str) -> Job:
     """The job restricted to one rank; an unknown rank names the ones there are."""
-    from planner.trace import Job
+    from planner.model.trace import Job
 
     if rank not in job.graphs:
         raise InputError(None, f"no rank {rank!r} in the input (ranks: {', '.join(job.ranks)})")
@@ -299,7 +293,7 @@ def select_rank(job: Job, rank: str) -> Job:
 
 def inspect(job: Job) -> Inspection:
     """What is in the input: devices, op counts, transfers with sizes, steps."""
-    from planner import inspection
+    from planner.measure import inspection
 
     return Inspection(inspection.inspect(job))
 
@@ -307,7 +301,7 @@ def inspect(job: Job) -> Inspection:
 def metrics(job: Job) -> MetricsResult:
     """Per-step Umax, Lmin, busy makespan, efficiency E and speedup bound S (TicTac §3.2);
     for all-reduce jobs also Caramel's overlap figures and stragglers."""
-    from planner import analysis
+    from planner.job import analysis
 
     return MetricsResult(analysis.metrics(job))
 
@@ -316,7 +310,7 @@ def schedule(job: Job, algorithm: str = "tac", *, channels: int = 1) -> Plans:
     """Plan the transfers of every rank: ``"tic"``, ``"tac"`` (parameter server) or
     ``"caramel"`` (all-reduce). A scheduler that does not apply raises InputError naming
     the one that does."""
-    from planner import analysis
+    from planner.job import analysis
 
     return Plans(algorithm, analysis.schedule(job, algorithm, channels=channels), job)
 
@@ -332,8 +326,8 @@ def simulate(
     """Replay the traced steps and predict the iteration time of the baseline, the
     observed order and each of `plans` (default: every scheduler that applies).
     `knobs`: bandwidth_scale, compute_scale, latency, channels (as `planner simulate`)."""
-    from planner import analysis
-    from planner import simulate as sim
+    from planner.job import analysis
+    from planner.prediction import simulate as sim
 
     if plans is None:
         chosen = {
@@ -349,31 +343,12 @@ def simulate(
 def report(job: Job, out: str | Path, *, samples: int = 100, seed: int = 0) -> Report:
     """Analyse the job and write what `planner analyze -o OUT` writes into folder `out`:
     report.json, report.html, the plans' priority files, Caramel's files, timeline.json."""
-    from planner import analysis
     from planner.export.files import write_atomic
-    from planner.report.outputs import analysis_files
+    from planner.job import analysis
+    from planner.reporting.outputs import analysis_files
 
     document = analysis.analyze(job, samples=samples, seed=seed)
     files = analysis_files(document, job.graphs, Path(out))
     for path, text in files.items():
         write_atomic(path, text)
     return Report(document, tuple(files))
-
-
-# ---------------------------------------------------------------------------------------
-# Callable modules
-
-
-class _ApiModule(ModuleType):
-    """A library module that is also the API function of the same name."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        function = globals()[self.__name__.rsplit(".", 1)[1]]
-        return function(*args, **kwargs)
-
-
-def callable_module(name: str) -> None:
-    """Make module `name` (planner.metrics, .schedule, .simulate, .report) callable as the
-    API function of its last name, so `planner.metrics(job)` works whichever of the module
-    or the function Python bound to the attribute."""
-    sys.modules[name].__class__ = _ApiModule

@@ -56,9 +56,9 @@ def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
 
 
 def without_links(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The replay as it was before the PS's links were shared (`planner.host.on_links`):
+    """The replay as it was before the PS's links were shared (`planner.prediction.host.on_links`):
     each transfer at its observed duration on its own channel."""
-    from planner import host
+    from planner.prediction import host
 
     monkeypatch.setattr(
         host, "on_links", lambda job, rank, graph, rows, release, *_: (graph, rows, release)

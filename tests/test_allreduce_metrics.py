@@ -7,11 +7,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from planner.allreduce import allreduce_metrics
-from planner.analysis import metrics
 from planner.ingest.kineto import load_kineto
-from planner.metrics import caramel_figures
-from planner.waits import split_waits, straggler_times
+from planner.job.analysis import metrics
+from planner.measure.allreduce import allreduce_metrics
+from planner.measure.metrics import caramel_figures
+from planner.model.waits import split_waits, straggler_times
 from tests.conftest import needs
 
 REPO = Path(__file__).resolve().parents[1]

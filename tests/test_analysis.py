@@ -7,8 +7,8 @@ import math
 import pytest
 from conftest import SHARED, need
 
-from planner import analysis
 from planner.ingest import detect
+from planner.job import analysis
 
 TORCH = SHARED / "generated" / "torch"
 

@@ -1,4 +1,4 @@
-"""DDP bucket advice (`planner.buckets`) on a real CPU DDP job recorded here at two caps,
+"""DDP bucket advice (`planner.planning.buckets`) on a real CPU DDP job recorded here at two caps,
 against its own untraced step times (traces/torch/ddp_mlp24_gloo, see its README)."""
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner import analysis, buckets, netbench
+from planner.ingest import netbench
 from planner.ingest.kineto import load_kineto
-from planner.oracle import NetworkModel
+from planner.job import analysis
+from planner.model.oracle import NetworkModel
+from planner.planning import buckets
 
 RUN = Path(__file__).resolve().parents[1] / "traces" / "torch" / "ddp_mlp24_gloo"
 MEASURED = {
@@ -401,7 +403,7 @@ def test_the_reference_trace_separates_the_two_factors_and_predicts_every_cap(
 
 def render_text(sweep: dict) -> str:
     """What the terminal and the HTML report say of the sweep's contention."""
-    from planner.report.html import buckets_section
+    from planner.reporting.html import buckets_section
     from planner_cli.render import sweep_model_line
 
     return sweep_model_line(sweep) + buckets_section({"bucket_sweep": sweep})

@@ -6,16 +6,16 @@ import math
 
 import pytest
 
-from planner.graph import Op, OpGraph, build_graph
-from planner.oracle import NetworkModel
-from planner.schedule import batching, packing
-from planner.schedule.caramel import (
+from planner.model.graph import Op, OpGraph, build_graph
+from planner.model.oracle import NetworkModel
+from planner.planning import batching, packing
+from planner.planning.caramel import (
     activation_order,
     caramel,
     enforcement_edges,
     gradient_transfers,
 )
-from planner.schedule.depth import depth, depth_table
+from planner.planning.depth import depth, depth_table
 
 
 def _param(name: str, nbytes: int = 100) -> Op:

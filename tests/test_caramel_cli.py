@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from planner import netbench
 from planner.export import caramel_files
-from planner.graph import Op, build_graph
-from planner.oracle import NetworkModel
-from planner.schedule.caramel import caramel, trace_network_model
+from planner.ingest import netbench
+from planner.model.graph import Op, build_graph
+from planner.model.oracle import NetworkModel
+from planner.planning.caramel import caramel, trace_network_model
 
 
 def _write_csv(path: Path, a: float = 2e-4, b: float = 1e-9) -> Path:

@@ -18,9 +18,9 @@ from conftest import SHARED, TF_RUNS, need
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.analysis import oracles
-from planner.graph import Op, OpGraph, OpKind, build_graph
-from planner.schedule.caramel import (
+from planner.job.analysis import oracles
+from planner.model.graph import Op, OpGraph, OpKind, build_graph
+from planner.planning.caramel import (
     activation_order,
     activation_positions,
     caramel,
@@ -255,9 +255,9 @@ def test_caramel_keeps_dlrm_all_to_alls_in_the_order_they_feed_one_another() -> 
     compute stream (``all_to_all#3`` reaches ``#4`` and ``#5``). Packing by estimated
     ready and read times put ``#4`` and ``#5`` before ``#3``, a plan whose replay
     closed a cycle; the order now keeps every path, and the plan replays."""
-    from planner import analysis
-    from planner import simulate as sim
     from planner.ingest import detect
+    from planner.job import analysis
+    from planner.prediction import simulate as sim
 
     path = need(SHARED / "public/HolisticTraceAnalysis/tests/data/trace_diff/control")
     job = detect.load([path])

@@ -13,11 +13,11 @@ from functools import cache
 
 import pytest
 
-from planner import analysis
 from planner.enforce.binding import PlanMismatch, bind
 from planner.enforce.plan_file import TransferPlan, parse_plan
 from planner.export.caramel_files import bucket_plan_document
 from planner.ingest import detect
+from planner.job import analysis
 from tests.conftest import SHARED, need
 
 RUNS = ("resnet_ddp", "resnet_ddp_bucket1mb", "transformer_ddp")

@@ -22,7 +22,7 @@ pytest.importorskip("torch.distributed")
 
 from planner.enforce import load_plan, plan_from_groups  # noqa: E402
 from planner.enforce.ddp_order import ddp_order_difference, may_be_ddp_order  # noqa: E402
-from planner.verify import verify  # noqa: E402
+from planner.job.verify import verify  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train_ddp.py"

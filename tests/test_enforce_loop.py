@@ -118,7 +118,7 @@ def test_reversed_plan_is_followed_not_the_traced_order(loop: Path) -> None:
     good = load_plan(loop / "plan" / "bucket_plan.json")
     bad = load_plan(loop / "plan" / "reversed.json")
     assert bad.order == good.order[::-1]
-    from planner.verify import verify
+    from planner.job.verify import verify
 
     report = verify(loop / "plan" / "bucket_plan.json", _traces(loop / RUNS["reversed"]))
     assert report["matched"] and report["compliance"] == 0.0

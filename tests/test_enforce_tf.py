@@ -12,7 +12,8 @@ import networkx as nx
 import pytest
 
 from planner.enforce.plan_file import load_plan
-from planner.enforce.tf_graph import (
+from planner.errors import InputError
+from planner.export.tf_graph import (
     MARKER_SCOPE,
     MODES,
     add_control_edges,
@@ -20,11 +21,10 @@ from planner.enforce.tf_graph import (
     read_graphdef,
     transfer_nodes,
 )
-from planner.errors import InputError
 from planner.ingest import detect
 from planner.ingest.proto import tf_subset_pb2 as tfpb
 from planner.ingest.tf_graphdef import split_input, task_of
-from planner.verify import verify
+from planner.job.verify import verify
 from planner_cli.main import main
 from tests.conftest import missing_reason
 

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 from planner.enforce import GateError, load_plan, plan_from_groups  # noqa: E402
-from planner.verify import predict_orders, verify  # noqa: E402
+from planner.job.verify import predict_orders, verify  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train_ddp.py"

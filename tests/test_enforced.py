@@ -1,4 +1,4 @@
-"""A plan as the TF module enforces it (`planner.enforced`): the chain the replay runs."""
+"""A plan as the TF module enforces it (`planner.prediction.enforced`): the chain the replay runs."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from planner import analysis, enforced, simulate
 from planner.ingest import detect
-from planner.plan import from_priorities
+from planner.job import analysis
+from planner.model.plan import from_priorities
+from planner.prediction import enforced, simulate
 from tests.conftest import DEMO, run_cli
 from tests.test_schemas import validate
 

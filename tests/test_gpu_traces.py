@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from planner.analysis import metrics
 from planner.errors import InputError
 from planner.ingest.kineto import load_kineto
-from planner.report.ci import Thresholds, junit_xml, markdown_summary
+from planner.job.analysis import metrics
+from planner.reporting.ci import Thresholds, junit_xml, markdown_summary
 
 REPO = Path(__file__).resolve().parents[1]
 EXTERNAL = REPO.parent / "shared" / "traces" / "public" / "external"
@@ -113,7 +113,7 @@ def test_mi300_steps_report_cpu_range_gpu_span_and_lag(mi300):
 
 
 def test_mi300_inspect_shows_cpu_span_gpu_span_and_lag(mi300):
-    from planner.analysis import inspect
+    from planner.job.analysis import inspect
 
     (rank,) = inspect(mi300)["ranks"]
     raw = _raw_steps(MI300)

@@ -1,4 +1,4 @@
-"""Processors shared evenly (planner.host): one host core shared by a job's processes,
+"""Processors shared evenly (planner.prediction.host): one host core shared by a job's processes,
 and a PS's links shared by every worker's transfers: the shares, the shared replay, the
 detection on real TF traces, the replay's consistency with its own waits and the error
 each removes."""
@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from conftest import REPO, SHARED, TF_RUNS, need, without_links
 
-from planner import host
-from planner import simulate as sim
-from planner.graph import Op
 from planner.ingest import detect
-from planner.oracle import mean_of_runs
+from planner.model.graph import Op
+from planner.model.oracle import mean_of_runs
+from planner.prediction import host
+from planner.prediction import simulate as sim
 
 
 def test_shares_split_overlaps_evenly_and_keep_the_busy_time():

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from planner.analysis import oracles
 from planner.errors import InputError
 from planner.ingest import detect
 from planner.ingest.kineto import is_execution_trace, is_kineto, load_kineto
+from planner.job.analysis import oracles
 from tests.conftest import needs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -209,7 +209,7 @@ PUBLIC_FILES = (
 def test_public_file_is_read_or_refused(path):
     """Every public file: a Job (or parsed ET), or one InputError line; never a traceback."""
     from planner.ingest import execution_trace
-    from planner.trace import Job
+    from planner.model.trace import Job
 
     raw = path.read_bytes()
     try:

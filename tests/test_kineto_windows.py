@@ -117,7 +117,7 @@ def test_the_windows_of_a_one_process_job_are_one_rank(capsys) -> None:
     """A job without torch.distributed has no distributedInfo: its two windows (one
     process, steps counted from the raw JSON) read as one rank with all six steps, in
     one process, not as two ranks, nor as two tasks that both claim rank0."""
-    from planner.parallel import split_ranks
+    from planner.job.parallel import split_ranks
 
     files = sorted(H100.glob("cnn_1gpu.w*.json.gz"))
     raw = sorted({s for f in files for s in _raw_steps(f)})

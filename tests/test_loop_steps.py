@@ -16,12 +16,13 @@ import numpy as np
 import pytest
 from conftest import REPO, SHARED, need, run_cli
 
-from planner import analysis, models
-from planner import simulate as sim
 from planner.ingest import detect, kineto, kineto_dag
 from planner.ingest.kineto_events import read_rank
 from planner.ingest.kineto_steps import find_steps
-from planner.report import html
+from planner.job import analysis
+from planner.planning import models
+from planner.prediction import simulate as sim
+from planner.reporting import html
 
 INPUTS = SHARED / "public/param/et_replay/tests/inputs"
 LINEAR = INPUTS / "linear_kineto.json.gz"

@@ -8,10 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.analysis import metrics
-from planner.graph import Op, build_graph
 from planner.ingest import detect
-from planner.metrics import (
+from planner.job.analysis import metrics
+from planner.measure.metrics import (
     bounds,
     device_ops,
     efficiency,
@@ -19,7 +18,8 @@ from planner.metrics import (
     speedup_bound,
     step_metrics,
 )
-from planner.trace import busy_time, dedicated_durations, with_dedicated
+from planner.model.graph import Op, build_graph
+from planner.model.trace import busy_time, dedicated_durations, with_dedicated
 from tests.conftest import REPO, SHARED, need
 
 RESNET = REPO / "traces" / "torch" / "resnet_ddp"

@@ -7,10 +7,11 @@ import json
 import pytest
 from conftest import DEMO, SHARED, TF, TF_RUNS, need, run_cli
 
-from planner import models
 from planner.errors import InputError
 from planner.ingest import detect
-from planner.oracle import NetworkModel
+from planner.model.oracle import NetworkModel
+from planner.planning import models
+from planner.prediction import calibration
 
 # A hand case: W = 1e8 B, B = 1e9 B/s, no latency, T_proc = 0.1 s, update 0.01 s.
 W, B = 1e8, 1e9
@@ -274,7 +275,7 @@ def test_calibration_from_the_pytorch_ddp_trace(resnet):
 def test_ring_cross_check_with_the_simulator(resnet):
     _, job = resnet
     cal = models.calibrate(job)
-    doc = models.model_document(job, cal, [1, 2, 4], simulator=models.replay_simulator)
+    doc = models.model_document(job, cal, [1, 2, 4], simulator=calibration.replay_simulator)
     check = doc["cross_check"]
     assert check["workers"] == 2 and check["simulated_iteration_time"] > 0
     assert check["gap"] == pytest.approx(
@@ -291,14 +292,14 @@ def test_ring_cross_check_on_the_same_calibration(resnet):
 
     _, job = resnet
     cal = models.calibrate(job)
-    two = models.calibrated_simulator(job, cal, 2)
-    eight = models.calibrated_simulator(job, cal, 8)
-    slow = models.calibrated_simulator(
+    two = calibration.calibrated_simulator(job, cal, 2)
+    eight = calibration.calibrated_simulator(job, cal, 8)
+    slow = calibration.calibrated_simulator(
         job, replace(cal, network=replace(cal.network, b=cal.network.b * 1000)), 2
     )
     assert 0 < two <= eight  # 2(w-1) steps of W/w: more time per collective with w
     assert slow > two
-    doc = models.model_document(job, cal, [1, 2, 4], simulator=models.calibrated_simulator)
+    doc = models.model_document(job, cal, [1, 2, 4], simulator=calibration.calibrated_simulator)
     check = doc["cross_check"]
     assert check["simulated_iteration_time"] == pytest.approx(two)
     assert check["gap"] == pytest.approx(check["model_iteration_time"] / two - 1)
@@ -313,7 +314,7 @@ def test_the_cross_check_carries_the_simulators_own_error(capsys):
     no check of the model; on the generated ResNet DDP (-7%) it checks."""
     job = detect.load([need(MI300)])
     cal = models.calibrate(job)
-    check = models.model_document(job, cal, [8], simulator=models.calibrated_simulator)[
+    check = models.model_document(job, cal, [8], simulator=calibration.calibrated_simulator)[
         "cross_check"
     ]
     simulated, measured = check["simulated_iteration_time"], check["measured_iteration_time"]
@@ -326,7 +327,7 @@ def test_the_cross_check_carries_the_simulators_own_error(capsys):
     assert "warning: the simulator misses the traced configuration" in out
     resnet = detect.load([need(TF.parent / "torch" / "resnet_ddp")])
     held = models.model_document(
-        resnet, models.calibrate(resnet), [2], simulator=models.calibrated_simulator
+        resnet, models.calibrate(resnet), [2], simulator=calibration.calibrated_simulator
     )["cross_check"]
     assert abs(held["simulator_error"]) <= models.CALIBRATION_TOLERANCE
     assert held["warning"] is None
@@ -345,7 +346,7 @@ def test_model_reproduces_the_traced_configuration_first(name):
     """Calibrated on the trace, the model predicts the traced configuration (its
     architecture, workers and PS) within 10% of the measured step (median of the trace's
     complete step spans), and only then recommends."""
-    from planner.records import partial_steps
+    from planner.model.records import partial_steps
 
     job = detect.load([need(p) for p in TRACED[name]])
     walls = []
@@ -524,7 +525,7 @@ def test_a_network_fit_that_does_not_hold_is_said_beside_the_curves(capsys):
     one's span holds its waits for the PS): the document and the text say the curves'
     shape is uncertain and how to give a measured model. A fit that holds (the torch
     transformer's, R² 1.00) or a given bandwidth says nothing."""
-    from planner.schedule.caramel import MIN_R2
+    from planner.planning.caramel import MIN_R2
 
     cnn = need(TF / "cnn_ps_ingraph")
     job = detect.load([cnn])

@@ -1,4 +1,4 @@
-"""`planner.netbench`: a benchmark whose process died fails at once, naming the rank."""
+"""`planner.ingest.netbench`: a benchmark whose process died fails at once, naming the rank."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from planner import netbench
+from planner.ingest import netbench
 
 pytest.importorskip("torch")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from planner.oracle import fit_network_model
+from planner.model.oracle import fit_network_model
 
 
 def test_linear_fit_recovers_latency_and_per_byte_cost():

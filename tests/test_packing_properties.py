@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.schedule.packing import Group, pack
+from planner.planning.packing import Group, pack
 
 EPS = 1e-9
 

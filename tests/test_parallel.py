@@ -10,11 +10,11 @@ import pytest
 from conftest import DEMO, REPO, SHARED, need, run_cli
 from test_schemas import validate
 
-from planner import analysis, parallel, pipeline
-from planner import trace as trace_module
 from planner.errors import InputError
 from planner.ingest import detect
-from planner.parallel import analyze_ranks
+from planner.job import analysis, parallel, pipeline
+from planner.job.parallel import analyze_ranks
+from planner.model import trace as trace_module
 
 MLP = SHARED / "generated" / "tf" / "mlp_ps_betweengraph_sync"
 RESNET = REPO / "traces" / "torch" / "resnet_ddp"
@@ -179,8 +179,8 @@ def test_the_job_plan_takes_each_op_at_its_slowest_rank_less_the_waits() -> None
 
 def _one_process_simulation(folder: Path, **options: object) -> str:
     """`planner simulate FOLDER --json` (plans: all) as one process computes it."""
-    from planner import simulate as sim
     from planner.export.files import dumps
+    from planner.prediction import simulate as sim
 
     job = detect.load([folder])
     plans = {name: analysis.schedule(job, name) for name in analysis.algorithms_for(job)}
@@ -210,8 +210,8 @@ def test_peer_releases_from_the_summaries_are_the_joint_ones() -> None:
     over the summaries gives every rank the same release times as the joint replay."""
     import numpy as np
 
-    from planner import rank_replay
-    from planner import simulate as sim
+    from planner.job import rank_replay
+    from planner.prediction import simulate as sim
 
     folder = need(JOBS["dlrm_8_ranks"])
     inputs = parallel.rank_inputs([folder])
@@ -377,7 +377,7 @@ def test_a_summary_is_small_beside_its_rank() -> None:
     import gzip
     import pickle
 
-    from planner import rank_replay
+    from planner.job import rank_replay
 
     rank = need(JOBS["transformer_ddp"]) / "rank0.json.gz"
     summary = rank_replay.replay_summary([str(rank)])
@@ -401,7 +401,7 @@ def _one_process_report(folder: Path, out: Path) -> tuple[str, dict[str, str]]:
     """(`planner analyze FOLDER --json -o OUT`, the files of `-o OUT`) as one process
     computes them on the joint load (with -o, the report names the files' rank parts)."""
     from planner.export.files import dumps
-    from planner.report.outputs import analysis_files
+    from planner.reporting.outputs import analysis_files
 
     job = detect.load([folder])
     report = analysis.analyze(job)
@@ -448,7 +448,7 @@ def test_analyze_on_a_dask_local_cluster(
 def test_analyze_reads_each_rank_with_one_oracle(monkeypatch: pytest.MonkeyPatch) -> None:
     """A rank's oracle is computed once in the first pass and handed on to its
     inspection, metrics and Caramel terms; the parent holds no trace."""
-    from planner import rank_analysis
+    from planner.job import rank_analysis
 
     folder = need(ANALYZE_JOBS["dlrm_8_ranks"])
     calls = {"oracles": 0}
@@ -472,7 +472,7 @@ def test_a_kept_rank_reads_back_as_the_trace_gives_it(name: str, tmp_path: Path)
     steps) kept between the passes reads back equal field by field, types included."""
     import numpy as np
 
-    from planner import rank_store
+    from planner.job import rank_store
 
     ranks = parallel.rank_inputs([need(ANALYZE_JOBS[name])])
     assert ranks is not None
@@ -508,7 +508,7 @@ def test_a_rank_that_would_not_read_back_the_same_is_not_kept(tmp_path: Path) ->
 
     import numpy as np
 
-    from planner import rank_store
+    from planner.job import rank_store
 
     paths = [str(RESNET / "rank0.json.gz")]
     job = pipeline.load_one_rank(paths)
@@ -521,7 +521,7 @@ def test_a_rank_that_would_not_read_back_the_same_is_not_kept(tmp_path: Path) ->
 def test_a_damaged_kept_rank_reads_as_none(tmp_path: Path) -> None:
     """A kept file cut short or overwritten (a full disk, another program) is no rank:
     `load` gives None, so that the second pass reads the trace again, never a traceback."""
-    from planner import rank_store
+    from planner.job import rank_store
 
     paths = [str(RESNET / "rank0.json.gz")]
     job = pipeline.load_one_rank(paths)
@@ -552,8 +552,8 @@ def _count_reads(monkeypatch: pytest.MonkeyPatch, module: Any) -> dict[str, int]
 def test_analyze_reads_each_rank_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """The first pass keeps each rank (`rank_store`) and the second reads it from there,
     not from its trace; without the store (a worker elsewhere) the report is the same."""
-    from planner import rank_analysis, rank_store
     from planner.export.files import dumps
+    from planner.job import rank_analysis, rank_store
 
     folder = need(ANALYZE_JOBS["dlrm_8_ranks"])
     ranks, notes = parallel.split_ranks([folder])
@@ -569,8 +569,8 @@ def test_analyze_reads_each_rank_once(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_simulate_reads_each_rank_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """`simulate` per rank keeps each rank between its passes too (`rank_store`): each
     trace is read once, and the document is the one the second read gives."""
-    from planner import rank_replay, rank_store
     from planner.export.files import dumps
+    from planner.job import rank_replay, rank_store
 
     ranks = parallel.rank_inputs([RESNET])
     assert ranks is not None
@@ -581,7 +581,7 @@ def test_simulate_reads_each_rank_once(monkeypatch: pytest.MonkeyPatch) -> None:
     again, _ = parallel.simulate_ranks(ranks, workers=1, samples=4)
     assert reads["n"] == 2 + 4 and dumps(kept) == dumps(again)
     joint = detect.load([p for paths in ranks for p in paths])
-    from planner import simulate
+    from planner.prediction import simulate
 
     plans = {"caramel": analysis.schedule(joint, "caramel")}
     assert dumps(kept) == dumps(simulate.simulation(joint, plans, samples=4))
@@ -607,8 +607,8 @@ def test_a_large_job_carries_timelines_of_a_bounded_set(
     """Above `analysis.TIMELINE_RANKS` the report keeps every rank's rows and only the
     schedules of the slowest, the fastest and the most often last-arriving rank, per rank
     and in one process alike; the rest of the report does not change."""
-    from planner import rank_analysis
-    from planner.report.outputs import analysis_files
+    from planner.job import rank_analysis
+    from planner.reporting.outputs import analysis_files
 
     folder = need(ANALYZE_JOBS["dlrm_8_ranks"])
     ranks, notes = parallel.split_ranks([folder])
@@ -639,8 +639,9 @@ def test_a_large_job_carries_timelines_of_a_bounded_set(
 def test_analyze_per_rank_with_a_benchmark_model() -> None:
     """`analyze --network FILE` per rank: the plan and the bucket sweep use the benchmark
     model as in one process (the traced job's cap-4 run and its network benchmark)."""
-    from planner import netbench, rank_analysis
     from planner.export.files import dumps
+    from planner.ingest import netbench
+    from planner.job import rank_analysis
 
     run = REPO / "traces" / "torch" / "ddp_mlp24_gloo"
     network = netbench.read_model(run / "net.csv")
@@ -708,7 +709,7 @@ def _plain_critical_waits(model: Any, start: Any, end: Any, last: int) -> list[b
 
 
 def _rank(path: Path) -> tuple[Any, Any, Any]:
-    from planner import simulate as sim
+    from planner.prediction import simulate as sim
 
     job = detect.load([path])
     (rank,) = job.ranks
@@ -722,7 +723,7 @@ def test_the_critical_walk_is_the_plain_walk_on_real_steps() -> None:
     walk marks exactly the waits the plain walk does."""
     import numpy as np
 
-    from planner import simulate as sim
+    from planner.prediction import simulate as sim
 
     job, compiled, rows = _rank(RESNET / "rank0.json.gz")
     (rank,) = job.ranks
@@ -757,7 +758,7 @@ def test_partial_steps_are_the_plain_set_difference() -> None:
 
     import numpy as np
 
-    from planner.records import MISSING_SHARE, partial_steps
+    from planner.model.records import MISSING_SHARE, partial_steps
 
     job, _, rows = _rank(RESNET / "rank0.json.gz")
     (rank,) = job.ranks
@@ -793,7 +794,7 @@ def test_the_carried_queue_is_the_group_by_one() -> None:
     the first step."""
     import numpy as np
 
-    from planner import simulate as sim
+    from planner.prediction import simulate as sim
 
     job, compiled, rows = _rank(RESNET / "rank1.json.gz")
     (rank,) = job.ranks
@@ -817,8 +818,8 @@ def test_the_carried_queue_is_the_group_by_one() -> None:
 def test_predecessors_in_the_networkx_order() -> None:
     """The replay's batching and the all-reduce launchers read predecessors from the
     edge arrays: the same ops in the same order as the graph's networkx view."""
-    from planner import allreduce
-    from planner import simulate as sim
+    from planner.measure import allreduce
+    from planner.prediction import simulate as sim
 
     job, compiled, _ = _rank(RESNET / "rank0.json.gz")
     (rank,) = job.ranks

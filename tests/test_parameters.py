@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.allreduce import allreduce_metrics, collective_first_reads, rank_windows
 from planner.ingest.execution_trace import _arg_names
 from planner.ingest.kineto import load_kineto
-from planner.trace import Job
+from planner.measure.allreduce import allreduce_metrics, collective_first_reads, rank_windows
+from planner.model.trace import Job
 from tests.conftest import missing_reason
 
 GENERATED = Path(__file__).resolve().parents[2] / "shared" / "traces" / "generated" / "torch"

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from conftest import SHARED, TF_RUNS, need
 
-from planner import simulate as sim
 from planner.ingest import detect
-from planner.plan import Plan
+from planner.model.plan import Plan
+from planner.prediction import simulate as sim
 
 MI300 = SHARED / "public/external/tracelens_mi300_resnet_ddp8/resnet_act_checkpoint.json.gz"
 RESNET = SHARED / "generated/torch/resnet_ddp_bucket1mb"
@@ -123,7 +123,7 @@ def test_the_comparison_carries_each_plans_replayed_gain():
     they are released), and replayed as `planner export --enforce arrival` applies them
     they cost (the enforced runs of this job measured 1.01-1.87x the step,
     tests/test_enforced.py)."""
-    from planner import analysis
+    from planner.job import analysis
 
     job = detect.load([need(p) for p in TF_RUNS["cnn_ps_ingraph"]])
     plans = {name: analysis.schedule(job, name) for name in analysis.algorithms_for(job)}

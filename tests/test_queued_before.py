@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from planner import simulate as sim
 from planner.ingest import detect
-from planner.inspection import inspect
+from planner.measure.inspection import inspect
+from planner.prediction import simulate as sim
 from tests.conftest import SHARED, need, run_cli
 
 HTA = SHARED / "public/HolisticTraceAnalysis/tests/data"

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from conftest import REPO, SHARED
 
-from planner import simulate as sim
 from planner.ingest import detect
-from planner.records import missing_ops, partial_steps
+from planner.model.records import missing_ops, partial_steps
+from planner.prediction import simulate as sim
 
 RESNET = REPO / "traces" / "torch" / "resnet_ddp"
 RANKS = [

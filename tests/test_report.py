@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from planner import analysis
-from planner import simulate as sim
 from planner.ingest import detect
-from planner.report import Thresholds, failures, junit_xml, markdown_summary, render_html
-from planner.report.ci import unchecked
-from planner.report.html import MAX_ROWS, NOT_AVAILABLE
+from planner.job import analysis
+from planner.prediction import simulate as sim
+from planner.reporting import Thresholds, failures, junit_xml, markdown_summary, render_html
+from planner.reporting.ci import unchecked
+from planner.reporting.html import MAX_ROWS, NOT_AVAILABLE
 from tests.conftest import DEMO, REPO, SHARED, need, run_cli
 
 TORCH = REPO / "traces" / "torch" / "resnet_ddp"

@@ -127,8 +127,8 @@ def test_simulate_with_sweep_and_timeline(
 
 
 def test_report_with_simulation_section() -> None:
-    from planner import analysis
     from planner.ingest import detect
+    from planner.job import analysis
 
     report = analysis.analyze(detect.load([DEMO]))
     assert report["simulation"]["timelines"]

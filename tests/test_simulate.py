@@ -10,13 +10,15 @@ import numpy as np
 import pytest
 from conftest import DEMO, MLP_IN_REPO, REPO, SHARED, TF_RUNS, need, run_cli
 
-from planner import _simkernel, analysis
-from planner import simulate as sim
 from planner.errors import InputError
 from planner.export.chrome_trace import chrome_trace
-from planner.graph import Op, build_graph
 from planner.ingest import detect
-from planner.plan import Plan
+from planner.job import analysis
+from planner.model.arrays import lanes
+from planner.model.graph import Op, build_graph
+from planner.model.plan import Plan
+from planner.prediction import _simkernel
+from planner.prediction import simulate as sim
 
 sys.path.insert(0, str(REPO))  # bench.synthetic
 
@@ -299,7 +301,7 @@ def test_lanes_are_the_greedy_partition() -> None:
             resource = np.array([f"gpu0/stream{r}" for r in resource.tolist()], dtype=object)
         start = rng.integers(0, 40, n).astype(np.float64)
         duration = rng.integers(0, 9 if case % 2 else 2, n).astype(np.float64)
-        got = sim.lanes(resource, start, duration)
+        got = lanes(resource, start, duration)
         assert got.tolist() == _greedy_lanes(resource, start, duration).tolist()
         crowded += int((got > 0).any())
     assert 100 < crowded < 600  # both paths ran

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from planner.graph import Op, build_graph
-from planner.plan import Plan
-from planner.simulate import batching, compile_graph, op_seconds, run
+from planner.model.graph import Op, build_graph
+from planner.model.plan import Plan
+from planner.prediction.simulate import batching, compile_graph, op_seconds, run
 
 
 def _graph():

@@ -13,15 +13,16 @@ import numpy as np
 import pytest
 from conftest import REPO, RESNET_IN_REPO, SHARED, TF, TF_RUNS, need, run_cli, without_links
 
-from planner import analysis, records
-from planner import simulate as sim
-from planner.graph import build_graph
 from planner.ingest import detect
 from planner.ingest import tf_runmetadata as tfr
 from planner.ingest.tf_graphdef import split_input
 from planner.ingest.tf_timeline import kernel_name
-from planner.report import html
-from planner.trace import rank_meta
+from planner.job import analysis
+from planner.model import records
+from planner.model.graph import build_graph
+from planner.model.trace import rank_meta
+from planner.prediction import simulate as sim
+from planner.reporting import html
 
 TORCH = SHARED / "generated" / "torch"
 RUNS = {
@@ -231,8 +232,8 @@ def test_report_shows_the_warning_beside_the_predictions(tmp_path, capsys):
 
 def _two_steps(ops, edges, rows, spans):
     """A one-rank job of two identical steps (each step's overheads come from the other)."""
-    from planner.graph import build_graph
-    from planner.trace import Job, make_trace
+    from planner.model.graph import build_graph
+    from planner.model.trace import Job, make_trace
 
     graph = build_graph(ops, edges)
     timed = [
@@ -249,7 +250,7 @@ def _two_steps(ops, edges, rows, spans):
 def test_a_kernel_launched_inside_its_cpu_op_starts_at_the_launch():
     """cpu op [0, 100) launches a kernel that runs [30, 70): the edge waits for the launch
     point (30 after the op's start), not for the op's end, so the step stays 100 long."""
-    from planner.graph import Op
+    from planner.model.graph import Op
 
     job = _two_steps(
         [Op("cpu", "compute", "main"), Op("k", "compute", "stream")],
@@ -265,7 +266,7 @@ def test_a_kernel_launched_inside_its_cpu_op_starts_at_the_launch():
 def test_concurrent_transfers_on_one_channel_run_at_their_observed_width():
     """Three recvs overlap on one channel (gRPC); replayed one at a time they would take
     3 x 60; at the observed width of 3 they take the step's 80."""
-    from planner.graph import Op
+    from planner.model.graph import Op
 
     job = _two_steps(
         [Op(f"r{i}", "recv", "w0<-ps0", param=f"p{i}", nbytes=8) for i in range(3)]
@@ -281,8 +282,8 @@ def test_concurrent_transfers_on_one_channel_run_at_their_observed_width():
 def test_a_single_step_gives_no_measured_error_and_says_so():
     """With one traced step the replay can only take the overheads from the step itself:
     its error is 0 by construction, which must not read as a trusted prediction."""
-    from planner.graph import Op
-    from planner.trace import Job
+    from planner.model.graph import Op
+    from planner.model.trace import Job
 
     job = _two_steps(
         [Op("a", "compute", "main"), Op("b", "compute", "main")],

@@ -10,8 +10,8 @@ import json
 import numpy as np
 import pytest
 
-from planner import simulate as sim
 from planner.ingest import detect, kineto_dag
+from planner.prediction import simulate as sim
 from tests.conftest import SHARED, need
 
 HTA = SHARED / "public/HolisticTraceAnalysis/tests/data"

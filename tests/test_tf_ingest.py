@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from conftest import DEMO, REPO, TF_RUNS, need
 
-from planner import analysis
 from planner.errors import InputError
 from planner.ingest import detect
 from planner.ingest.proto import tf_subset_pb2 as tfpb
 from planner.ingest.tf_graphdef import task_of
-from planner.records import partial_steps
-from planner.trace import busy_time, with_dedicated
+from planner.job import analysis
+from planner.model.records import partial_steps
+from planner.model.trace import busy_time, with_dedicated
 
 
 @pytest.fixture(scope="module", params=sorted(TF_RUNS))

@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.graph import Op, OpGraph, build_graph
-from planner.oracle import tic_oracle
-from planner.plan import Plan
-from planner.schedule import tictac
-from planner.schedule.tictac import (
+from planner.model.graph import Op, OpGraph, build_graph
+from planner.model.oracle import tic_oracle
+from planner.model.plan import Plan
+from planner.planning import tictac
+from planner.planning.tictac import (
     Properties,
     communication_dependencies,
     eq6_less,

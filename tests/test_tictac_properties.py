@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.graph import Op, OpGraph, OpKind, build_graph
-from planner.plan import Plan
-from planner.schedule import tictac
-from planner.schedule.tictac import tac, tac_reference, tic, tic_reference
+from planner.model.graph import Op, OpGraph, OpKind, build_graph
+from planner.model.plan import Plan
+from planner.planning import tictac
+from planner.planning.tictac import tac, tac_reference, tic, tic_reference
 
 Case = tuple[OpGraph, dict[str, float]]
 

@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.arrays import median, unique
-from planner.graph import is_acyclic
 from planner.ingest import detect
-from planner.oracle import min_of_columns, min_of_runs
-from planner.records import partial_steps
-from planner.trace import Trace, dedicated_columns, with_dedicated
-from planner.waits import collective_rows, split_waits
+from planner.model.arrays import median, unique
+from planner.model.graph import is_acyclic
+from planner.model.oracle import min_of_columns, min_of_runs
+from planner.model.records import partial_steps
+from planner.model.trace import Trace, dedicated_columns, with_dedicated
+from planner.model.waits import collective_rows, split_waits
 from tests.conftest import MLP_IN_REPO, RESNET_IN_REPO, SHARED, need
 
 DLRM = SHARED / "public/param/et_replay/tests/inputs/dlrm_kineto.tar.gz.extracted/dlrm_kineto"
@@ -131,7 +131,7 @@ def test_is_acyclic_agrees_with_networkx(graph):
     st.lists(st.floats(-1e300, 1e300), min_size=1, max_size=9),
 )
 def test_median_and_unique_are_numpys(ints, floats):
-    """`planner.arrays` (which spare the numpy.ma import) give numpy's results, bit for bit."""
+    """`planner.model.arrays` (which spare the numpy.ma import) give numpy's results, bit for bit."""
     for array in (np.array(ints, dtype=np.int64), np.array(floats, dtype=np.float64)):
         assert median(array) == float(np.median(array))
         assert np.array_equal(unique(array), np.unique(array))

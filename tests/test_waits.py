@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner import analysis
 from planner.ingest.kineto import load_kineto
-from planner.parallel import analyze_ranks
-from planner.schedule import caramel
-from planner.trace import transfer_part
-from planner.waits import collective_rows
+from planner.job import analysis
+from planner.job.parallel import analyze_ranks
+from planner.model.trace import transfer_part
+from planner.model.waits import collective_rows
+from planner.planning import caramel
 
 REPO = Path(__file__).resolve().parents[1]
 GENERATED = REPO.parent / "shared" / "traces" / "generated" / "torch"
@@ -111,7 +111,7 @@ def test_benchmark_model_replaces_a_fit_that_does_not_hold(tmp_path):
         pytest.skip("the trace's fit holds here: nothing to replace")
     bench = tmp_path / "net.csv"
     bench.write_text("nbytes,seconds\n64,0.0003\n65536,0.00037\n1048576,0.0013\n4194304,0.0044\n")
-    from planner.netbench import read_model
+    from planner.ingest.netbench import read_model
 
     plan = analysis.schedule(job, "caramel", network=read_model(bench))["rank0"]
     assert plan.inputs["network_source"] == "benchmark"
@@ -133,7 +133,7 @@ def test_bucket_plan_prediction_is_the_simulators():
 def test_bucket_sweep_reproduces_ddp_buckets_and_replays_the_traced_ones(run):
     """DDP's bucketing (ready order, 1 MiB first bucket, then the cap) rebuilds the traced
     buckets of both caps (25 MB and 1 MB); the traced configuration replays within 5%."""
-    from planner import buckets
+    from planner.planning import buckets
 
     job = load_kineto([_run(run)])
     p = buckets.profile(job)
@@ -160,7 +160,7 @@ def test_bucket_sweep_reproduces_ddp_buckets_and_replays_the_traced_ones(run):
 
 
 def test_report_shows_the_bucket_sweep():
-    from planner.report.html import render_html
+    from planner.reporting.html import render_html
 
     job = load_kineto([_run("resnet_ddp")])
     page = render_html(analysis.analyze(job, samples=5))

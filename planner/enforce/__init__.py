@@ -9,7 +9,7 @@
   (imports torch), so that a peer hung alive ends a step that no hook watches.
 - `planner.enforce.torch_ddp`: a DDP communication hook and a gradient-sync module
   (imports torch; import it explicitly).
-- `planner.enforce.tf_graph`: a plan's control edges as ``^name`` inputs of a GraphDef.
+- `planner.export.tf_graph`: a plan's control edges as ``^name`` inputs of a GraphDef.
 """
 
 from planner.enforce.gate import GateError, GateTimeout, PriorityGate, UnknownTransfer, Violation

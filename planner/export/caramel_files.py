@@ -18,8 +18,8 @@ from typing import Any
 
 from planner.export import ddp_buckets
 from planner.export.files import dumps, write_atomic
-from planner.graph import OpGraph
-from planner.plan import Plan
+from planner.model.graph import OpGraph
+from planner.model.plan import Plan
 
 CONTROL_DEPS_SCHEMA = "planner.control_deps/1"
 BUCKET_PLAN_SCHEMA = "planner.bucket_plan/1"

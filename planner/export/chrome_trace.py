@@ -3,7 +3,7 @@
 One process per (plan, rank), one thread (track) per resource and lane, one complete
 ("X") event per op. Transfers are named by parameter and size; every event's `args`
 carries the op, kind, param and bytes. The plan names sit in the process names and in
-``otherData``. A schedule is the columnar `timeline` of `planner.simulate` (simulated
+``otherData``. A schedule is the columnar `timeline` of `planner.prediction.simulate` (simulated
 or observed): op, resource, lane, start and duration in seconds.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from planner.graph import OpGraph
+from planner.model.graph import OpGraph
 
 SCHEMA = "planner.timeline/1"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from planner.graph import OpGraph
+from planner.model.graph import OpGraph
 
 BUCKET = "bucket"
 

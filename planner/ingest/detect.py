@@ -20,7 +20,7 @@ from typing import Any
 from planner.errors import InputError
 from planner.ingest import sniffers
 from planner.ingest.files import check_path, parse_json, read_bytes, read_head
-from planner.trace import Job
+from planner.model.trace import Job
 
 TRACE_SUFFIXES = (".pb", ".pbtxt", ".json", ".gz")
 

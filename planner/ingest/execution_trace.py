@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from planner.errors import InputError
-from planner.graph import is_acyclic
 from planner.ingest.kineto_events import read_document
+from planner.model.graph import is_acyclic
 
 TensorKey = tuple[int, int]
 

@@ -44,10 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from planner import waits
-from planner.arrays import unique
 from planner.errors import InputError
-from planner.graph import PHASES, GraphError, Op, OpGraph, build_graph, is_acyclic
 from planner.ingest import kineto_dag, kineto_params, kineto_windows, limits
 from planner.ingest.kineto_comms import (
     BACKEND,
@@ -74,6 +71,7 @@ from planner.ingest.kineto_events import (
 from planner.ingest.kineto_gpu import gpu_rows, launches, step_spans
 from planner.ingest.kineto_identity import aligned_occurrence, op_suffixes
 from planner.ingest.kineto_params import LAYER_PARAMS, parameters_from_sizes
+from planner.ingest.kineto_rank import Occurrences, RankModel
 from planner.ingest.kineto_steps import (
     BACKWARD,
     FORWARD,
@@ -86,7 +84,10 @@ from planner.ingest.kineto_steps import (
     phases,
     step_of,
 )
-from planner.trace import SPAN_COLUMNS, TIMING_COLUMNS, Job, Trace
+from planner.model import waits
+from planner.model.arrays import unique
+from planner.model.graph import PHASES, GraphError, Op, OpGraph, build_graph, is_acyclic
+from planner.model.trace import SPAN_COLUMNS, TIMING_COLUMNS, Job, Trace
 
 __all__ = [
     "DTYPE_BYTES", "CommPattern", "Occurrences", "RankEvents", "RankModel", "build_rank",
@@ -94,36 +95,6 @@ __all__ = [
     "load_patterns", "parameters_from_sizes", "read_document", "read_rank",
     "read_rank_generic",
 ]  # fmt: skip
-
-
-@dataclass
-class Occurrences:
-    """The op occurrences of one rank, one entry each (columns of the timings table)."""
-
-    iteration: np.ndarray  # int64 step
-    op: np.ndarray  # int64 op id (index into RankModel.op_names)
-    start: np.ndarray  # int64 ns
-    duration: np.ndarray  # int64 ns
-
-    def __len__(self) -> int:
-        return len(self.op)
-
-
-@dataclass
-class RankModel:
-    """One rank, reduced to ops: the op occurrences plus the edge candidates."""
-
-    rank: str
-    ops: dict[str, Op]
-    occurrences: Occurrences
-    spans: list[tuple[int, int, int]]  # (step, start, end)
-    op_names: list[str]  # op id -> name (the keys of `ops`, in order)
-    edges_by_step: dict[int, tuple[np.ndarray, np.ndarray]]  # step -> (src ids, dst ids)
-    rf_to_op: dict[int, str]  # Record function id (ET step) -> op name
-    notes: list[str]
-    meta: dict[str, Any]
-    #: step -> forward layer-op parameter reads in time order: (op, label, nbytes)
-    layer_reads: dict[int, list[tuple[str, str, int]]] = field(default_factory=dict)
 
 
 OpMemo = dict[tuple[Any, ...], Op]

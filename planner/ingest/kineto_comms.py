@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from planner.arrays import unique
 from planner.errors import InputError
 from planner.ingest.kineto_events import CPU_OP_CATS, RankEvents
 from planner.ingest.kineto_steps import by_lane
+from planner.model.arrays import unique
 
 BACKEND = re.compile(r"^(nccl|gloo|rccl|hccl|mpi|ucc|xccl|mccl):(\w+)$", re.IGNORECASE)
 

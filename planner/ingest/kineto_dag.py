@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from planner.arrays import unique
-from planner.graph import is_acyclic
 from planner.ingest.kineto_steps import OPTIMIZER as _OPTIMIZER
+from planner.model.arrays import unique
+from planner.model.graph import is_acyclic
 
 if TYPE_CHECKING:
-    from planner.ingest.kineto import RankModel
+    from planner.ingest.kineto_rank import RankModel
 
 
 def collective_edges(

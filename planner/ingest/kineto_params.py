@@ -11,7 +11,7 @@ import numpy as np
 from planner.ingest.kineto_comms import DTYPE_BYTES
 
 if TYPE_CHECKING:
-    from planner.ingest.kineto import RankModel
+    from planner.ingest.kineto_rank import RankModel
 
 #: Layer ops whose (argument position, name) inputs are parameters; with Input Dims these
 #: give the parameter sizes when no Execution Trace is at hand.

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from planner.arrays import unique
 from planner.errors import InputError
-from planner.graph import PHASES
 from planner.ingest.kineto_events import CPU_OP_CATS, GPU_CATS, STEP_NAME, RankEvents
+from planner.model.arrays import unique
+from planner.model.graph import PHASES
 
 FORWARD, BACKWARD, OPTIMIZER, UNKNOWN, INPUT = map(
     PHASES.index, ("forward", "backward", "optimizer", "unknown", "input")

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import InputError
-from planner.graph import OpGraph
 from planner.ingest.files import MAX_NBYTES, size_text
+from planner.model.graph import OpGraph
 
 MAX_DIMS_DEPTH = 3
 """`Input Dims` nesting: the argument list, a TensorList, a shape (3 levels of lists)."""

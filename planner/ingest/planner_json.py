@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import InputError
-from planner.graph import OP_KINDS, PHASES, GraphError, Op, build_graph, device_ops
 from planner.ingest.files import MAX_NBYTES, MAX_SPAN_S, MAX_TIME_NS
-from planner.trace import Job, make_trace
+from planner.model.graph import OP_KINDS, PHASES, GraphError, Op, build_graph, device_ops
+from planner.model.trace import Job, make_trace
 
 SCHEMA = "planner.trace/1"
 # what an ingest keeps beside the ops, edges and timings (`Job.meta`, top level or per

@@ -25,9 +25,9 @@ from typing import Any
 from google.protobuf import message, text_format
 
 from planner.errors import InputError
-from planner.graph import GraphError, Op, OpGraph, build_graph
 from planner.ingest.proto import tf_subset_pb2 as tfpb
-from planner.trace import Job, empty_trace
+from planner.model.graph import GraphError, Op, OpGraph, build_graph
+from planner.model.trace import Job, empty_trace
 
 _DEVICE = re.compile(r"/job:(?P<job>[^/]+)(?:/replica:(?P<replica>\d+))?(?:/task:(?P<task>\d+))?")
 _KIND_NAME = re.compile(r"/device:(?P<kind>[^:]+):(?P<index>\d+)")

@@ -29,11 +29,11 @@ from pathlib import Path
 from google.protobuf import message
 
 from planner.errors import InputError
-from planner.graph import GraphError, Op, OpGraph, build_graph
 from planner.ingest.files import MAX_NBYTES, MAX_SPAN_S, MAX_TIME_NS
 from planner.ingest.proto import tf_subset_pb2 as tfpb
 from planner.ingest.tf_graphdef import device_name, split_input, task_of
-from planner.trace import Job, make_trace
+from planner.model.graph import GraphError, Op, OpGraph, build_graph
+from planner.model.trace import Job, make_trace
 
 _LABEL = re.compile(
     r"^\[(?P<size>[^\]]*)\] \[[^\]]*\] (?P<edge>\S+) from (?P<src>\S+) to (?P<dst>\S+)"
@@ -463,7 +463,7 @@ def load_run_metadata(files: list[tuple[Path, bytes]]) -> Job:
 
 def _ps_work(step: _Step, device: str, links: dict[str, tuple]) -> _PsWork:
     """The parameter servers' work for the worker partition on `device`, for the replay
-    (`planner.simulate.replay`): the PS nodes with node stats as ops (``ps0:<node>`` on
+    (`planner.prediction.simulate.replay`): the PS nodes with node stats as ops (``ps0:<node>`` on
     resource ``ps0/CPU:0``), the edges among them and to and from the worker's transfers
     (a PS node that reads a tensor the worker sends waits for that send; the worker's
     recv waits for the PS node it receives from; `_Send`/`_Recv` nodes, which TensorFlow
@@ -546,7 +546,7 @@ def _replay_meta(
     rows: list[tuple[str, int, str, int, int]],
     release: dict[str, dict[int, dict[str, int]]],
 ) -> dict[str, object]:
-    """What `planner.simulate.replay` runs in place of the worker graphs: per rank the
+    """What `planner.prediction.simulate.replay` runs in place of the worker graphs: per rank the
     worker partition followed by the PS work it exchanges tensors with (`_ps_work`),
     the PS ops' records and their releases. A PS graph that cannot join (a cycle) is
     left out: the worker is replayed alone."""

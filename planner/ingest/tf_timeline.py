@@ -45,7 +45,6 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import InputError
-from planner.graph import GraphError, Op, build_graph
 from planner.ingest.files import MAX_SPAN_S, MAX_TIME_NS
 from planner.ingest.sniffers import (  # noqa: F401 (re-exported)
     XPLANE_ANSWER,
@@ -55,7 +54,8 @@ from planner.ingest.sniffers import (  # noqa: F401 (re-exported)
 )
 from planner.ingest.tf_graphdef import split_input, task_of
 from planner.ingest.tf_runmetadata import step_number
-from planner.trace import Job, make_trace
+from planner.model.graph import GraphError, Op, build_graph
+from planner.model.trace import Job, make_trace
 
 _STREAM = re.compile(r"^(?P<device>.*?)/(?:stream:(?P<stream>\w+)|(?P<memcpy>memcpy))$")
 _DEVICE_KIND = re.compile(r"/(?:device:)?(?P<kind>[A-Za-z_]+):(?P<index>\d+)$")

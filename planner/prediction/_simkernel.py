@@ -1,0 +1,277 @@
+"""The list-scheduling loop of `planner.prediction.simulate`, over plain integer arrays.
+
+One function, `python_list_schedule`, is the whole discrete-event loop. It is compiled
+with numba when numba is installed (``pip install numba``) and the work is large enough
+to pay for loading numba (`list_schedule` picks), and otherwise runs as plain Python; both
+run the same code on the same arrays and random draws, so they return identical schedules
+(the Python form is ~100x slower). Set ``PLANNER_NO_NUMBA=1`` to force the Python form.
+
+Per resource the ready ops sit in buckets, one per priority number (a min-heap of
+bucket ids per resource gives the lowest number) plus one bucket of unprioritized
+ops. A free resource draws uniformly among the lowest-numbered bucket and the
+unprioritized ops (TicTac §3.1), consuming exactly one uniform draw per dispatch, so
+a sample is fixed by its row of draws. All completions at an instant are processed
+before any resource picks, so an op that becomes ready at t competes at t.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from importlib.util import find_spec
+from typing import Any
+
+import numpy as np
+
+
+def python_list_schedule(
+    dur: np.ndarray,
+    succ_ptr: np.ndarray,
+    succ_idx: np.ndarray,
+    indeg0: np.ndarray,
+    res: np.ndarray,
+    cap: np.ndarray,
+    bucket: np.ndarray,
+    bstart: np.ndarray,
+    hstart: np.ndarray,
+    ustart: np.ndarray,
+    lstart: np.ndarray,
+    rand: np.ndarray,
+    record: bool,
+    out_start: np.ndarray,
+    out_lane: np.ndarray,
+    makespan: np.ndarray,
+    done_out: np.ndarray,
+) -> None:
+    """Simulate one sample per row of `rand`; write makespans (and starts if `record`).
+
+    dur: int64 ticks per op; succ_ptr/succ_idx: CSR successors; indeg0: in-degrees;
+    res: resource id per op; cap: channels per resource; bucket: priority bucket per op
+    (-1 = unprioritized), buckets sorted by (resource, priority); bstart/hstart/ustart/
+    lstart: segment starts of buckets, per-resource bucket heaps, unprioritized lists
+    and lanes. done_out[s] < n means a cycle left ops unrun.
+    """
+    n = dur.shape[0]
+    n_res = cap.shape[0]
+    n_buckets = bstart.shape[0] - 1
+    for s in range(rand.shape[0]):
+        indeg = indeg0.copy()
+        bitems = np.empty(n, np.int64)
+        bcount = np.zeros(max(n_buckets, 1), np.int64)
+        bheap = np.empty(max(n_buckets, 1), np.int64)
+        hsize = np.zeros(n_res, np.int64)
+        uitems = np.empty(n, np.int64)
+        ucount = np.zeros(n_res, np.int64)
+        busy = np.zeros(n_res, np.int64)
+        lanes = np.empty(max(lstart[n_res], 1), np.int64)
+        ltop = np.zeros(n_res, np.int64)
+        lane_of = np.zeros(n, np.int64)
+        for r in range(n_res):
+            for k in range(cap[r]):
+                lanes[lstart[r] + k] = cap[r] - 1 - k
+            ltop[r] = cap[r]
+        et = np.empty(n, np.int64)
+        eo = np.empty(n, np.int64)
+        esize = 0
+        ready = np.empty(n, np.int64)
+        nready = 0
+        dirty = np.zeros(n_res, np.bool_)
+        dlist = np.empty(n_res, np.int64)
+        nd = 0
+        for i in range(n):
+            if indeg[i] == 0:
+                ready[nready] = i
+                nready += 1
+        t = 0
+        kr = 0
+        done = 0
+        while True:
+            # newly ready ops join their resource's bucket
+            for q in range(nready):
+                i = ready[q]
+                r = res[i]
+                b = bucket[i]
+                if b >= 0:
+                    bitems[bstart[b] + bcount[b]] = i
+                    bcount[b] += 1
+                    if bcount[b] == 1:
+                        base = hstart[r]
+                        pos = hsize[r]
+                        hsize[r] += 1
+                        while pos > 0:
+                            parent = (pos - 1) >> 1
+                            if bheap[base + parent] <= b:
+                                break
+                            bheap[base + pos] = bheap[base + parent]
+                            pos = parent
+                        bheap[base + pos] = b
+                else:
+                    uitems[ustart[r] + ucount[r]] = i
+                    ucount[r] += 1
+                if not dirty[r]:
+                    dirty[r] = True
+                    dlist[nd] = r
+                    nd += 1
+            nready = 0
+            # every touched resource with a free channel picks
+            for q in range(nd):
+                r = dlist[q]
+                dirty[r] = False
+                while busy[r] < cap[r]:
+                    bc = 0
+                    b = -1
+                    if hsize[r] > 0:
+                        b = bheap[hstart[r]]
+                        bc = bcount[b]
+                    k = bc + ucount[r]
+                    if k == 0:
+                        break
+                    j = int(rand[s, kr] * k)
+                    kr += 1
+                    if j >= k:
+                        j = k - 1
+                    if j < bc:
+                        pos = bstart[b] + j
+                        i = bitems[pos]
+                        bitems[pos] = bitems[bstart[b] + bc - 1]
+                        bcount[b] = bc - 1
+                        if bc == 1:
+                            base = hstart[r]
+                            hsize[r] -= 1
+                            size = hsize[r]
+                            last = bheap[base + size]
+                            pos = 0
+                            while True:
+                                c = 2 * pos + 1
+                                if c >= size:
+                                    break
+                                if c + 1 < size and bheap[base + c + 1] < bheap[base + c]:
+                                    c += 1
+                                if bheap[base + c] >= last:
+                                    break
+                                bheap[base + pos] = bheap[base + c]
+                                pos = c
+                            if size > 0:
+                                bheap[base + pos] = last
+                    else:
+                        pos = ustart[r] + j - bc
+                        i = uitems[pos]
+                        ucount[r] -= 1
+                        uitems[pos] = uitems[ustart[r] + ucount[r]]
+                    busy[r] += 1
+                    ltop[r] -= 1
+                    lane = lanes[lstart[r] + ltop[r]]
+                    lane_of[i] = lane
+                    if record:
+                        out_start[s, i] = t
+                        out_lane[s, i] = lane
+                    ft = t + dur[i]
+                    pos = esize
+                    esize += 1
+                    while pos > 0:
+                        parent = (pos - 1) >> 1
+                        pt = et[parent]
+                        po = eo[parent]
+                        if pt < ft or (pt == ft and po < i):
+                            break
+                        et[pos] = pt
+                        eo[pos] = po
+                        pos = parent
+                    et[pos] = ft
+                    eo[pos] = i
+            nd = 0
+            if esize == 0:
+                break
+            # all completions at the next instant
+            t = et[0]
+            while esize > 0 and et[0] == t:
+                i = eo[0]
+                esize -= 1
+                lt = et[esize]
+                lo = eo[esize]
+                pos = 0
+                while True:
+                    c = 2 * pos + 1
+                    if c >= esize:
+                        break
+                    if c + 1 < esize and (
+                        et[c + 1] < et[c] or (et[c + 1] == et[c] and eo[c + 1] < eo[c])
+                    ):
+                        c += 1
+                    if lt < et[c] or (lt == et[c] and lo < eo[c]):
+                        break
+                    et[pos] = et[c]
+                    eo[pos] = eo[c]
+                    pos = c
+                if esize > 0:
+                    et[pos] = lt
+                    eo[pos] = lo
+                done += 1
+                r = res[i]
+                busy[r] -= 1
+                lanes[lstart[r] + ltop[r]] = lane_of[i]
+                ltop[r] += 1
+                if not dirty[r]:
+                    dirty[r] = True
+                    dlist[nd] = r
+                    nd += 1
+                for e in range(succ_ptr[i], succ_ptr[i + 1]):
+                    v = succ_idx[e]
+                    indeg[v] -= 1
+                    if indeg[v] == 0:
+                        ready[nready] = v
+                        nready += 1
+        makespan[s] = t
+        done_out[s] = done
+
+
+ACCELERATED = not os.environ.get("PLANNER_NO_NUMBA") and find_spec("numba") is not None
+"""Whether the compiled loop is available (numba installed, not disabled); numba itself is
+imported only when the loop is first compiled."""
+
+SMALL_WORK = 30_000
+"""Op dispatches (ops x samples, summed over the calls of a process) run by the Python loop
+before numba is loaded. Importing numba and loading the cached machine code costs about
+0.5-0.8 s per process; the Python loop takes about 5-20 µs per dispatch, so small
+graphs and few samples (the demo, a CI gate) finish sooner without numba."""
+
+_state: dict[str, Any] = {"python_work": 0, "compiled": None}
+
+
+def compiled() -> Callable[..., None]:
+    """The numba-compiled loop (compiled, or loaded from numba's cache, on first use)."""
+    if _state["compiled"] is None:
+        import numba
+
+        _state["compiled"] = numba.njit(cache=True, nogil=True)(python_list_schedule)
+    return _state["compiled"]
+
+
+def list_schedule(*args: Any) -> None:
+    """`python_list_schedule` on the same arguments, run by the loop that finishes first:
+    the Python loop while this process's work stays under SMALL_WORK, then numba."""
+    work = int(args[0].shape[0]) * int(args[11].shape[0])
+    if not ACCELERATED or (
+        _state["compiled"] is None and _state["python_work"] + work <= SMALL_WORK
+    ):
+        _state["python_work"] += work
+        python_list_schedule(*args)
+        return
+    compiled()(*args)
+
+
+def warm() -> None:
+    """Load the compiled loop now (numba's import and its cached machine code, about
+    0.5 s), in a worker that waits anyway, before the replays that need it; nothing
+    without numba. A one-op graph, one sample: the argument types of `simulate`'s calls
+    (its random rows are read-only), so that numba loads that machine code."""
+    if not ACCELERATED:
+        return
+    one, zero = np.ones(1, np.int64), np.zeros(1, np.int64)
+    rand = np.zeros((1, 1))
+    rand.setflags(write=False)
+    compiled()(
+        one, np.array([0, 0]), np.zeros(0, np.int64), zero, zero, one, np.array([-1]),
+        np.array([0, 0]), np.array([0, 0]), np.array([0, 0]), np.array([0, 1]), rand, False,
+        np.zeros((1, 1), np.int64), np.zeros((1, 1), np.int64), zero.copy(), zero.copy(),
+    )  # fmt: skip

@@ -1,0 +1,59 @@
+"""The files `planner analyze -o DIR` (and `planner.report(job, DIR)`) writes, rendered
+from the `planner.report/1` document before any is written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from planner.export.files import dumps
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from planner.model.graph import OpGraph
+
+
+def analysis_files(
+    report: dict[str, Any], graphs: Mapping[str, OpGraph], output: Path, workers: int | None = 1
+) -> dict[Path, str]:
+    """Path -> text of every file: report.json and report.html, the priority files of
+    every plan, Caramel's exports, and timeline.json (the traced step and the best plan's
+    predicted schedule, per rank; `graphs`: rank -> its DAG, for the events' labels).
+
+    `workers`: processes that draw report.html's sections (`render_html`).
+
+    Rank names come from the inputs: the file name part made of each
+    (`planner.export.files.file_names`) is recorded in the report as ``file_names``.
+    """
+    from planner.export import priorities
+    from planner.export.chrome_trace import chrome_trace
+    from planner.export.files import file_names
+    from planner.reporting.html import recommendation, render_html
+
+    ranks = [entry["rank"] for doc in report["plans"].values() for entry in doc["ranks"]]
+    parts = file_names(ranks)
+    report["file_names"] = {"ranks": parts}
+    files = {output / "report.json": dumps(report)}
+    for name, document in report["plans"].items():
+        files[output / f"priorities_{name}.json"] = dumps(document)
+        if name in ("tic", "tac"):
+            for entry in document["ranks"]:
+                text = priorities.to_tictac(document, entry["rank"])
+                files[output / f"{parts[entry['rank']]}.{name}.txt"] = text
+    for name, document in report["exports"].items():
+        files[output / f"{name}.json"] = dumps(document)
+    simulation = report["simulation"]
+    if simulation is not None and simulation.get("timelines"):
+        # the fastest plan of each rank, never the random-order baseline (see the report)
+        best = {r["rank"]: recommendation(r)["plan"] for r in simulation["comparison"]["ranks"]}
+        chosen = [
+            {**s, "graph": graphs[s["rank"]]}
+            for s in simulation["timelines"]
+            if s["plan"] in ("measured", best.get(s["rank"]))
+        ]
+        meta = {"planner": "analyze", "best_plan": best}
+        files[output / "timeline.json"] = dumps(chrome_trace(chosen, meta))
+    names = sorted({path.name for path in files} | {"report.html"})
+    files[output / "report.html"] = render_html(report, files=names, workers=workers)
+    return files
