@@ -1,4 +1,4 @@
-"""A plan as the TF module enforces it (`planner.prediction.enforced`): the chain the replay runs."""
+"""A plan as the TF module enforces it (`planner.prediction.enforced`): the chain replayed."""
 
 from __future__ import annotations
 

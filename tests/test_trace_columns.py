@@ -131,7 +131,7 @@ def test_is_acyclic_agrees_with_networkx(graph):
     st.lists(st.floats(-1e300, 1e300), min_size=1, max_size=9),
 )
 def test_median_and_unique_are_numpys(ints, floats):
-    """`planner.model.arrays` (which spare the numpy.ma import) give numpy's results, bit for bit."""
+    """`planner.model.arrays` (which spare the numpy.ma import) give numpy's results, bitwise."""
     for array in (np.array(ints, dtype=np.int64), np.array(floats, dtype=np.float64)):
         assert median(array) == float(np.median(array))
         assert np.array_equal(unique(array), np.unique(array))
