@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from planner.api import resolve
-from planner.errors import InputError
+from planner.errors import InputError, WorkerDied
 from planner.export.files import dumps, file_names, write_atomic
 from planner.version import __version__
 from planner_cli import caramel as caramel_commands
@@ -432,6 +432,9 @@ def _run(argv: Sequence[str] | None) -> None:
     except InputError as exc:
         render.error(str(exc))
         sys.exit(2)
+    except WorkerDied as exc:  # not the input's fault: the machine's
+        render.error(str(exc))
+        sys.exit(1)
     except click.UsageError as exc:
         render.error(exc.format_message())
         sys.exit(2)

@@ -192,7 +192,7 @@ class Plans:
         """The `planner.priorities/1` document (what `planner schedule --json` prints)."""
         from planner.job import analysis
 
-        return analysis.plan_document(self.plans, self.job.graphs)
+        return analysis.plan_document(self.plans, self.job.graphs, self.job.meta)
 
     def to_frame(self) -> pd.DataFrame:
         """One row per rank and planned transfer, in plan order."""

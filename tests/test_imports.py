@@ -11,7 +11,7 @@ from conftest import DEMO
 def test_core_never_imports_tensorflow_or_tensorboard():
     code = (
         "import sys\n"
-        "from planner import analysis\n"
+        "from planner.job import analysis\n"
         "from planner.ingest import detect\n"
         "import planner_cli.main\n"
         f"analysis.analyze(detect.load([{str(DEMO)!r}]))\n"

@@ -42,11 +42,15 @@ class GateTimeout(GateError):
         self.transfer = transfer
         self.waited_for = waited_for
         self.order_index = order_index
+        self.timeout = timeout
         super().__init__(
             f"transfer {transfer!r} waited {timeout:g} s for {waited_for!r} "
             f"(order_index {order_index}), which was never handed over: is it missing from "
             "this iteration, or is the plan for another model?"
         )
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, int, float]]:
+        return (type(self), (self.transfer, self.waited_for, self.order_index, self.timeout))
 
 
 class UnknownTransfer(GateError):

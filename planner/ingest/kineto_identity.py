@@ -91,7 +91,9 @@ def _reference(spans: list[tuple[int, int]], keys: list[bytes], counts: Counter)
     """The index of the lane's reference step: its most common sequence, and of those
     sequences (ties) the one of median length, first in step order."""
     top = max(counts.values())
-    tied = sorted({key for key, n in counts.items() if n == top}, key=len)
+    # `counts` holds the sequences in step order; a set here would order the ties by
+    # the process's string hash, and a lane's names with it (issue #47)
+    tied = sorted((key for key, n in counts.items() if n == top), key=len)
     wanted = tied[(len(tied) - 1) // 2]
     return keys.index(wanted)
 

@@ -188,24 +188,40 @@ def caramel_reference_plan(
 
 
 def caramel_rank_plans(
-    plan: Plan, ops_of: Mapping[str, Collection[str]], source: str | None
+    plan: Plan,
+    ops_of: Mapping[str, Collection[str]],
+    source: str | None,
+    holds: Callable[[str], bool] | None = None,
 ) -> dict[str, Plan]:
     """The reference rank's Caramel `plan` for every rank of `ops_of` (rank -> its op
-    names); InputError naming `source` when a rank lacks one of the planned collectives.
-    Its control edges are kept where every rank has both ends
-    (``inputs["control_edges_dropped"]`` counts the others)."""
+    names, or its transfers' where `holds` is given); InputError naming `source` when a
+    rank lacks one of the planned collectives. The control edges are `job_plan`'s:
+    kept where every rank holds both ends (`holds`, by default from `ops_of`)."""
+    if holds is None:
+        common = set.intersection(*(set(ops) for ops in ops_of.values())) if ops_of else set()
+        holds = common.__contains__
+    shared = job_plan(plan, holds)
     plans = {}
-    common = set.intersection(*(set(ops) for ops in ops_of.values())) if ops_of else set()
-    edges = tuple((u, v) for u, v in plan.control_edges if u in common and v in common)
-    inputs = {**plan.inputs, "planned_on": plan.rank}
-    if len(edges) < len(plan.control_edges):
-        inputs["control_edges_dropped"] = len(plan.control_edges) - len(edges)
     for rank, ops in ops_of.items():
         missing = set(plan.order) - set(ops)
         if missing:
             raise InputError(source, f"{rank} lacks collective {sorted(missing)[0]} of {plan.rank}")
-        plans[rank] = replace(plan, rank=rank, control_edges=edges, inputs=inputs)
+        plans[rank] = replace(shared, rank=rank)
     return plans
+
+
+def job_plan(plan: Plan, holds: Callable[[str], bool]) -> Plan:
+    """The reference rank's Caramel `plan` as every rank runs it (still named for the
+    reference rank: each rank's copy is ``replace(..., rank=rank)``): its control edges
+    kept where every rank holds both ends (`holds`; an edge naming an op some rank lacks
+    would order nothing there, and its replay would refuse it),
+    ``inputs["control_edges_dropped"]`` counting the others, ``planned_on`` the
+    reference rank. The one rule of the joint path and the per-rank path."""
+    edges = tuple((u, v) for u, v in plan.control_edges if holds(u) and holds(v))
+    inputs = {**plan.inputs, "planned_on": plan.rank}
+    if len(edges) < len(plan.control_edges):
+        inputs["control_edges_dropped"] = len(plan.control_edges) - len(edges)
+    return replace(plan, control_edges=edges, inputs=inputs)
 
 
 def plan_document(

@@ -20,13 +20,14 @@ import resource
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from statistics import fmean
 from typing import TYPE_CHECKING, Any
 
-from planner.errors import InputError
+from planner.errors import InputError, WorkerDied
 
 if TYPE_CHECKING:
     from planner.model.oracle import NetworkModel
@@ -265,16 +266,16 @@ def schedule_ranks(
     """
     from planner.job import pipeline
 
-    fixed: dict[str, float] = {}
+    folded = pipeline.Folded()
     with rank_mapper(workers, dask_address, len(rank_inputs)) as mapper:
         task = partial(pipeline.rank_summary, plans=True)
-        results = mapper(task, rank_inputs, pipeline.fold_times(fixed))
-        planned, inputs = pipeline.caramel_inputs(results, fixed)
+        results = mapper(task, rank_inputs, pipeline.fold(folded))
+        planned, inputs = pipeline.caramel_inputs(results, folded.times)
         task = partial(pipeline.reference_plan, **inputs, channels=channels, benchmark=network)
         (reference,) = mapper(task, [planned[0]["inputs"]], None)
     if "error" in reference:
         raise InputError(*reference["error"])
-    return pipeline.job_priorities(planned, reference["plan"]), usage_of(results)
+    return pipeline.job_priorities(planned, reference["plan"], folded), usage_of(results)
 
 
 def simulate_ranks(
@@ -297,22 +298,22 @@ def simulate_ranks(
     computes the waits, the peers' ready times and the Caramel plan.
     Returns (document, per-worker resource records of both passes).
     """
-    from planner.job import pipeline, rank_replay
+    from planner.job import analysis, pipeline, rank_replay
 
     if plan not in ("all", "caramel", "baseline", "observed"):
         raise InputError(None, f"plan {plan!r}: one process plans it (TIC/TAC)")
-    fixed: dict[str, float] = {}
+    folded = pipeline.Folded()
     with (
         tempfile.TemporaryDirectory(prefix="planner-ranks-") as store,
         rank_mapper(workers, dask_address, len(rank_inputs)) as mapper,
     ):
         task = partial(rank_replay.replay_summary, store=store)
-        results = mapper(task, rank_inputs, pipeline.fold_times(fixed))
+        results = mapper(task, rank_inputs, pipeline.fold(folded))
         ranks = pipeline.checked(results)
         reference = None
         if plan == "caramel" or (plan == "all" and any(r["caramel"] for r in ranks)):
             channels = int(knobs.get("channels", 1))
-            planned, inputs = pipeline.caramel_inputs(results, fixed)
+            planned, inputs = pipeline.caramel_inputs(results, folded.times)
             task = partial(pipeline.reference_plan, **inputs, channels=channels)
             (reference,) = mapper(task, [planned[0]["inputs"]], None)
             if "error" in reference:
@@ -326,7 +327,9 @@ def simulate_ranks(
             "sweep_values": list(sweep_values),
             "knobs": knobs,
         }
-        plan_of = reference["plan"] if reference is not None else None
+        plan_of = None
+        if reference is not None:  # the plan every rank runs, as the joint path's
+            plan_of = analysis.job_plan(reference["plan"], folded.holds())
         args = [
             (
                 waited.get(r["rank"], {}),
@@ -445,12 +448,46 @@ def rank_mapper(
         try:
             with ProcessPoolExecutor(max_workers=count) as pool:
                 try:
-                    yield partial(_map, pool.map)
+                    yield partial(_map, partial(_pool_map, pool))
                 except BaseException:
                     pool.shutdown(cancel_futures=True)  # tasks sent ahead are not waited for
                     raise
         finally:
             gc.unfreeze()
+
+
+def _pool_map(
+    pool: ProcessPoolExecutor, run: Callable[[Any], dict[str, Any]], items: list[Any]
+) -> Iterator[dict[str, Any]]:
+    """`pool.map(run, items)`: every task sent at once, the records in order; a worker
+    that died (a signal, out of memory) is `WorkerDied` naming the first rank input it
+    left unfinished, not concurrent.futures' traceback. Closing the iterator early
+    cancels the tasks not yet started, as `pool.map`'s does."""
+    futures = [pool.submit(run, item) for item in items]
+    return _pool_results(futures, items)
+
+
+def _pool_results(futures: list[Any], items: list[Any]) -> Iterator[dict[str, Any]]:
+    try:
+        for i, future in enumerate(futures):
+            try:
+                yield future.result()
+            except BrokenProcessPool:
+                raise WorkerDied(_first_path(items[i]), DIED) from None
+            futures[i] = None
+    finally:
+        for future in futures:
+            if future is not None:
+                future.cancel()
+
+
+DIED = "killed by a signal or out of memory"
+
+
+def _first_path(item: Any) -> str | None:
+    """The first file of a task's rank input (`item`: the paths, or (paths, args))."""
+    paths = item[0] if isinstance(item, tuple) else item
+    return str(paths[0]) if paths else None
 
 
 def _map(
@@ -517,11 +554,17 @@ def _dask_client(address: str, workers: int | None) -> Iterator[Any]:
 def _on_dask(client: Any, run: Task, tasks: list[list[str]]) -> Iterator[dict[str, Any]]:
     """The records of `run` over `tasks` on a Dask client, in task order, each one
     released on the cluster once it is here; the tasks are sent at once."""
-    return _released(client.map(run, tasks, pure=False))
+    return _released(client.map(run, tasks, pure=False), tasks)
 
 
-def _released(futures: list[Any]) -> Iterator[dict[str, Any]]:
-    """The results of Dask `futures`, in order, each released once it is here."""
+def _released(futures: list[Any], tasks: list[Any]) -> Iterator[dict[str, Any]]:
+    """The results of Dask `futures`, in order, each released once it is here; a task
+    whose workers kept dying (Dask's `KilledWorker`) is `WorkerDied` naming its input."""
+    from distributed import KilledWorker
+
     for i, future in enumerate(futures):
-        yield future.result()
+        try:
+            yield future.result()
+        except KilledWorker:
+            raise WorkerDied(_first_path(tasks[i]), DIED) from None
         futures[i] = None  # let the cluster drop the record

@@ -14,14 +14,17 @@ the same order as `planner.measure.metrics.bounds`, so that the floats are the s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import replace
+import hashlib
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from planner.errors import InputError
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from planner.model.oracle import TimeOracle
     from planner.model.trace import Job
 
@@ -201,7 +204,7 @@ def _bound_terms(job: Job, rank: str, times: Mapping[str, float]) -> dict[str, A
 def _caramel_terms(job: Job, rank: str, times: Mapping[str, float]) -> dict[str, Any]:
     """What the job's Caramel plan needs of a rank with collectives (`caramel_job_plan`):
     the oracle times of the ops off its transfer resources ("fixed": final here, folded
-    into the job's maximum as they arrive, `fold_times`), the ops on those resources
+    into the job's maximum as they arrive, `fold`), the ops on those resources
     (their times wait for the waits, `_open_times`), its transfers' rows (the network
     fit) and the priority document's `plan_material` of its transfers."""
     from planner.job import analysis
@@ -218,22 +221,58 @@ def _caramel_terms(job: Job, rank: str, times: Mapping[str, float]) -> dict[str,
         ],
         "transfer_rows": rows,
         "material": analysis.plan_material(graph, rank, graph.transfers, job.meta),
+        "op_keys": op_keys(graph.ops),
     }
 
 
-def fold_times(into: dict[str, float]) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """A `parallel.map_ranks` ``each``: moves a summary's fixed oracle times into `into`,
-    the largest over the ranks per op, so that the parent holds one table, not one per
-    rank."""
+def op_keys(names: Iterable[str]) -> np.ndarray:
+    """The sorted distinct 64-bit keys (BLAKE2b, the same in every process, unlike
+    `hash`) of op `names`: what a rank's summary carries so that the parent can tell
+    which ops every rank holds (`Folded.holds`) without holding every rank's names."""
+    import numpy as np
 
-    def fold(result: dict[str, Any]) -> dict[str, Any]:
+    keys = [_key(name) for name in names]
+    return np.unique(np.array(keys, dtype=np.uint64))
+
+
+def _key(name: str) -> int:
+    digest = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+@dataclass
+class Folded:
+    """What the parent keeps of the first pass's summaries in total, not per rank (`fold`):
+    each op's largest fixed oracle time over the ranks with collectives (`times`), and
+    the keys of the ops every one of them holds (`common`, `op_keys`)."""
+
+    times: dict[str, float] = field(default_factory=dict)
+    common: np.ndarray | None = None
+
+    def holds(self) -> Callable[[str], bool]:
+        """Whether every rank with collectives holds an op, by name (as the joint path's
+        intersection of the ranks' op names, `analysis.caramel_rank_plans`)."""
+        common = frozenset(self.common.tolist()) if self.common is not None else frozenset()
+        return lambda name: _key(name) in common
+
+
+def fold(into: Folded) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A `parallel.map_ranks` ``each``: moves a summary's fixed oracle times into `into`
+    (the largest over the ranks per op) and intersects its op keys with the others', so
+    that the parent holds one table and one key set, not one per rank."""
+    import numpy as np
+
+    def fold_one(result: dict[str, Any]) -> dict[str, Any]:
         terms = result.get("caramel")
         if terms is not None:
+            times = into.times
             for name, t in terms.pop("fixed"):
-                into[name] = max(into[name], t) if name in into else t
+                times[name] = max(times[name], t) if name in times else t
+            keys = terms.pop("op_keys")
+            into.common = keys if into.common is None else np.intersect1d(into.common, keys)
         return result
 
-    return fold
+    return fold_one
 
 
 def joint_sources(ranks: Sequence[dict[str, Any]]) -> list[str]:
@@ -500,7 +539,7 @@ def caramel_inputs(
     opened: dict[str, dict[str, float]] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(the summaries of the ranks Caramel plans, the inputs of `reference_plan`) of a job
-    from its summaries (`rank_summary`, folded by `fold_times` into `fixed`).
+    from its summaries (`rank_summary`, folded by `fold` into `fixed`: `Folded.times`).
 
     As `analysis.caramel_job_plan` on the whole job: the ranks with collectives, the
     first of them the reference, each op's time the largest over them (the waits for
@@ -578,11 +617,12 @@ def reference_plan(
     return {"rank": rank, "plan": plan, "network": caramel.trace_network_model(graph, frame)}
 
 
-def job_priorities(planned: Sequence[dict[str, Any]], plan: Any) -> dict[str, Any]:
+def job_priorities(planned: Sequence[dict[str, Any]], plan: Any, folded: Folded) -> dict[str, Any]:
     """The job's `planner.priorities/1` for Caramel: the reference `plan` on every rank
-    of `planned` (`caramel_inputs`), from their `plan_material`."""
+    of `planned` (`caramel_inputs`), from their `plan_material`, its control edges kept
+    where every rank holds both ends (`folded`)."""
     from planner.job import analysis
 
     ops_of = {r["rank"]: r["caramel"]["material"]["ops"] for r in planned}
-    plans = analysis.caramel_rank_plans(plan, ops_of, planned[0]["sources"][0])
+    plans = analysis.caramel_rank_plans(plan, ops_of, planned[0]["sources"][0], folded.holds())
     return analysis.plans_document(plans, {r["rank"]: r["caramel"]["material"] for r in planned})

@@ -112,8 +112,8 @@ def rank_report(
     record = simulation_of(job, waits, ready, plan, options, timelines)
     (rank,) = job.ranks
     graph = job.graphs[rank]
-    planned = replace(plan, rank=rank, inputs={**plan.inputs, "planned_on": plan.rank})
-    (record["bucket_plan"],) = bucket_plan_document({rank: planned}, job.graphs, job.meta)["ranks"]
+    planned = {rank: replace(plan, rank=rank)}
+    (record["bucket_plan"],) = bucket_plan_document(planned, job.graphs, job.meta)["ranks"]
     if timelines:
         named = {op for s in record["timelines"] for op in s["timeline"]["op"]}
         record["ops"] = {name: graph.ops[name] for name in sorted(named) if name in graph.ops}
@@ -155,7 +155,7 @@ def report_ranks(
     from planner.prediction import _simkernel
     from planner.version import __version__
 
-    fixed: dict[str, float] = {}
+    folded = pipeline.Folded()
     forked = dask_address is None and pool_size(workers, len(rank_inputs)) > 1
     with (
         tempfile.TemporaryDirectory(prefix="planner-ranks-") as store,
@@ -163,7 +163,7 @@ def report_ranks(
     ):
         mapper = stack.enter_context(rank_mapper(workers, dask_address, len(rank_inputs)))
         task = partial(analysis_summary, store=store)
-        fold = pipeline.fold_times(fixed)
+        fold = pipeline.fold(folded)
         if forked:
             results = _first_pass_loading(mapper(task, rank_inputs, fold, lazy=True), samples)
             stack.close()  # the first pass's workers exit; the second's are forked from
@@ -177,7 +177,7 @@ def report_ranks(
         pipeline.check_same_job(ranks)
         waits = pipeline.job_waits(ranks)
         opened: dict[str, dict[str, float]] = {}
-        planned, inputs = pipeline.caramel_inputs(ranks, fixed, waits, opened)
+        planned, inputs = pipeline.caramel_inputs(ranks, folded.times, waits, opened)
         task = partial(pipeline.reference_plan, **inputs, benchmark=network)
         referenced = mapper(task, [planned[0]["inputs"]], None, lazy=True)
         # on Dask (or in this one process) the other workers would wait for the plan:
@@ -194,7 +194,9 @@ def report_ranks(
         (planned_reference,) = referenced
         if "error" in planned_reference:
             raise InputError(*planned_reference["error"])
-        plan, fitted = planned_reference["plan"], planned_reference["network"]
+        fitted = planned_reference["network"]
+        holds = folded.holds()  # the plan every rank runs, as the joint path's
+        plan = analysis.job_plan(planned_reference["plan"], holds)
         frame, waited, alignment = waits
         ready = releases(ranks)
         chosen = analysis.timeline_ranks([r["rank"] for r in ranks], metrics)
@@ -216,7 +218,9 @@ def report_ranks(
         sweep = _bucket_sweep(ranks, fitted, network, untraced_step_time,
                               (reference, reference_untraced_step_time))  # fmt: skip
         ops_of = {r["rank"]: r["caramel"]["material"]["ops"] for r in planned}
-        plans = analysis.caramel_rank_plans(plan, ops_of, planned[0]["sources"][0])
+        plans = analysis.caramel_rank_plans(
+            planned_reference["plan"], ops_of, planned[0]["sources"][0], holds
+        )
         material = {r["rank"]: r["caramel"]["material"] for r in planned}
         priorities = analysis.plans_document(plans, material)
         usage = usage_of(results)

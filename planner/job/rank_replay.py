@@ -120,10 +120,11 @@ def rank_simulation(
     store: str | None = None,
 ) -> dict[str, Any]:
     """One task of the second pass: replay and compare one rank as
-    `simulate.simulation` does on the whole job, with the job's `waits` for this rank,
-    its peers' `ready` times (`releases`) and the job's Caramel `plan` (None: no plan).
-    `options`: samples, seed, sweep_knob, sweep_values and the knobs. The rank comes
-    from `store` when the first pass kept it there, else from `paths`."""
+        `simulate.simulation` does on the whole job, with the job's `waits` for this rank,
+        its peers' `ready` times (`releases`) and the job's Caramel `plan` as every rank runs
+    it (`analysis.job_plan`; None: no plan).
+        `options`: samples, seed, sweep_knob, sweep_values and the knobs. The rank comes
+        from `store` when the first pass kept it there, else from `paths`."""
     from planner.job import rank_store
 
     job = rank_store.load(store, paths) if store is not None else None
@@ -172,8 +173,7 @@ def simulation_of(
     pools = job.framework == "tensorflow"
     plans = {}
     if plan is not None:
-        planned = replace(plan, rank=rank, inputs={**plan.inputs, "planned_on": plan.rank})
-        plans = {"caramel": {rank: planned}}
+        plans = {"caramel": {rank: replace(plan, rank=rank)}}
     steps = sim._replay_rank(
         compiled, rows, oracle, seed, spans, release, len(graph.ops), pools,
         {name: p[rank] for name, p in plans.items()}, sim.cpu_spans_of(job, rank),
