@@ -20,7 +20,8 @@ def test_a_dead_rank_fails_the_benchmark_at_once(tmp_path: Path) -> None:
     # bootstrapping, before any report; the parent used to wait the whole timeout
     script = tmp_path / "no_guard.py"
     script.write_text(
-        "from planner.ingest import netbench\nnetbench.bench_allreduce([64], repeats=1, timeout=120)\n"
+        "from planner.ingest import netbench\n"
+        "netbench.bench_allreduce([64], repeats=1, timeout=120)\n"
     )
     root = Path(__file__).resolve().parents[1]
     start = time.monotonic()
