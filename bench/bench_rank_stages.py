@@ -35,8 +35,9 @@ from bench_ranks import build  # noqa: E402
 CHILD = r"""
 import collections, json, statistics, sys, tempfile, time
 from pathlib import Path
-from planner import analysis, buckets, pipeline, rank_analysis, rank_store
-from planner.job.pipeline import load_one_rank, summary_of
+from planner.job import analysis, pipeline, rank_analysis, rank_store, summaries
+from planner.planning import buckets
+from planner.job.summaries import load_one_rank, summary_of
 from planner.job.rank_replay import ready_summary, releases, simulation_of
 files = sorted(Path(sys.argv[1]).glob("rank*.json.gz"), key=lambda p: int(p.name[4:-8]))
 files = files[: int(sys.argv[2])]
@@ -57,11 +58,11 @@ for f in files:
                                            analysis.observed_orders(job)))
     timed("bucket profile", buckets.rank_profile, job, job.ranks[0])
     timed("keep the rank", rank_store.save, store, paths, job)
-fixed = {}
-fold = pipeline.fold_times(fixed)
+folded = summaries.Folded()
+fold = summaries.fold(folded)
 ranks = pipeline.checked([fold(rank_analysis.analysis_summary([str(f)])) for f in files])
 waits = pipeline.job_waits(ranks)
-planned, inputs = pipeline.caramel_inputs(ranks, fixed, waits, {})
+planned, inputs = pipeline.caramel_inputs(ranks, folded.times, waits, {})
 plan = pipeline.reference_plan(planned[0]["inputs"], **inputs, benchmark=None)["plan"]
 _, waited, _ = waits
 ready = releases(ranks)

@@ -119,8 +119,12 @@ if mode.startswith("planner "):  # the command a user runs, report files written
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(json.dumps({"sha": None, "parent_mib": own, "worker_mib": kids, "workers": 2}))
     sys.exit(0)
+try:  # the stage packages (docs/architecture.md); a --baseline from before has them flat
+    from planner.job import analysis, parallel, rank_analysis
+    from planner.prediction import simulate
+except ImportError:
+    from planner import analysis, parallel, rank_analysis, simulate
 if mode == "one process":
-    from planner import analysis
     from planner.ingest import detect
     job = detect.load(files)
     if command == "schedule":
@@ -129,14 +133,12 @@ if mode == "one process":
     elif command == "analyze":
         document, usage = analysis.analyze(job), []
     elif command == "simulate":
-        from planner import simulate
         plans = {"caramel": analysis.schedule(job, "caramel")}
         knobs = {"bandwidth_scale": 1.0, "compute_scale": 1.0, "latency": 0.0, "channels": 1}
         document, usage = simulate.simulation(job, plans, **knobs), []
     else:
         document, usage = analysis.metrics(job), []
 else:
-    from planner import parallel, rank_analysis
     ranks = parallel.rank_inputs(files)
     workers, dask = (2, "local") if mode == "dask" else (int(mode.split()[-1]), None)
     if command == "analyze":

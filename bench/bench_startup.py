@@ -56,7 +56,7 @@ print(f"INPROC {done - imported:.6f} IMPORTS {imported - start:.6f} WORKERS {wor
 PLANNER_PROCESS = """
 import sys, time
 start = time.perf_counter()
-from planner import inspection
+from planner.measure import inspection
 from planner.ingest import detect
 imported = time.perf_counter()
 inspection.inspect(detect.load([sys.argv[1]]))

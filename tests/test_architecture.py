@@ -134,3 +134,24 @@ def test_no_module_bears_an_api_function_name(name: str) -> None:
     (no module swaps its class to be callable)."""
     assert f"planner.{name}" not in module_names()
     assert not any("callable_module" in p.read_text() for p in module_names().values())
+
+
+MODULE_LINES = 600
+FUNCTION_LINES = 80
+"""Rooms a person can hold in their head (issue #43): no module of `planner/` over
+`MODULE_LINES` lines, no function over `FUNCTION_LINES` (its def line to its last, the
+docstring included)."""
+
+
+def test_no_module_or_function_is_too_long_to_hold_in_the_head() -> None:
+    too_long = []
+    for name, path in sorted(module_names().items()):
+        text = path.read_text()
+        if text.count("\n") > MODULE_LINES:
+            too_long.append(f"{name}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = node.end_lineno - node.lineno + 1
+                if length > FUNCTION_LINES:
+                    too_long.append(f"{name}.{node.name}: {length} lines")
+    assert not too_long, "\n".join(too_long)

@@ -80,26 +80,26 @@ def _missing(tmp_path: Path, name: str) -> list[str]:
 
 
 def test_an_input_error_in_a_pool_worker_is_the_same_error(tmp_path: Path) -> None:
-    from planner.job import parallel, pipeline
+    from planner.job import parallel, summaries
 
     inputs = [_missing(tmp_path, "rank0.json"), _missing(tmp_path, "rank1.json")]
     with pytest.raises(InputError) as here:
-        parallel.map_ranks(pipeline.load_one_rank, inputs, workers=1)
+        parallel.map_ranks(summaries.load_one_rank, inputs, workers=1)
     with pytest.raises(InputError) as pooled:
-        parallel.map_ranks(pipeline.load_one_rank, inputs, workers=2)
+        parallel.map_ranks(summaries.load_one_rank, inputs, workers=2)
     assert (pooled.value.path, pooled.value.problem) == (here.value.path, here.value.problem)
     assert pooled.value.path == inputs[0][0]
 
 
 def test_an_input_error_on_a_dask_worker_is_the_same_error(tmp_path: Path) -> None:
     pytest.importorskip("distributed", reason="the dask extra is not installed")
-    from planner.job import parallel, pipeline
+    from planner.job import parallel, summaries
 
     inputs = [_missing(tmp_path, "rank0.json")]
     with pytest.raises(InputError) as here:
-        parallel.map_ranks(pipeline.load_one_rank, inputs, workers=1)
+        parallel.map_ranks(summaries.load_one_rank, inputs, workers=1)
     with pytest.raises(InputError) as remote:
-        parallel.map_ranks(pipeline.load_one_rank, inputs, workers=1, dask_address="local")
+        parallel.map_ranks(summaries.load_one_rank, inputs, workers=1, dask_address="local")
     assert (remote.value.path, remote.value.problem) == (here.value.path, here.value.problem)
 
 

@@ -12,7 +12,7 @@ from test_schemas import validate
 
 from planner.errors import InputError
 from planner.ingest import detect
-from planner.job import analysis, parallel, pipeline
+from planner.job import analysis, parallel, pipeline, summaries
 from planner.job.parallel import analyze_ranks
 from planner.model import trace as trace_module
 
@@ -153,14 +153,14 @@ def test_the_job_plan_takes_each_op_at_its_slowest_rank_less_the_waits() -> None
     """The parent's op times for Caramel are the joint job's: per op the largest over the
     ranks of the oracle with the collectives' waits cut out, which no rank alone has."""
     folder = need(JOBS["transformer_ddp"])
-    fixed: dict[str, float] = {}
-    fold = pipeline.fold_times(fixed)
-    summaries = [
-        fold(pipeline.rank_summary([str(p) for p in r], plans=True))
+    folded = summaries.Folded()
+    fold = summaries.fold(folded)
+    summaries_ = [
+        fold(summaries.rank_summary([str(p) for p in r], plans=True))
         for r in parallel.rank_inputs([folder])
     ]
-    assert all("fixed" not in s["caramel"] for s in summaries)  # folded, not kept per rank
-    planned, inputs = pipeline.caramel_inputs(summaries, fixed)
+    assert all("fixed" not in s["caramel"] for s in summaries_)  # folded, not kept per rank
+    planned, inputs = pipeline.caramel_inputs(summaries_, folded.times)
     job = detect.load([folder])
     oracle = analysis.oracles(job)
     expected = {
@@ -169,10 +169,10 @@ def test_the_job_plan_takes_each_op_at_its_slowest_rank_less_the_waits() -> None
         for name in graph.ops
     }
     assert inputs["times"] == expected
-    alone = analysis.oracles(pipeline.load_one_rank(planned[0]["inputs"]))
+    alone = analysis.oracles(summaries.load_one_rank(planned[0]["inputs"]))
     (own,) = alone.values()
     collectives = [
-        n for n, t in own.times.items() if n in summaries[0]["caramel"]["material"]["ops"]
+        n for n, t in own.times.items() if n in summaries_[0]["caramel"]["material"]["ops"]
     ]
     assert any(own.times[n] != expected[n] for n in collectives)  # the waits moved them
 
@@ -238,9 +238,9 @@ def test_the_parent_redoes_what_the_waits_change() -> None:
     """A rank alone reads its collectives' waits as transfer; in its job the oracle drops
     them, so the job's bounds differ from the rank's own and the parent must redo them."""
     folder = need(JOBS["transformer_ddp"])
-    summaries = [pipeline.rank_summary([str(p) for p in r]) for r in parallel.rank_inputs([folder])]
-    alone = [s["document"]["ranks"][0]["oracle_umax"] for s in summaries]
-    joined = pipeline.job_metrics(summaries)
+    ranks = [summaries.rank_summary([str(p) for p in r]) for r in parallel.rank_inputs([folder])]
+    alone = [s["document"]["ranks"][0]["oracle_umax"] for s in ranks]
+    joined = pipeline.job_metrics(ranks)
     whole = analysis.metrics(detect.load([folder]))
     assert [r["oracle_umax"] for r in joined["ranks"]] == [r["oracle_umax"] for r in whole["ranks"]]
     assert [r["oracle_umax"] for r in joined["ranks"]] != alone
@@ -381,10 +381,10 @@ def test_a_summary_is_small_beside_its_rank() -> None:
 
     rank = need(JOBS["transformer_ddp"]) / "rank0.json.gz"
     summary = rank_replay.replay_summary([str(rank)])
-    fixed: dict[str, float] = {}
-    pipeline.fold_times(fixed)(summary)
+    folded = summaries.Folded()
+    summaries.fold(folded)(summary)
     trace = len(gzip.decompress(rank.read_bytes()))
-    assert fixed and len(pickle.dumps(summary)) * 100 < trace
+    assert folded.times and len(pickle.dumps(summary)) * 100 < trace
 
 
 # ---------------------------------------------------------------------------------------
@@ -477,7 +477,7 @@ def test_a_kept_rank_reads_back_as_the_trace_gives_it(name: str, tmp_path: Path)
     ranks = parallel.rank_inputs([need(ANALYZE_JOBS[name])])
     assert ranks is not None
     paths = [str(p) for p in ranks[-1]]
-    job = pipeline.load_one_rank(paths)
+    job = summaries.load_one_rank(paths)
     assert rank_store.save(str(tmp_path), paths, job)
     back = rank_store.load(str(tmp_path), paths)
     assert back is not None and not list(tmp_path.iterdir())  # read once, then removed
@@ -511,7 +511,7 @@ def test_a_rank_that_would_not_read_back_the_same_is_not_kept(tmp_path: Path) ->
     from planner.job import rank_store
 
     paths = [str(RESNET / "rank0.json.gz")]
-    job = pipeline.load_one_rank(paths)
+    job = summaries.load_one_rank(paths)
     odd = replace(job, meta={**job.meta, "world_size": np.int64(2)})
     assert not rank_store.save(str(tmp_path), paths, odd)
     assert not rank_store.save(str(tmp_path / "elsewhere"), paths, job)
@@ -524,7 +524,7 @@ def test_a_damaged_kept_rank_reads_as_none(tmp_path: Path) -> None:
     from planner.job import rank_store
 
     paths = [str(RESNET / "rank0.json.gz")]
-    job = pipeline.load_one_rank(paths)
+    job = summaries.load_one_rank(paths)
     target = rank_store.path_of(str(tmp_path), paths)
     assert rank_store.save(str(tmp_path), paths, job)
     whole = target.read_bytes()

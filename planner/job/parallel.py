@@ -45,7 +45,7 @@ def analyze_rank(paths: RankInput) -> dict[str, Any]:
     cross process and network boundaries intact.
     """
     from planner.job import analysis
-    from planner.job.pipeline import load_one_rank
+    from planner.job.summaries import load_one_rank
 
     try:
         job = load_one_rank(paths)
@@ -243,9 +243,9 @@ def metrics_ranks(
 
     Arguments as `analyze_ranks`; returns (document, per-worker resource records).
     """
-    from planner.job import pipeline
+    from planner.job import pipeline, summaries
 
-    results = map_ranks(pipeline.rank_summary, rank_inputs, workers, dask_address)
+    results = map_ranks(summaries.rank_summary, rank_inputs, workers, dask_address)
     return pipeline.job_metrics(results), usage_of(results)
 
 
@@ -264,12 +264,12 @@ def schedule_ranks(
     `analyze_ranks` (`network`: a benchmark model, as ``--network``); returns
     (document, per-worker resource records).
     """
-    from planner.job import pipeline
+    from planner.job import pipeline, summaries
 
-    folded = pipeline.Folded()
+    folded = summaries.Folded()
     with rank_mapper(workers, dask_address, len(rank_inputs)) as mapper:
-        task = partial(pipeline.rank_summary, plans=True)
-        results = mapper(task, rank_inputs, pipeline.fold(folded))
+        task = partial(summaries.rank_summary, plans=True)
+        results = mapper(task, rank_inputs, summaries.fold(folded))
         planned, inputs = pipeline.caramel_inputs(results, folded.times)
         task = partial(pipeline.reference_plan, **inputs, channels=channels, benchmark=network)
         (reference,) = mapper(task, [planned[0]["inputs"]], None)
@@ -298,17 +298,17 @@ def simulate_ranks(
     computes the waits, the peers' ready times and the Caramel plan.
     Returns (document, per-worker resource records of both passes).
     """
-    from planner.job import analysis, pipeline, rank_replay
+    from planner.job import analysis, pipeline, rank_replay, summaries
 
     if plan not in ("all", "caramel", "baseline", "observed"):
         raise InputError(None, f"plan {plan!r}: one process plans it (TIC/TAC)")
-    folded = pipeline.Folded()
+    folded = summaries.Folded()
     with (
         tempfile.TemporaryDirectory(prefix="planner-ranks-") as store,
         rank_mapper(workers, dask_address, len(rank_inputs)) as mapper,
     ):
         task = partial(rank_replay.replay_summary, store=store)
-        results = mapper(task, rank_inputs, pipeline.fold(folded))
+        results = mapper(task, rank_inputs, summaries.fold(folded))
         ranks = pipeline.checked(results)
         reference = None
         if plan == "caramel" or (plan == "all" and any(r["caramel"] for r in ranks)):

@@ -2,7 +2,7 @@
 as `analysis.analyze` on the whole job.
 
 A worker reads one rank, computes its time oracle once and hands it on to the rank's
-inspection, metrics and Caramel terms (`pipeline.summary_of`), its ready times for the
+inspection, metrics and Caramel terms (`summaries.summary_of`), its ready times for the
 replay (`rank_replay.ready_summary`), its observed transfer order and the per-rank part
 of the DDP bucket profile (`buckets.profile` of the rank: per-gradient ready times,
 collective spans, lanes). The parent joins the summaries: the waits and the metrics
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from planner.errors import InputError
-from planner.job.pipeline import load_one_rank, summary_of
+from planner.job.summaries import load_one_rank, summary_of
 
 if TYPE_CHECKING:
     from planner.model.graph import OpGraph
@@ -149,28 +149,16 @@ def report_ranks(
     notes on skipped files (`parallel.split_ranks`); `untraced_step_time`: the job's
     step time without the profiler, for the bucket advice, as are `reference` (the job
     traced with one bucket) and its untraced step time."""
-    from planner.job import analysis, pipeline
-    from planner.job.parallel import pool_size, rank_mapper, usage_of
-    from planner.job.rank_replay import releases
-    from planner.prediction import _simkernel
-    from planner.version import __version__
+    from planner.job import analysis, pipeline, summaries
+    from planner.job.parallel import usage_of
 
-    folded = pipeline.Folded()
-    forked = dask_address is None and pool_size(workers, len(rank_inputs)) > 1
+    folded = summaries.Folded()
     with (
         tempfile.TemporaryDirectory(prefix="planner-ranks-") as store,
         ExitStack() as stack,
     ):
-        mapper = stack.enter_context(rank_mapper(workers, dask_address, len(rank_inputs)))
-        task = partial(analysis_summary, store=store)
-        fold = pipeline.fold(folded)
-        if forked:
-            results = _first_pass_loading(mapper(task, rank_inputs, fold, lazy=True), samples)
-            stack.close()  # the first pass's workers exit; the second's are forked from
-            # this process, which holds the replay's compiled loop now
-            mapper = stack.enter_context(rank_mapper(workers, None, len(rank_inputs)))
-        else:
-            results = mapper(task, rank_inputs, fold)
+        forked, mapper, results = _first_pass(stack, rank_inputs, workers, dask_address,
+                                              store, folded, samples)  # fmt: skip
         ranks = pipeline.checked(results)
         if not ranks or any(r["recvs"] or r["caramel"] is None for r in ranks):
             return None
@@ -180,76 +168,170 @@ def report_ranks(
         planned, inputs = pipeline.caramel_inputs(ranks, folded.times, waits, opened)
         task = partial(pipeline.reference_plan, **inputs, benchmark=network)
         referenced = mapper(task, [planned[0]["inputs"]], None, lazy=True)
-        # on Dask (or in this one process) the other workers would wait for the plan:
-        # they load the replay's compiled loop meanwhile, ahead of the second pass's
-        # tasks, where one rank's replay is more than the Python loop's share (the
-        # records are taken at the end: dropping a lazy map cancels what has not
-        # started); a local pool's second pass has it from this process already
-        warming: Iterable[dict[str, Any]] = ()
-        most = samples * max(r["inspect"]["ops"] for r in ranks)
-        if not forked and most > _simkernel.SMALL_WORK:
-            count = pool_size(workers, len(ranks))
-            warming = mapper(warm_task, [[]] * count, None, lazy=True)
+        warming = _warming(mapper, ranks, samples, workers, forked)
         metrics = pipeline.job_metrics(ranks, waits)
         (planned_reference,) = referenced
         if "error" in planned_reference:
             raise InputError(*planned_reference["error"])
-        fitted = planned_reference["network"]
         holds = folded.holds()  # the plan every rank runs, as the joint path's
         plan = analysis.job_plan(planned_reference["plan"], holds)
-        frame, waited, alignment = waits
-        ready = releases(ranks)
-        chosen = analysis.timeline_ranks([r["rank"] for r in ranks], metrics)
         options = {"samples": samples, "seed": seed, "sweep_knob": None, "sweep_values": [],
                    "knobs": {}}  # fmt: skip
-        args = [
-            (waited.get(r["rank"], {}), ready.get(r["rank"], {}), plan, options,
-             r["rank"] in chosen, store)
-            for r in ranks
-        ]  # fmt: skip
-        del ready
         # the second pass runs while this process joins what needs the summaries
-        pending = mapper(rank_report, [r["inputs"] for r in ranks], None, args, lazy=True)
-        del args
-        sources = pipeline.joint_sources(ranks)
-        framework = ranks[0]["framework"]
-        inspected = _inspect(ranks, frame, waited, alignment, sources, notes, opened)
-        orders = [o for r in ranks for o in r["observed_orders"]]
-        sweep = _bucket_sweep(ranks, fitted, network, untraced_step_time,
-                              (reference, reference_untraced_step_time))  # fmt: skip
-        ops_of = {r["rank"]: r["caramel"]["material"]["ops"] for r in planned}
-        plans = analysis.caramel_rank_plans(
-            planned_reference["plan"], ops_of, planned[0]["sources"][0], holds
-        )
-        material = {r["rank"]: r["caramel"]["material"] for r in planned}
-        priorities = analysis.plans_document(plans, material)
+        pending = _second_pass(mapper, ranks, waits, plan, metrics, options, store)
+        joined = _joined(ranks, planned, waits, opened, notes, holds, planned_reference,
+                         (network, untraced_step_time, reference,
+                          reference_untraced_step_time))  # fmt: skip
         usage = usage_of(results)
-        del results, ranks, planned, material, ops_of, frame, waited, opened, waits
+        del results, ranks, planned, waits, opened
         replays = list(pending)
         for _ in warming:
             pass
-    from planner.export.caramel_files import control_deps_document
-    from planner.job.rank_replay import job_simulation
+    report, done = _report(replays, metrics, joined)
+    return report, _label_graphs(done), usage + usage_of(replays)
 
-    simulation = job_simulation(replays, framework, sources)
+
+def _first_pass(
+    stack: ExitStack,
+    rank_inputs: Sequence[Sequence[str]],
+    workers: int | None,
+    dask_address: str | None,
+    store: str,
+    folded: Any,
+    samples: int,
+) -> tuple[bool, Any, list[dict[str, Any]]]:
+    """(whether the second pass's pool is forked from this process, the mapper of the
+    second pass, the first pass's records folded into `folded`). On a local pool the
+    first pass's workers exit once it is done and the second's are forked from this
+    process, which holds the replay's compiled loop by then (`_first_pass_loading`)."""
+    from planner.job import summaries
+    from planner.job.parallel import pool_size, rank_mapper
+
+    forked = dask_address is None and pool_size(workers, len(rank_inputs)) > 1
+    mapper = stack.enter_context(rank_mapper(workers, dask_address, len(rank_inputs)))
+    task = partial(analysis_summary, store=store)
+    fold = summaries.fold(folded)
+    if not forked:
+        return forked, mapper, mapper(task, rank_inputs, fold)
+    results = _first_pass_loading(mapper(task, rank_inputs, fold, lazy=True), samples)
+    stack.close()
+    return forked, stack.enter_context(rank_mapper(workers, None, len(rank_inputs))), results
+
+
+def _warming(
+    mapper: Any, ranks: Sequence[Mapping[str, Any]], samples: int, workers: int | None,
+    forked: bool,
+) -> Iterable[dict[str, Any]]:  # fmt: skip
+    """On Dask (or in this one process) the other workers would wait for the plan: they
+    load the replay's compiled loop meanwhile, ahead of the second pass's tasks, where
+    one rank's replay is more than the Python loop's share (the records are taken at the
+    end: dropping a lazy map cancels what has not started); a local pool's second pass
+    has it from this process already."""
+    from planner.job.parallel import pool_size
+    from planner.prediction import _simkernel
+
+    most = samples * max(r["inspect"]["ops"] for r in ranks)
+    if forked or most <= _simkernel.SMALL_WORK:
+        return ()
+    return mapper(warm_task, [[]] * pool_size(workers, len(ranks)), None, lazy=True)
+
+
+def _second_pass(
+    mapper: Any,
+    ranks: Sequence[Mapping[str, Any]],
+    waits: Any,
+    plan: Plan,
+    metrics: Mapping[str, Any],
+    options: Mapping[str, Any],
+    store: str,
+) -> Iterable[dict[str, Any]]:
+    """The second pass's records (`rank_report`), sent to the workers at once: each rank
+    with its waits, its peers' ready times, the job's plan and whether its schedules go
+    in the report (`analysis.timeline_ranks`)."""
+    from planner.job import analysis
+    from planner.job.rank_replay import releases
+
+    _, waited, _ = waits
+    ready = releases(ranks)
+    chosen = analysis.timeline_ranks([r["rank"] for r in ranks], metrics)
+    args = [
+        (waited.get(r["rank"], {}), ready.get(r["rank"], {}), plan, options,
+         r["rank"] in chosen, store)
+        for r in ranks
+    ]  # fmt: skip
+    return mapper(rank_report, [r["inputs"] for r in ranks], None, args, lazy=True)
+
+
+def _joined(
+    ranks: Sequence[Mapping[str, Any]],
+    planned: Sequence[Mapping[str, Any]],
+    waits: Any,
+    opened: Mapping[str, Mapping[str, float]],
+    notes: Sequence[str],
+    holds: Any,
+    planned_reference: Mapping[str, Any],
+    advice: tuple[NetworkModel | None, float | None, Job | None, float | None],
+) -> dict[str, Any]:
+    """What the report takes from the summaries while the second pass runs: sources,
+    framework, the inspection, the observed orders, the bucket advice (`advice`: the
+    benchmark network, the untraced step time, the reference trace and its untraced
+    step time), the plan of every rank and its priority document."""
+    from planner.job import analysis, pipeline
+
+    frame, waited, alignment = waits
+    sources = pipeline.joint_sources(ranks)
+    network, untraced_step_time, reference, reference_untraced_step_time = advice
+    ops_of = {r["rank"]: r["caramel"]["material"]["ops"] for r in planned}
+    plans = analysis.caramel_rank_plans(
+        planned_reference["plan"], ops_of, planned[0]["sources"][0], holds
+    )
+    material = {r["rank"]: r["caramel"]["material"] for r in planned}
+    return {
+        "sources": sources,
+        "framework": ranks[0]["framework"],
+        "inspect": _inspect(ranks, frame, waited, alignment, sources, notes, opened),
+        "observed_orders": [o for r in ranks for o in r["observed_orders"]],
+        "bucket_sweep": _bucket_sweep(
+            ranks,
+            planned_reference["network"],
+            network,
+            untraced_step_time,
+            (reference, reference_untraced_step_time),
+        ),  # fmt: skip
+        "plans": plans,
+        "priorities": analysis.plans_document(plans, material),
+    }
+
+
+def _report(
+    replays: list[dict[str, Any]], metrics: dict[str, Any], joined: dict[str, Any]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(`planner.report/1`, the replayed ranks' records in rank order) from the second
+    pass's records, the job's metrics and what was `_joined` of the summaries."""
+    from planner.export.caramel_files import control_deps_document
+    from planner.job import analysis
+    from planner.job.rank_replay import job_simulation
+    from planner.version import __version__
+
+    simulation = job_simulation(replays, joined["framework"], joined["sources"])
     done = sorted((r for r in replays if "error" not in r), key=lambda r: r["rank"])
     simulation["timelines"] = [s for r in done if r["timelines"] for s in r["timelines"]]
     report: dict[str, Any] = {
         "schema": "planner.report/1",
         "planner_version": __version__,
-        "inspect": inspected,
-        "plans": {"caramel": priorities},
+        "inspect": joined["inspect"],
+        "plans": {"caramel": joined["priorities"]},
         "metrics": metrics,
-        "observed_orders": orders,
+        "observed_orders": joined["observed_orders"],
         "simulation": simulation,
         "exports": {},
     }
-    report["bucket_sweep"] = sweep
-    report["exports"]["control_deps"] = control_deps_document(plans)
+    report["bucket_sweep"] = joined["bucket_sweep"]
+    report["exports"]["control_deps"] = control_deps_document(joined["plans"])
     bucket_plan = {"schema": "planner.bucket_plan/1", "ranks": [r["bucket_plan"] for r in done]}
     analysis.add_predictions(bucket_plan, simulation)
     report["exports"]["bucket_plan"] = bucket_plan
-    return report, _label_graphs(done), usage + usage_of(replays)
+    return report, done
 
 
 def _first_pass_loading(records: Iterable[dict[str, Any]], samples: int) -> list[dict[str, Any]]:

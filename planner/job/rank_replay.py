@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from planner.errors import InputError
-from planner.job.pipeline import load_one_rank, summary_of
+from planner.job.summaries import load_one_rank, summary_of
 
 if TYPE_CHECKING:
     from planner.model.plan import Plan
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 
 def replay_summary(paths: Sequence[str], store: str | None = None) -> dict[str, Any]:
-    """One task of the first pass: `pipeline.summary_of` the rank plus ``ready``: step ->
+    """One task of the first pass: `summaries.summary_of` the rank plus ``ready``: step ->
     transfer -> the time (epoch ns) the rank was ready for it (`simulate.peer_releases`).
     `store`: a folder where the loaded rank is kept for the second pass (`rank_store`)."""
     from planner.job import rank_store

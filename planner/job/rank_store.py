@@ -77,7 +77,7 @@ def load(folder: str, paths: Sequence[str]) -> Job | None:
     except (OSError, ValueError, KeyError, TypeError, IndexError):  # not one `save` wrote
         return None
     target.unlink(missing_ok=True)
-    from planner.job.pipeline import plain_text
+    from planner.job.summaries import plain_text
 
     return plain_text(job)
 
