@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.ingest import detect, kineto
+from planner.ingest import detect
+from planner.ingest import kineto_ops as kineto
 from planner.ingest.kineto_identity import Aligned, aligned_occurrence, op_suffixes
 from planner.ingest.kineto_steps import cumcount
 from planner.model import records

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from planner.errors import InputError
-from planner.ingest import kineto_events
+from planner.ingest import kineto_stream as kineto_events
 from planner.ingest.kineto import RankEvents, load_kineto, read_rank, read_rank_generic
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from planner.errors import InputError
-from planner.ingest import execution_trace, files, kineto_events
+from planner.ingest import execution_trace, files
+from planner.ingest import kineto_stream as kineto_events
 from planner.ingest.kineto import load_kineto, read_rank, read_rank_generic
 from tests.conftest import needs
 

@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 from conftest import REPO, SHARED, need, run_cli
 
-from planner.ingest import detect, kineto, kineto_dag
-from planner.ingest.kineto_events import read_rank
+from planner.ingest import detect, kineto_dag
+from planner.ingest import kineto_ops as kineto
 from planner.ingest.kineto_steps import find_steps
+from planner.ingest.kineto_stream import read_rank
 from planner.job import analysis
 from planner.planning import models
 from planner.prediction import simulate as sim

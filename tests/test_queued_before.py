@@ -1,4 +1,4 @@
-"""The queue a GPU stream held when profiling began (`kineto._queued_before`): work the
+"""The queue a GPU stream held when profiling began (`kineto_build._queued_before`): work the
 CPU issued before the window, which CUPTI records without its launch. Checked against
 the raw JSON of HTA's ``trace_diff/test`` rank, and what the replay of the first traced
 step misses without it."""

@@ -14,7 +14,7 @@ import pytest
 from conftest import REPO, RESNET_IN_REPO, SHARED, TF, TF_RUNS, need, run_cli, without_links
 
 from planner.ingest import detect
-from planner.ingest import tf_runmetadata as tfr
+from planner.ingest import tf_step_stats as tfr
 from planner.ingest.tf_graphdef import split_input
 from planner.ingest.tf_timeline import kernel_name
 from planner.job import analysis

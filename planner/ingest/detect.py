@@ -208,7 +208,9 @@ def _load_formats(by_format: dict[str, list[Sniffed]], notes: list[str], files: 
         items = by_format["tf_profiler"]
         if len(items) > 1:
             raise InputError(items[1].path, "give one TF2 profiler trace at a time")
-        return tf_timeline.load_profiler_trace(items[0].path, items[0].document)
+        from planner.ingest import tf_profiler
+
+        return tf_profiler.load_profiler_trace(items[0].path, items[0].document)
     if "planner_json" in by_format:
         _only(by_format, "planner_json")
         items = by_format["planner_json"]

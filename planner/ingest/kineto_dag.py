@@ -16,7 +16,7 @@ get theirs from the first step that has them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -71,25 +71,54 @@ def collective_edges(
     opt = np.flatnonzero(o_phase == _OPTIMIZER)
     opt = opt[np.argsort(o_start[opt], kind="quicksort")]
     opt = opt[np.argsort(o_step[opt], kind="stable")]  # per step, in that start order
-    opt_step = o_step[opt]
-    lane_groups: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
-    src: list[int] = []
-    dst: list[int] = []
-    tag: list[int] = []
     last_launch: dict[tuple[int, int], int] = {}
     for step, launcher in zip(c_step.tolist(), c_launcher.tolist(), strict=True):
         if launcher >= 0:
             key = (step, int(lane_of_row[launcher]))
             last_launch[key] = max(last_launch.get(key, 0), int(ts[launcher]))
     device = c_device.tolist() if c_device is not None else [False] * len(c_step)
-    for step, cop, launcher, cend, on_gpu in zip(
+    collectives = zip(
         c_step.tolist(),
         op_id[n_comp:].tolist(),
         c_launcher.tolist(),
         c_end.tolist(),
         device,
         strict=True,
-    ):
+    )
+    src, dst, tag = _collective_waits(
+        collectives, comp_op, o_step, o_lane, o_start, ts, lane_of_row, op_at_row, opt,
+        last_launch, device_waiter,
+    )  # fmt: skip
+    return (
+        np.array(src, dtype=np.int64),
+        np.array(dst, dtype=np.int64),
+        np.array(tag, dtype=np.int64),
+    )
+
+
+def _collective_waits(
+    collectives: Iterable[tuple[int, int, int, int, bool]],
+    comp_op: np.ndarray,
+    o_step: np.ndarray,
+    o_lane: np.ndarray,
+    o_start: np.ndarray,
+    ts: np.ndarray,
+    lane_of_row: np.ndarray,
+    op_at_row: np.ndarray,
+    opt: np.ndarray,
+    last_launch: dict[tuple[int, int], int],
+    device_waiter: Callable[[int, int], int] | None,
+) -> tuple[list[int], list[int], list[int]]:
+    """The edges of `collective_edges` as (src, dst, step) lists, one collective at a time
+    (`collectives`: step, op id, launcher row, end, run on the device; `opt`: the
+    optimizer's compute occurrences by step and start; `last_launch`: per (step, lane)
+    the thread's last collective launch)."""
+    opt_step = o_step[opt]
+    lane_groups: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+    src: list[int] = []
+    dst: list[int] = []
+    tag: list[int] = []
+    for step, cop, launcher, cend, on_gpu in collectives:
         if launcher >= 0 and op_at_row[launcher] >= 0:
             src.append(int(op_at_row[launcher]))
             dst.append(cop)
@@ -138,11 +167,7 @@ def collective_edges(
                 src.append(cop)
                 dst.append(int(comp_op[first]))
                 tag.append(step)
-    return (
-        np.array(src, dtype=np.int64),
-        np.array(dst, dtype=np.int64),
-        np.array(tag, dtype=np.int64),
-    )
+    return src, dst, tag
 
 
 def _device_waiter(

@@ -1,4 +1,4 @@
-"""One Kineto rank reduced to ops (`RankModel`): what `kineto` builds from the events and
+"""One Kineto rank reduced to ops (`RankModel`): what `kineto_build` makes of the events and
 `kineto_dag` and `kineto_params` read, in a module of its own so that they need not
 import the reader that calls them."""
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from planner.errors import InputError
 from planner.ingest.files import MAX_NBYTES, MAX_SPAN_S, MAX_TIME_NS
-from planner.model.graph import OP_KINDS, PHASES, GraphError, Op, build_graph, device_ops
+from planner.model.graph import OP_KINDS, PHASES, GraphError, Op, OpGraph, build_graph, device_ops
 from planner.model.trace import Job, make_trace
 
 SCHEMA = "planner.trace/1"
@@ -146,89 +146,110 @@ def from_document(doc: Any, path: Path) -> Job:
         rank = _rank_name(entry.get("rank"), where, path)
         if rank in graphs:
             raise InputError(path, f"rank {rank!r} appears twice")
-        ops = []
-        for j, raw in enumerate(_need(entry.get("ops"), list, f"{where}.ops", path)):
-            _need(raw, dict, f"{where}.ops[{j}]", path)
-            name = _need(raw.get("name"), str, f"{where}.ops[{j}].name", path)
-            kind = raw.get("kind", "compute")
-            phase = raw.get("phase", "unknown")
-            if kind not in OP_KINDS or phase not in PHASES:
-                raise InputError(path, f"op {name!r}: unknown kind or phase ({kind}, {phase})")
-            nbytes = _need(raw.get("nbytes", 0), int, f"op {name!r} nbytes", path)
-            if nbytes > MAX_NBYTES:
-                raise InputError(path, f"op {name!r} nbytes is over 1 PiB ({nbytes})")
-            param = raw.get("param")
-            ops.append(
-                Op(
-                    name=name,
-                    kind=kind,
-                    resource=_need(raw.get("resource", "cpu"), str, f"op {name!r} resource", path),
-                    param=_need(param, str, f"op {name!r} param", path) if param else None,
-                    nbytes=nbytes,
-                    phase=phase,
-                    type=_need(raw.get("type", ""), str, f"op {name!r} type", path),
-                )
-            )
-        edges = []
-        for j, raw in enumerate(_need(entry.get("edges", []), list, f"{where}.edges", path)):
-            if not isinstance(raw, (list, tuple)) or len(raw) not in (2, 3):
-                raise InputError(path, f"{where}.edges[{j}] is not [src, dst, kind]")
-            if not all(isinstance(x, str) for x in raw):
-                raise InputError(path, f"{where}.edges[{j}] holds a non-string")
-            if len(raw) == 3 and raw[2] not in ("data", "control"):
-                raise InputError(path, f"{where}.edges[{j}] has unknown kind {raw[2]!r}")
-            edges.append(tuple(raw))
+        ops = _ops(entry, where, path)
+        edges = _edges(entry, where, path)
         try:
             graphs[rank] = build_graph(ops, edges)
         except GraphError as exc:
             raise InputError(path, f"rank {rank}: {exc}") from None
-        # the ops that lie within their iteration: all of a CPU rank's; on a GPU rank,
-        # whose step is its device's, the device work
-        inside = device_ops(graphs[rank]) or frozenset(graphs[rank].ops)
-        seen_iterations: set[int] = set()
-        for j, it in enumerate(
-            _need(entry.get("iterations", []), list, f"{where}.iterations", path)
-        ):
-            _need(it, dict, f"{where}.iterations[{j}]", path)
-            number = _need(it.get("iteration"), int, f"{where}.iterations[{j}].iteration", path)
-            if number in seen_iterations:
-                raise InputError(path, f"rank {rank}: iteration {number} appears twice")
-            seen_iterations.add(number)
-            start = origin + _seconds(it.get("start"), f"iteration {number} start", path)
-            length = _seconds(
-                it.get("duration"), f"iteration {number} duration", path, limit=MAX_SPAN_S
-            )
-            if start + length >= MAX_TIME_NS:
-                raise InputError(path, f"iteration {number} ends out of range (origin_ns + start)")
-            for name, timing in _need(
-                it.get("ops", {}), dict, f"iteration {number} ops", path
-            ).items():
-                if name not in graphs[rank].ops:
-                    raise InputError(path, f"iteration {number} times unknown op {name!r}")
-                if not isinstance(timing, (list, tuple)) or len(timing) != 2:
-                    raise InputError(
-                        path, f"iteration {number} op {name!r}: want [start, duration]"
-                    )
-                rel = _seconds(timing[0], f"op {name!r} start", path, least=-1e10)
-                dur = _seconds(timing[1], f"op {name!r} duration", path)
-                if start + rel < origin or start + rel + dur >= MAX_TIME_NS:
-                    raise InputError(
-                        path,
-                        f"iteration {number} op {name!r} starts before 'origin_ns' or "
-                        "ends out of range",
-                    )
-                # a GPU rank's CPU op may lie outside its (device) step: issued earlier
-                if name in inside and (rel < 0 or rel + dur > length + 1000):
-                    raise InputError(
-                        path,
-                        f"iteration {number} op {name!r} runs from {rel / 1e9:.6g} s to "
-                        f"{(rel + dur) / 1e9:.6g} s, outside the iteration's {length / 1e9:.6g} s "
-                        "(times must be seconds)",
-                    )
-                rows.append((rank, number, name, start + rel, dur))
-            spans.append((rank, number, start, start + length))
+        _iterations(entry, where, rank, graphs[rank], origin, path, rows, spans)
     if not graphs:
         raise InputError(path, "planner trace has no ranks")
     notes = tuple(str(n) for n in doc.get("notes", []) if isinstance(n, str))
     framework = doc.get("framework") if isinstance(doc.get("framework"), str) else "unknown"
     return Job(framework, graphs, make_trace(rows, spans), sources=(str(path),), notes=notes)
+
+
+def _ops(entry: dict[str, Any], where: str, path: Path) -> list[Op]:
+    """The ops of one rank's entry (`where`: ``ranks[i]``, for the messages)."""
+    ops = []
+    for j, raw in enumerate(_need(entry.get("ops"), list, f"{where}.ops", path)):
+        _need(raw, dict, f"{where}.ops[{j}]", path)
+        name = _need(raw.get("name"), str, f"{where}.ops[{j}].name", path)
+        kind = raw.get("kind", "compute")
+        phase = raw.get("phase", "unknown")
+        if kind not in OP_KINDS or phase not in PHASES:
+            raise InputError(path, f"op {name!r}: unknown kind or phase ({kind}, {phase})")
+        nbytes = _need(raw.get("nbytes", 0), int, f"op {name!r} nbytes", path)
+        if nbytes > MAX_NBYTES:
+            raise InputError(path, f"op {name!r} nbytes is over 1 PiB ({nbytes})")
+        param = raw.get("param")
+        ops.append(
+            Op(
+                name=name,
+                kind=kind,
+                resource=_need(raw.get("resource", "cpu"), str, f"op {name!r} resource", path),
+                param=_need(param, str, f"op {name!r} param", path) if param else None,
+                nbytes=nbytes,
+                phase=phase,
+                type=_need(raw.get("type", ""), str, f"op {name!r} type", path),
+            )
+        )
+    return ops
+
+
+def _edges(entry: dict[str, Any], where: str, path: Path) -> list[tuple[str, ...]]:
+    """The edges of one rank's entry: ``[src, dst]`` or ``[src, dst, kind]``."""
+    edges = []
+    for j, raw in enumerate(_need(entry.get("edges", []), list, f"{where}.edges", path)):
+        if not isinstance(raw, (list, tuple)) or len(raw) not in (2, 3):
+            raise InputError(path, f"{where}.edges[{j}] is not [src, dst, kind]")
+        if not all(isinstance(x, str) for x in raw):
+            raise InputError(path, f"{where}.edges[{j}] holds a non-string")
+        if len(raw) == 3 and raw[2] not in ("data", "control"):
+            raise InputError(path, f"{where}.edges[{j}] has unknown kind {raw[2]!r}")
+        edges.append(tuple(raw))
+    return edges
+
+
+def _iterations(
+    entry: dict[str, Any],
+    where: str,
+    rank: str,
+    graph: OpGraph,
+    origin: int,
+    path: Path,
+    rows: list[tuple[str, int, str, int, int]],
+    spans: list[tuple[str, int, int, int]],
+) -> None:
+    """Add the timed iterations of one rank's entry to `rows` (op timings, epoch ns) and
+    `spans`, each checked: in range, every op known and inside its iteration."""
+    # the ops that lie within their iteration: all of a CPU rank's; on a GPU rank,
+    # whose step is its device's, the device work
+    inside = device_ops(graph) or frozenset(graph.ops)
+    seen_iterations: set[int] = set()
+    for j, it in enumerate(_need(entry.get("iterations", []), list, f"{where}.iterations", path)):
+        _need(it, dict, f"{where}.iterations[{j}]", path)
+        number = _need(it.get("iteration"), int, f"{where}.iterations[{j}].iteration", path)
+        if number in seen_iterations:
+            raise InputError(path, f"rank {rank}: iteration {number} appears twice")
+        seen_iterations.add(number)
+        start = origin + _seconds(it.get("start"), f"iteration {number} start", path)
+        length = _seconds(
+            it.get("duration"), f"iteration {number} duration", path, limit=MAX_SPAN_S
+        )
+        if start + length >= MAX_TIME_NS:
+            raise InputError(path, f"iteration {number} ends out of range (origin_ns + start)")
+        for name, timing in _need(it.get("ops", {}), dict, f"iteration {number} ops", path).items():
+            if name not in graph.ops:
+                raise InputError(path, f"iteration {number} times unknown op {name!r}")
+            if not isinstance(timing, (list, tuple)) or len(timing) != 2:
+                raise InputError(path, f"iteration {number} op {name!r}: want [start, duration]")
+            rel = _seconds(timing[0], f"op {name!r} start", path, least=-1e10)
+            dur = _seconds(timing[1], f"op {name!r} duration", path)
+            if start + rel < origin or start + rel + dur >= MAX_TIME_NS:
+                raise InputError(
+                    path,
+                    f"iteration {number} op {name!r} starts before 'origin_ns' or "
+                    "ends out of range",
+                )
+            # a GPU rank's CPU op may lie outside its (device) step: issued earlier
+            if name in inside and (rel < 0 or rel + dur > length + 1000):
+                raise InputError(
+                    path,
+                    f"iteration {number} op {name!r} runs from {rel / 1e9:.6g} s to "
+                    f"{(rel + dur) / 1e9:.6g} s, outside the iteration's {length / 1e9:.6g} s "
+                    "(times must be seconds)",
+                )
+            rows.append((rank, number, name, start + rel, dur))
+        spans.append((rank, number, start, start + length))

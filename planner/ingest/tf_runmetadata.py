@@ -14,54 +14,35 @@ before the op producing its tensor ended, though the PS asks for every gradient 
 the step's start. A record that starts late is an answer that started late (a request
 sent or served late). The transfer is taken to start no earlier than the end of the
 sender-side op that produces the tensor (a guard where the hosts' clocks differ).
+
+Each file is parsed and indexed by `tf_step_stats`; this module joins the steps into
+the ranks' graphs and timings, and the parameter servers' work the replay joins.
 """
 
 from __future__ import annotations
 
-import graphlib
 import hashlib
 import re
 from collections import Counter
-from dataclasses import dataclass, field, replace
-from functools import cached_property
+from dataclasses import replace
 from pathlib import Path
 
 from google.protobuf import message
 
 from planner.errors import InputError
-from planner.ingest.files import MAX_NBYTES, MAX_SPAN_S, MAX_TIME_NS
+from planner.ingest.files import MAX_SPAN_S
 from planner.ingest.proto import tf_subset_pb2 as tfpb
 from planner.ingest.tf_graphdef import device_name, split_input, task_of
+from planner.ingest.tf_step_stats import _index_step, _Step, parse_run_metadata
 from planner.model.graph import GraphError, Op, OpGraph, build_graph
 from planner.model.trace import Job, make_trace
 
-_LABEL = re.compile(
-    r"^\[(?P<size>[^\]]*)\] \[[^\]]*\] (?P<edge>\S+) from (?P<src>\S+) to (?P<dst>\S+)"
-)
 _STEP = re.compile(r"step[_-]?(\d+)", re.IGNORECASE)
 _VARIABLE_OPS = {"VarHandleOp", "VariableV2", "Variable", "_VarHandlesOp"}
 _READ_OPS = {"ReadVariableOp", "Identity", "_ReadVariablesOp"}
 # `_ps_work`: the PS ops, their edges, and (PS op, tensor, sending worker device) per tensor
 # a PS op reads from another worker
 _PsWork = tuple[list[Op], list[tuple[str, str, str]], list[tuple[str, str, str]]]
-
-
-def parse_run_metadata(data: bytes, path: Path) -> tfpb.RunMetadata:
-    """Parse RunMetadata bytes; InputError when they are not one (truncated, text...)."""
-    run = tfpb.RunMetadata()
-    try:
-        run.ParseFromString(data)
-    except message.DecodeError as exc:
-        raise InputError(path, f"not a TensorFlow RunMetadata ({exc})") from None
-    if not run.partition_graphs:
-        raise InputError(
-            path,
-            "RunMetadata has no partition graphs: trace with "
-            "RunOptions(trace_level=FULL_TRACE, output_partition_graphs=True)",
-        )
-    if not run.step_stats.dev_stats:
-        raise InputError(path, "RunMetadata has no step_stats: trace with FULL_TRACE")
-    return run
 
 
 def looks_like_run_metadata(data: bytes) -> bool:
@@ -94,130 +75,6 @@ def step_number(path: Path, fallback: int) -> int:
     return int(found.group(1)) if found else fallback
 
 
-def _start_ns(stats: tfpb.NodeExecStats) -> int:
-    return stats.all_start_nanos or stats.all_start_micros * 1000
-
-
-def _duration_ns(stats: tfpb.NodeExecStats) -> int:
-    return stats.all_end_rel_nanos or stats.all_end_rel_micros * 1000
-
-
-def _partition_device(graph: tfpb.GraphDef) -> str:
-    devices = Counter(n.device for n in graph.node if n.device)
-    return devices.most_common(1)[0][0] if devices else ""
-
-
-@dataclass
-class _Record:
-    start: int
-    end: int
-    nbytes: int
-
-
-@dataclass
-class _Step:
-    """What one RunMetadata file says, indexed for the joins."""
-
-    number: int
-    partitions: dict[str, tfpb.GraphDef]
-    op_end: dict[tuple[str, str], int] = field(default_factory=dict)
-    op_time: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
-    records: dict[tuple[str, str, str], _Record] = field(default_factory=dict)
-    queued: dict[tuple[str, str], int] = field(default_factory=dict)  # ns, see _queued_ns
-
-    @cached_property
-    def nodes(self) -> dict[str, dict[str, tfpb.NodeDef]]:
-        """Device -> its partition's nodes by name."""
-        return {d: {n.name: n for n in g.node} for d, g in self.partitions.items()}
-
-    @cached_property
-    def sent(self) -> dict[tuple[str, str], str]:
-        """(device, tensor_name) -> the input of that device's `_Send` of the tensor."""
-        return {
-            (d, n.attr["tensor_name"].s.decode(errors="replace")): n.input[0]
-            for d, g in self.partitions.items()
-            for n in g.node
-            if n.op == "_Send" and n.input
-        }
-
-    @cached_property
-    def unprompted(self) -> set[tuple[str, str]]:
-        """(device, node) of the parameter-server nodes that wait for no tensor from
-        another device in the step (variable reads, the PS's own constants): their
-        record times are the PS's own, not a replay of the workers' by another name."""
-        out: set[tuple[str, str]] = set()
-        for device, graph in self.partitions.items():
-            if not task_of(device).startswith("ps"):
-                continue
-            bit = {n.name: 1 for n in graph.node if n.op == "_Recv"}
-            waits = _waits(graph, bit) if bit else {n.name: 0 for n in graph.node}
-            out.update((device, name) for name, mask in waits.items() if not mask)
-        return out
-
-    @cached_property
-    def peer_waits(self) -> dict[str, list[tuple[str, str]]]:
-        """Device -> `_peer_waits` pairs of every partition, computed once per step."""
-        out: dict[str, list[tuple[str, str]]] = {}
-        for peer, graph in self.partitions.items():
-            for device, pairs in _peer_waits(graph, peer).items():
-                out.setdefault(device, []).extend(pairs)
-        return out
-
-
-def _check_stats(stats: tfpb.NodeExecStats, device: str, path: Path) -> tuple[int, int]:
-    """(start, duration) in ns of one node record; InputError when out of range."""
-    start, duration = _start_ns(stats), _duration_ns(stats)
-    what = f"node stats of {stats.node_name!r} on {device}"
-    if not 0 <= start < MAX_TIME_NS:
-        raise InputError(path, f"{what}: start time {start} ns is out of range")
-    if duration < 0:
-        raise InputError(path, f"{what}: negative duration ({duration} ns)")
-    if duration > MAX_SPAN_S * 1e9:
-        raise InputError(path, f"{what}: lasts {duration / 1e9:.3g} s, more than a day")
-    return start, duration
-
-
-def _index_step(run: tfpb.RunMetadata, number: int, path: Path) -> _Step:
-    partitions = {_partition_device(g): g for g in run.partition_graphs}
-    step = _Step(number=number, partitions=partitions)
-    for dev in run.step_stats.dev_stats:
-        for stats in dev.node_stats:
-            start, duration = _check_stats(stats, dev.device, path)
-            if stats.node_name == "RecvTensor":
-                found = _LABEL.match(stats.timeline_label)
-                if not found:
-                    continue
-                nbytes = (
-                    stats.output[0].tensor_description.allocation_description.requested_bytes
-                    if stats.output
-                    else 0
-                )
-                if not 0 <= nbytes <= MAX_NBYTES:
-                    raise InputError(
-                        path, f"RecvTensor record of {found['edge']}: size {nbytes} B out of range"
-                    )
-                key = (found["edge"], found["src"], found["dst"])
-                step.records.setdefault(key, _Record(start, start + duration, nbytes))
-                continue
-            key2 = (dev.device, stats.node_name)
-            if key2 not in step.op_time:
-                step.op_time[key2] = (start, duration)
-                step.op_end[key2] = start + duration
-                queued = _queued_ns(stats, start)
-                if queued is not None:
-                    step.queued[key2] = queued
-    return step
-
-
-def _queued_ns(stats: tfpb.NodeExecStats, start: int) -> int | None:
-    """How long the executor held the op queued, its inputs done, before a thread ran it
-    (`scheduled_micros`, which TensorFlow records for executed ops); None unrecorded."""
-    scheduled = stats.scheduled_nanos or stats.scheduled_micros * 1000
-    if not scheduled or scheduled > start:
-        return None
-    return start - scheduled
-
-
 def _variable_of(nodes: dict[str, tfpb.NodeDef], node_name: str) -> str:
     """The variable a sent tensor reads (through ReadVariableOp/Identity), else the node;
     `nodes`: the sender's partition by name."""
@@ -245,55 +102,6 @@ def transfer_name(kind: str, sent: str | None, source: str, peer: str = "") -> s
     node, _kind = split_input(sent)
     tensor = sent.removesuffix(":0") if node == source else f"^{source}"
     return f"{kind}:{tensor}" + (f"->{peer}" if kind == "send" and peer else "")
-
-
-def _waits(graph: tfpb.GraphDef, bit: dict[str, int]) -> dict[str, int]:
-    """Node -> the OR of the `bit`s of the nodes it transitively waits for (inputs,
-    data and control). A partition graph is acyclic; one that is not gets no waits."""
-    inputs = {n.name: [split_input(raw)[0] for raw in n.input] for n in graph.node}
-    order = graphlib.TopologicalSorter(inputs)
-    waits: dict[str, int] = {}
-    try:
-        for name in order.static_order():
-            mask = bit.get(name, 0)
-            for src in inputs.get(name, ()):
-                mask |= waits.get(src, 0)
-            waits[name] = mask
-    except graphlib.CycleError:
-        return {}
-    return waits
-
-
-def _peer_waits(graph: tfpb.GraphDef, peer: str) -> dict[str, list[tuple[str, str]]]:
-    """Device -> (tensor it sends to `peer`, tensor `peer` sends back) pairs where, on
-    `peer`, the producer of the second waits for the first: the PS applies a worker's
-    gradient before sending a value computed from it, or (with ``planner export`` arrival
-    enforcement) reads the next variable only after the worker's control message. Edges
-    the worker partition alone cannot show."""
-    bit: dict[str, int] = {}  # a _Recv from another device -> its bit
-    received: list[tuple[str, str]] = []  # per bit: (sending device, tensor_name)
-    for n in graph.node:
-        if n.op == "_Recv":
-            bit[n.name] = 1 << len(received)
-            received.append((n.attr["send_device"].s.decode(errors="replace"),
-                             n.attr["tensor_name"].s.decode(errors="replace")))  # fmt: skip
-    out: dict[str, list[tuple[str, str]]] = {}
-    if not bit:
-        return out
-    waits = _waits(graph, bit)
-    for n in graph.node:
-        if n.op != "_Send" or not n.input:
-            continue
-        device = n.attr["recv_device"].s.decode(errors="replace")
-        mask = waits.get(split_input(n.input[0])[0], 0)
-        back = n.attr["tensor_name"].s.decode(errors="replace")
-        while mask:
-            low = mask & -mask
-            sender, sent = received[low.bit_length() - 1]
-            if sender == device and device != peer:
-                out.setdefault(device, []).append((sent, back))
-            mask ^= low
-    return out
 
 
 def _rank_graph(step: _Step, device: str, path: Path) -> tuple[OpGraph, dict[str, tuple]]:
@@ -371,19 +179,7 @@ def load_run_metadata(files: list[tuple[Path, bytes]]) -> Job:
     one step, not two: it is left out with a note, so it cannot weigh twice in the
     timings.
     """
-    steps: list[tuple[Path, _Step]] = []
-    first_of: dict[bytes, Path] = {}
-    duplicates: list[str] = []
-    for index, (path, data) in enumerate(files):
-        digest = hashlib.sha256(data).digest()
-        if digest in first_of:
-            duplicates.append(f"ignored {path}: the same RunMetadata as {first_of[digest]}")
-            continue
-        first_of[digest] = path
-        run = parse_run_metadata(data, path)
-        steps.append((path, _index_step(run, step_number(path, index), path)))
-    steps.sort(key=lambda item: item[1].number)
-
+    steps, duplicates = _read_steps(files)
     graphs: dict[str, OpGraph] = {}
     links: dict[str, dict[str, tuple]] = {}
     devices: dict[str, str] = {}
@@ -417,16 +213,7 @@ def load_run_metadata(files: list[tuple[Path, bytes]]) -> Job:
             got = sum(1 for r in step_rows if r[2] in links[rank])
             if got < expected:
                 missing[(rank, step.number)] = expected - got
-            if all(r[2] in links[rank] for r in step_rows):
-                raise InputError(path, f"no node stats for {rank}'s kernels in step {step.number}")
-            start = min(r[3] for r in step_rows)
-            end = max(r[3] + r[4] for r in step_rows)
-            if end - start > MAX_SPAN_S * 1e9:
-                raise InputError(
-                    path,
-                    f"step {step.number} of {rank} spans {(end - start) / 1e9:.3g} s, more than "
-                    "a day: its node stats disagree on the clock",
-                )
+            start, end = _step_span(path, step.number, rank, step_rows, links[rank])
             rows.extend((rank, step.number, op, s, d) for _, _, op, s, d in step_rows)
             queued.setdefault(rank, {})[step.number] = {
                 name: step.queued[(device, name)]
@@ -459,6 +246,46 @@ def load_run_metadata(files: list[tuple[Path, bytes]]) -> Job:
             "ranks": {rank: {"queued": of_rank} for rank, of_rank in queued.items()},
         },
     )
+
+
+def _read_steps(files: list[tuple[Path, bytes]]) -> tuple[list[tuple[Path, _Step]], list[str]]:
+    """The steps of `files` (path and indexed RunMetadata) in step order, and a note for
+    each file left out as a byte-for-byte copy of an earlier one."""
+    steps: list[tuple[Path, _Step]] = []
+    first_of: dict[bytes, Path] = {}
+    duplicates: list[str] = []
+    for index, (path, data) in enumerate(files):
+        digest = hashlib.sha256(data).digest()
+        if digest in first_of:
+            duplicates.append(f"ignored {path}: the same RunMetadata as {first_of[digest]}")
+            continue
+        first_of[digest] = path
+        run = parse_run_metadata(data, path)
+        steps.append((path, _index_step(run, step_number(path, index), path)))
+    steps.sort(key=lambda item: item[1].number)
+    return steps, duplicates
+
+
+def _step_span(
+    path: Path,
+    number: int,
+    rank: str,
+    step_rows: list[tuple[str, int, str, int, int]],
+    links: dict[str, tuple],
+) -> tuple[int, int]:
+    """(start, end) ns of one rank's step from its rows; InputError where only its
+    transfers have records or the records span more than a day."""
+    if all(r[2] in links for r in step_rows):
+        raise InputError(path, f"no node stats for {rank}'s kernels in step {number}")
+    start = min(r[3] for r in step_rows)
+    end = max(r[3] + r[4] for r in step_rows)
+    if end - start > MAX_SPAN_S * 1e9:
+        raise InputError(
+            path,
+            f"step {number} of {rank} spans {(end - start) / 1e9:.3g} s, more than "
+            "a day: its node stats disagree on the clock",
+        )
+    return start, end
 
 
 def _ps_work(step: _Step, device: str, links: dict[str, tuple]) -> _PsWork:
