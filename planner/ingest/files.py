@@ -17,6 +17,7 @@ Each refusal is one `InputError` line naming the limit and the variable that rai
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import io
 import json
@@ -265,6 +266,34 @@ def read_head(path: Path, size: int = 1 << 16) -> bytes:
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def escape_invalid_utf8(data: bytes) -> tuple[bytes, int]:
+    """`data` with each byte that is no part of valid UTF-8 written as the JSON text
+    ``\\\\xNN`` (which reads back as the four characters ``\\xNN``), and how many
+    there were: a name a profiler wrote in Latin-1 is read, shown escaped and noted,
+    where decoding it would fail. `data` itself when it is valid UTF-8."""
+    count = 0
+
+    def escape(error: UnicodeDecodeError) -> tuple[str, int]:
+        nonlocal count
+        count += 1
+        return f"\\\\x{error.object[error.start]:02x}", error.start + 1
+
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        codecs.register_error("planner.escape_utf8", escape)
+        return data.decode("utf-8", "planner.escape_utf8").encode("utf-8"), count
+    return data, 0
+
+
+def escaped_note(count: int) -> str:
+    """The note on a trace whose text held `count` bytes that are not UTF-8."""
+    return (
+        f"{count} byte(s) of the trace's text are not UTF-8 (a name written in another "
+        "encoding): read escaped, as \\xNN"
+    )
 
 
 def parse_json(path: Path, data: bytes) -> Any:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from planner.ingest import kineto_dag, kineto_params, limits
+from planner.ingest.files import escaped_note
 from planner.ingest.kineto_comms import (
     BUILTIN_PATTERNS,
     Collectives,
@@ -55,6 +56,8 @@ def build_rank(
     limits.check_input_dims(ev.path, ev.args, ev.names, ev.name_code)
     steps = find_steps(ev, rank_name, step_marker)
     notes = list(steps.notes)
+    if ev.escaped:
+        notes.append(f"{ev.path}: {escaped_note(ev.escaped)}")
     r, is_outer = _rows(ev, rank_name, steps, notes)
     coll = find_collectives(ev, r.is_gpu, r.launch_row, r.enclosing, r.step, patterns)
     o = _occurrences(r, is_outer, coll, len(steps.number))

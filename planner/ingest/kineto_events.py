@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from planner.errors import InputError
-from planner.ingest.files import MAX_SPAN_S, MAX_TIME_NS, read_bytes
+from planner.ingest.files import MAX_SPAN_S, MAX_TIME_NS, escape_invalid_utf8, read_bytes
 from planner.ingest.sniffers import is_execution_trace, is_kineto  # noqa: F401 (re-exported)
 
 try:  # orjson parses Kineto JSON ~2-3x faster with less peak memory than json
@@ -48,11 +48,23 @@ LAUNCH_CATS = frozenset({"cuda_runtime", "runtime", "cuda_driver"})
 
 def read_document(path: Path) -> Any:
     """Parse a `.json` / `.json.gz` file; InputError on unreadable, truncated or bad JSON."""
+    return read_document_escaped(path)[0]
+
+
+def read_document_escaped(path: Path) -> tuple[Any, int]:
+    """(`read_document`, how many bytes of its text were not UTF-8 and were read escaped
+    by `files.escape_invalid_utf8`)."""
     raw = read_bytes(path)
     if not raw.strip():
         raise InputError(path, "file is empty")
     try:
-        return _json.loads(raw)
+        return _json.loads(raw), 0
+    except _JSONError as exc:
+        escaped, count = escape_invalid_utf8(raw)
+        if not count:
+            raise InputError(path, f"invalid JSON ({exc})") from None
+    try:
+        return _json.loads(escaped), count
     except _JSONError as exc:
         raise InputError(path, f"invalid JSON ({exc})") from None
 
@@ -84,6 +96,7 @@ class RankEvents:
     args: dict[int, Any]  # row -> args, only for the rows that need them
     lane_names: dict[int, str]
     pids: frozenset[int] = frozenset()
+    escaped: int = 0  # bytes of the text that were not UTF-8, read escaped
 
     def __len__(self) -> int:
         return len(self.ts)

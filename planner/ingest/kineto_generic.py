@@ -29,7 +29,7 @@ from planner.ingest.kineto_events import (
     _lane_label,
     _ns,
     _rank_events,
-    read_document,
+    read_document_escaped,
 )
 
 _STR, _DICT = {str}, {dict}
@@ -97,7 +97,7 @@ def read_rank_generic(
     """Columnar events from the whole parsed document (any layout, any odd values)."""
     import pandas as pd  # odd files only: the streaming reader needs no pandas
 
-    doc = read_document(path) if document is None else document
+    doc, escaped = read_document_escaped(path) if document is None else (document, 0)
     if isinstance(doc, list):  # old format: the event array alone
         doc = {"traceEvents": doc}
     if not isinstance(doc, dict):
@@ -155,6 +155,7 @@ def read_rank_generic(
         args={int(i): args[i] for i in np.flatnonzero(keep)},
         lane_names=lane_names,
         pids=frozenset(p for p in set(pids) if isinstance(p, int)),
+        escaped=escaped,
     )
 
 

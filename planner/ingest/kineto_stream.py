@@ -102,6 +102,7 @@ class _Columns:
         self.rf = array("q")
         self.args: dict[int, Any] = {}
         self.meta_names: dict[tuple[Any, Any], str] = {}
+        self.escaped = 0  # bytes of the text that were not UTF-8 (`files.escape_invalid_utf8`)
 
     def add(self, events: list[_Event]) -> None:
         """Append the complete events of `events` (raises `_Irregular` on anything odd).
@@ -220,6 +221,7 @@ class _Columns:
             args=self.args,
             lane_names=lane_names,
             pids=pids,
+            escaped=self.escaped,
         )
 
 
@@ -233,15 +235,22 @@ def _args(raw: msgspec.Raw) -> dict[str, Any]:
     return _json.loads(bytes(raw)) or {}
 
 
-def _parse_array(body: bytes) -> list[_Event] | None:
+def _parse_array(body: bytes, cols: _Columns) -> list[_Event] | None:
     """`body` (events separated by commas) as events, or None when it is no JSON array
-    (a cut inside an event); `_Irregular` when an event's field has another type."""
+    (a cut inside an event); `_Irregular` when an event's field has another type. Bytes
+    that are not UTF-8 are read escaped, counted in `cols`."""
     try:
         return _PIECE.decode(b"[" + body + b"]")
     except msgspec.ValidationError:
         raise _Irregular from None
     except msgspec.DecodeError:
         return None
+    except UnicodeDecodeError:
+        data, count = _files.escape_invalid_utf8(b"[" + body + b"]")
+        events = _parse_array(data[1:-1], cols)
+        if events is not None:
+            cols.escaped += count
+        return events
 
 
 def _too_long(path: Path, pending: bytearray) -> _Irregular:
@@ -302,7 +311,7 @@ def _stream_columns(path: Path, cols: _Columns) -> dict[str, Any]:
                     pending.clear()
                     failed = 0
                 break
-            events = _parse_array(pending[: cut + 1])
+            events = _parse_array(pending[: cut + 1], cols)
             if events is not None:
                 cols.add(events)
                 del events
@@ -322,7 +331,7 @@ def _stream_columns(path: Path, cols: _Columns) -> dict[str, Any]:
             doc = _json.loads(header + b"[]" + pending[close + 1 :])
         except _JSONError:
             continue
-        events = _parse_array(pending[:close]) if pending[:close].strip() else []
+        events = _parse_array(pending[:close], cols) if pending[:close].strip() else []
         if isinstance(doc, dict) and events is not None:
             cols.add(events)
             return doc
