@@ -20,7 +20,7 @@ from planner.ingest import detect, kineto, kineto_dag
 from planner.ingest.kineto_events import read_rank
 from planner.ingest.kineto_steps import find_steps
 from planner.job import analysis
-from planner.planning import models
+from planner.planning import model_calibration as models
 from planner.prediction import simulate as sim
 from planner.reporting import html
 
