@@ -9,13 +9,10 @@ import pytest
 from planner.model.graph import Op, OpGraph, build_graph
 from planner.model.oracle import NetworkModel
 from planner.planning import batching, packing
-from planner.planning.caramel import (
-    activation_order,
-    caramel,
-    enforcement_edges,
-    gradient_transfers,
-)
+from planner.planning.activation import activation_order, gradient_transfers
+from planner.planning.caramel import caramel
 from planner.planning.depth import depth, depth_table
+from planner.planning.enforcement import enforcement_edges
 
 
 def _param(name: str, nbytes: int = 100) -> Op:

@@ -20,14 +20,9 @@ from hypothesis import strategies as st
 
 from planner.job.analysis import oracles
 from planner.model.graph import Op, OpGraph, OpKind, build_graph
-from planner.planning.caramel import (
-    activation_order,
-    activation_positions,
-    caramel,
-    dependency_order,
-    enforcement_edges,
-    gradient_transfers,
-)
+from planner.planning.activation import activation_order, gradient_transfers
+from planner.planning.caramel import caramel, dependency_order
+from planner.planning.enforcement import activation_positions, enforcement_edges
 
 TORCH = SHARED / "generated" / "torch"
 TORCH_RUNS = ("resnet_ddp", "resnet_ddp_bucket1mb", "transformer_ddp")

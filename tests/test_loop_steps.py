@@ -21,7 +21,7 @@ from planner.ingest import kineto_ops as kineto
 from planner.ingest.kineto_steps import find_steps
 from planner.ingest.kineto_stream import read_rank
 from planner.job import analysis
-from planner.planning import models
+from planner.planning import model_calibration as models
 from planner.prediction import simulate as sim
 from planner.reporting import html
 

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from planner.model.oracle import NetworkModel
     from planner.model.plan import Plan
     from planner.model.trace import Job
-    from planner.planning.buckets import Profile
+    from planner.planning.bucket_profile import Profile
 
 ONE_RANK_NOTE = "one rank: a collective's wait for its peers cannot be told"
 

@@ -46,24 +46,63 @@ critical path, many small ones' mostly overlap the later all-reduces.
 starts from them. Given the job's step time without the profiler at the traced
 configuration (from its training log), the traced steps are scaled to it first
 (`without_profiler`).
+
+This module is the sweep and its ``planner.bucket_sweep/1`` document, and the advice's
+library entry point: it names the public parts of `planner.planning.bucket_profile` (the
+trace's side) and `planner.planning.bucket_replay` (the buckets and their replay), where
+they are defined.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from planner.model.oracle import NetworkModel
-from planner.model.trace import Job, rank_meta
+from planner.model.trace import Job
+from planner.planning.bucket_profile import (
+    Profile,
+    join,
+    profile,
+    rank_profile,
+    without_profiler,
+)
+from planner.planning.bucket_replay import (
+    DEFAULT_CAP_MB,
+    FIRST_BUCKET_BYTES,
+    MIB,
+    backward_work,
+    ddp_buckets,
+    decontend,
+    first_bucket_rule,
+    replay,
+    step_times,
+)
 
-MIB = 1 << 20
-FIRST_BUCKET_BYTES = 1 * MIB
-"""DDP's first bucket limit with the cap unset (``dist._DEFAULT_FIRST_BUCKET_BYTES``)."""
-DEFAULT_CAP_MB = 25.0
-"""DDP's ``bucket_cap_mb`` when unset."""
+__all__ = [
+    "DEFAULT_CAPS_MB",
+    "KAPPA_RANGE",
+    "MIB",
+    "BadReference",
+    "Profile",
+    "backward_factor",
+    "backward_work",
+    "calibrate",
+    "ddp_buckets",
+    "decontend",
+    "first_bucket_rule",
+    "join",
+    "profile",
+    "rank_profile",
+    "replay",
+    "step_times",
+    "sweep",
+    "sweep_profile",
+    "without_profiler",
+]
+
 DEFAULT_CAPS_MB: tuple[float, ...] = (0.25, 0.5, 1, 2, 4, 8, 16, 25, 50, 100)
 MIN_GAIN = 0.02
 """A cap is recommended only when it is predicted faster than the traced buckets by more
@@ -82,371 +121,6 @@ most this share of its backward pass."""
 
 class BadReference(ValueError):
     """The reference trace given to the sweep cannot serve as one (`backward_factor`)."""
-
-
-def ddp_buckets(sizes: Sequence[int], cap: int, first_cap: int = FIRST_BUCKET_BYTES) -> list[int]:
-    """The bucket of each gradient (sizes in ready order), as DDP fills them."""
-    out = []
-    bucket, held, limit = 0, 0, first_cap
-    for size in sizes:
-        out.append(bucket)
-        held += size
-        if held >= limit:
-            bucket, held, limit = bucket + 1, 0, cap
-    return out
-
-
-def first_bucket_rule(sizes: Sequence[float], assignment: Sequence[int]) -> str | None:
-    """Which first-bucket limit explains the traced buckets, as it applies to an explicit
-    ``bucket_cap_mb``: ``"cap"`` (the first bucket takes the cap: PyTorch 2.13),
-    ``"1 MiB"`` (an explicit cap with a 1 MiB first bucket: older releases), ``"unset"``
-    (the job ran with DDP's default, 25 MiB after a 1 MiB first bucket, which says
-    nothing of explicit caps), ``"either"`` when the cap rule and another fit, None when
-    none does.
-
-    A bucket closed by its last gradient held at least its limit, and less before it:
-    each bucket bounds its limit to ``(held - last, held]`` (the last bucket only from
-    below); the buckets after the first share one limit, the cap.
-    """
-    held: dict[int, float] = {}
-    last: dict[int, float] = {}
-    for size, bucket in zip(sizes, assignment, strict=True):
-        held[bucket] = held.get(bucket, 0.0) + size
-        last[bucket] = size
-    final = max(held)
-
-    def bounds(ids: Sequence[int]) -> tuple[float, float]:
-        low = max((held[b] - last[b] for b in ids), default=0.0)
-        high = min((held[b] for b in ids if b != final), default=float("inf"))
-        return low, high
-
-    low, high = bounds(list(held))
-    rest_low, rest_high = bounds([b for b in held if b != 0])
-    first_low, first_high = bounds([0])
-    as_cap = low < high
-    fixed = first_low < FIRST_BUCKET_BYTES <= first_high and rest_low < rest_high
-    unset = fixed and rest_low < DEFAULT_CAP_MB * MIB <= rest_high
-    if as_cap:
-        return "either" if fixed else "cap"
-    return "unset" if unset else "1 MiB" if fixed else None
-
-
-def _bucket_ready(work: np.ndarray, ids: np.ndarray, count: int) -> np.ndarray:
-    ready = np.zeros(count)
-    np.maximum.at(ready, ids, work)
-    return ready
-
-
-def replay(
-    work: np.ndarray,
-    ids: np.ndarray,
-    sizes: np.ndarray,
-    network: NetworkModel,
-    kappa: float,
-    lanes: int = 1,
-    copy_rate: float = 0.0,
-    kappa_backward: float | None = None,
-) -> float:
-    """When the backward pass, the last all-reduce and DDP's copies of the buckets back
-    into the gradients are done, from the step start.
-
-    `work` is each gradient's ready time with no collective in flight. The buckets'
-    all-reduces start in order, up to `lanes` at once (gloo runs two worker threads,
-    NCCL one stream); each first pays the latency ``a`` (in parallel), then its bytes
-    share the link (``b`` per byte, processor-shared). While a collective overlaps the
-    backward pass both progress at ``1/kappa`` of their speed (see the module doc), the
-    backward pass at ``1/kappa_backward`` when that is given.
-    When the backward pass ends, DDP copies each bucket back into the gradients in
-    order, once its all-reduce is done (``copy_bucket_to_grad``), `copy_rate` seconds
-    a byte.
-    """
-    count = int(ids.max()) + 1
-    marks = _bucket_ready(work, ids, count)
-    nbytes = np.bincount(ids, weights=sizes, minlength=count)
-    end = float(work.max())
-    t, done, nxt = 0.0, 0.0, 0  # time, backward work done, next bucket to start
-    active: list[list[float]] = []  # [latency left, bandwidth time left, bucket]
-    ends = np.zeros(count)  # each bucket's all-reduce end
-    backward_end = None
-    eps = 1e-12
-    while True:
-        while len(active) < lanes and nxt < count and marks[nxt] <= done + eps:
-            active.append([network.a, network.b * float(nbytes[nxt]), nxt])
-            nxt += 1
-        computing = done < end - eps
-        if not computing and backward_end is None:
-            backward_end = t
-        if not active and not computing:
-            copied = float(backward_end)
-            for k in range(count):
-                copied = max(copied, float(ends[k])) + copy_rate * float(nbytes[k])
-            return max(t, copied)
-        both = bool(active) and computing
-        slow = 1.0 / kappa if both else 1.0
-        slow_backward = (1.0 / (kappa if kappa_backward is None else kappa_backward)
-                         if both else 1.0)  # fmt: skip
-        sharing = sum(1 for lat, *_ in active if lat <= eps) or 1
-        rates = [slow if lat > eps else slow / sharing for lat, *_ in active]
-        # the next event: a latency or a transfer ends, the backward pass ends, or (a
-        # lane free) the next bucket's last gradient is ready
-        target = end if len(active) == lanes or nxt >= count else min(marks[nxt], end)
-        dt = (target - done) / slow_backward if computing else np.inf
-        for (lat, rest, _), rate in zip(active, rates, strict=True):
-            dt = min(dt, (lat if lat > eps else rest) / rate)
-        t += dt
-        if computing:
-            done = min(end, done + dt * slow_backward)
-        for item, rate in zip(active, rates, strict=True):
-            if item[0] > eps:
-                item[0] -= dt * rate
-            else:
-                item[1] -= dt * rate
-            if item[0] <= eps and item[1] <= eps:
-                ends[int(item[2])] = t
-        active = [x for x in active if x[0] > eps or x[1] > eps]
-
-
-def decontend(ready: np.ndarray, busy: Sequence[tuple[float, float]], kappa: float) -> np.ndarray:
-    """The backward work behind traced ready times: time with a collective in flight
-    (the union `busy`) counted at ``1/kappa``. The definition for one rank; the sweep
-    computes it for all ranks of a step at once (`backward_work`)."""
-    if kappa == 1.0 or not busy:
-        return ready.copy()
-    out = ready.copy()
-    for start, end in busy:
-        out -= (1.0 - 1.0 / kappa) * np.clip(np.minimum(ready, end) - start, 0.0, None)
-    return out
-
-
-def _union(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[tuple[float, float]] = []
-    for start, end in sorted(spans):
-        if out and start <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], end))
-        else:
-            out.append((start, end))
-    return out
-
-
-@dataclass(frozen=True)
-class Step:
-    """One traced step of one rank: gradient ready times and the union of its collective
-    spans (seconds from the step start), the tail and the step time; the time DDP spent
-    copying buckets back into the gradients in the step (`copy`) and, of that, in the
-    tail (`copy_tail`)."""
-
-    ready: np.ndarray
-    busy: list[tuple[float, float]]
-    tail: float
-    measured: float
-    copy: float = 0.0
-    copy_tail: float = 0.0
-
-
-@dataclass(frozen=True)
-class Profile:
-    """What the sweep needs from a trace: per step the ranks' `Step`s, gradient sizes in
-    ready order, the traced buckets (bytes, launch order) and whether ranks are CPU-only."""
-
-    steps: dict[int, list[Step]]
-    sizes: np.ndarray
-    observed_buckets: np.ndarray
-    cpu: bool
-    lanes: int  # the most collectives a rank ever had in flight at once
-    # kappa -> per step the latest rank's backward work per gradient (`backward_work`)
-    work: dict[float, list[np.ndarray]] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
-
-    @property
-    def measured(self) -> float:
-        """The median over steps of the latest rank's step time."""
-        return float(np.median([max(s.measured for s in v) for v in self.steps.values()]))
-
-    @property
-    def copy_rate(self) -> float:
-        """Seconds a byte of DDP's copy of the buckets back into the gradients: the median
-        over steps and ranks of the step's copying time over the gradients' bytes."""
-        total = float(self.sizes.sum())
-        copies = [s.copy for v in self.steps.values() for s in v]
-        return float(np.median(copies)) / total if copies and total > 0 else 0.0
-
-
-def without_profiler(p: Profile, untraced: float) -> Profile:
-    """`p` with the profiler's own cost taken out: each step's times scaled so that the
-    median step takes `untraced` (the job's step time without the profiler, at the
-    traced configuration), the cost spread evenly over the step; `ValueError` when the
-    two are more than 2x apart."""
-    if not 0.5 <= untraced / p.measured <= 2.0:
-        raise ValueError(
-            f"the untraced step time {untraced * 1e3:.1f} ms is more than 2x from the traced "
-            f"steps' {p.measured * 1e3:.1f} ms: not the traced configuration"
-        )
-    cost = p.measured - untraced
-    steps = {}
-    for step, ranks in p.steps.items():
-        scaled = []
-        for s in ranks:
-            f = max(0.5, 1.0 - cost / s.measured)
-            scaled.append(Step(s.ready * f, [(a * f, b * f) for a, b in s.busy], s.tail * f,
-                               s.measured * f, s.copy * f, s.copy_tail * f))  # fmt: skip
-        steps[step] = scaled
-    return replace(p, steps=steps)
-
-
-def step_times(
-    p: Profile,
-    buckets: Sequence[int],
-    network: NetworkModel,
-    kappa: float,
-    kappa_backward: float | None = None,
-) -> list[float]:
-    """The predicted time of every traced step with gradients grouped as `buckets`: per
-    gradient the latest rank's backward work, the latest rank's tail. The backward pass
-    slows by `kappa_backward` where given, else by `kappa` as the collectives do."""
-    ids = np.asarray(buckets)
-    rate = p.copy_rate
-    backward = kappa if kappa_backward is None else kappa_backward
-    out = []
-    for work, ranks in zip(backward_work(p, backward), p.steps.values(), strict=True):
-        end = replay(work, ids, p.sizes, network, kappa, p.lanes, rate, kappa_backward)
-        out.append(end + max(s.tail - s.copy_tail for s in ranks))
-    return out
-
-
-def backward_work(p: Profile, kappa: float) -> list[np.ndarray]:
-    """Per step, the latest rank's backward work behind each gradient (`decontend`),
-    kept in `p` per `kappa`: the sweep replays every cap at the same few kappas."""
-    works = p.work.get(kappa)
-    if works is None:
-        works = p.work[kappa] = [_latest_work(ranks, kappa) for ranks in p.steps.values()]
-    return works
-
-
-def _latest_work(ranks: Sequence[Step], kappa: float) -> np.ndarray:
-    """The largest over `ranks` of `decontend` of each rank's ready times, for all ranks at
-    once: the ranks' spans padded with empty ones at infinity, which take exactly nothing
-    off (the same floating-point result as one `decontend` per rank)."""
-    ready = np.array([s.ready for s in ranks], dtype=np.float64)
-    width = max(len(s.busy) for s in ranks)
-    if kappa == 1.0 or width == 0:
-        return ready.max(axis=0)
-    starts = np.full((len(ranks), width, 1), np.inf)
-    ends = np.full((len(ranks), width, 1), np.inf)
-    for i, s in enumerate(ranks):
-        if s.busy:
-            starts[i, : len(s.busy), 0], ends[i, : len(s.busy), 0] = zip(*s.busy, strict=True)
-    out, slow = ready.copy(), 1.0 - 1.0 / kappa
-    for j in range(width):
-        out -= slow * np.clip(np.minimum(ready, ends[:, j]) - starts[:, j], 0.0, None)
-    return out.max(axis=0)
-
-
-def profile(job: Job) -> Profile | None:
-    """The sweep's inputs from a Kineto DDP job (None without gradient-ready events)."""
-    ranks = job.meta.get("ranks") or {}
-    with_ready = [r for r, m in ranks.items() if m.get("gradient_ready")]
-    cpu = not any(
-        op.resource.startswith("gpu") for g in job.graphs.values() for op in g.ops.values()
-    )
-    return join([rank_profile(job, r) for r in with_ready], cpu)
-
-
-def rank_profile(job: Job, rank: str) -> Profile | None:
-    """One rank's part of `profile` (its traced steps only; ``cpu`` its own); None without
-    gradient-ready events or when its steps disagree on the gradients."""
-    from planner.model.arrays import lanes as interval_lanes
-
-    steps = rank_meta(job, rank).get("gradient_ready")
-    if not steps:
-        return None
-    spans = job.trace.spans
-    spans = spans[spans["rank"] == rank]
-    span_of = {
-        step: (start, end)
-        for step, start, end in zip(
-            spans["iteration"].tolist(), spans["start"].tolist(), spans["end"].tolist(),
-            strict=True,
-        )
-    }  # fmt: skip
-    mine = job.trace.timings
-    mine = mine[mine["rank"] == rank]
-    ops = mine["op"].tolist()
-    is_copy = np.fromiter(("copy_bucket_to_grad" in op for op in ops), bool, len(ops))
-    is_collective = np.fromiter(("all_reduce" in op for op in ops), bool, len(ops))
-    iteration = mine["iteration"].to_numpy()
-    start_ns = mine["start"].to_numpy()
-    duration_ns = mine["duration"].to_numpy()
-    by_step: dict[int, list[Step]] = {}
-    sizes: list[int] | None = None
-    lanes = 1
-    for step, grads in steps.items():
-        if int(step) not in span_of:
-            continue
-        if sizes is None:
-            sizes = [g[1] for g in grads]
-        if [g[1] for g in grads] != sizes:
-            return None  # steps disagree on the gradients: no one ready order
-        start, end = span_of[int(step)]
-        times = np.array([g[0] for g in grads], dtype=np.float64)
-        c = is_collective & (iteration == int(step))
-        starts = start_ns[c].astype(np.float64)
-        ends = (start_ns[c] + duration_ns[c]).astype(np.float64)
-        last = max(times.max(), float(ends.max()) if len(ends) else 0.0)
-        busy = _union(
-            [((a - start) / 1e9, (b - start) / 1e9) for a, b in zip(starts, ends, strict=True)]
-        )
-        if len(starts):  # the most in flight at once: greedy interval partitioning
-            lane = interval_lanes(np.zeros(len(starts)), starts, ends - starts)
-            lanes = max(lanes, int(lane.max()) + 1)
-        k = is_copy & (iteration == int(step))
-        copy_starts = start_ns[k].astype(np.float64)
-        copy_spans = duration_ns[k].astype(np.float64)
-        by_step.setdefault(int(step), []).append(
-            Step((times - start) / 1e9, busy, (end - last) / 1e9, (end - start) / 1e9,
-                 float(copy_spans.sum()) / 1e9,
-                 float(copy_spans[copy_starts >= last].sum()) / 1e9)
-        )  # fmt: skip
-    graph = job.graphs[rank]
-    observed = sorted(
-        (_bucket_index(op.param), op.nbytes)
-        for op in graph.ops.values()
-        if (op.param or "").startswith("bucket")
-    )
-    if not observed:  # no backward range to tell gradient buckets: the step's all-reduces
-        observed = sorted(
-            (int(op.name.rsplit("#", 1)[1]), op.nbytes)
-            for op in graph.ops.values()
-            if op.kind == "collective" and op.name.startswith("net/all_reduce#")
-        )
-    cpu = not any(op.resource.startswith("gpu") for op in graph.ops.values())
-    return Profile(by_step, np.array(sizes or [], dtype=np.float64),
-                   np.array([n for _, n in observed], dtype=np.float64), cpu, lanes)  # fmt: skip
-
-
-def join(profiles: Sequence[Profile | None], cpu: bool) -> Profile | None:
-    """The job's profile from its gradient-ready ranks' `rank_profile`s: their steps side
-    by side, the most collectives in flight over them, the first traced rank's buckets;
-    None when a rank's steps, or two ranks, disagree on the gradients (no one ready
-    order) or no rank has a traced step. `cpu`: no rank of the job runs on a GPU."""
-    if any(p is None for p in profiles):
-        return None
-    traced = [p for p in profiles if p is not None and p.steps]
-    if not traced:
-        return None
-    first = traced[0]
-    by_step: dict[int, list[Step]] = {}
-    for p in traced:
-        if not np.array_equal(p.sizes, first.sizes):
-            return None
-        for step, steps in p.steps.items():
-            by_step.setdefault(step, []).extend(steps)
-    lanes = max(p.lanes for p in traced)
-    return Profile(by_step, first.sizes, first.observed_buckets, cpu, lanes)
-
-
-def _bucket_index(param: str | None) -> int:
-    return int(param[len("bucket") :]) if param and param.startswith("bucket") else -1
 
 
 def _observed_assignment(p: Profile) -> list[int] | None:

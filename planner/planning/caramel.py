@@ -1,30 +1,13 @@
-"""Caramel (all-reduce): activation order, enforcement edges, and the whole plan.
+"""Caramel (all-reduce): the whole plan of one rank.
 
-Stage 1 (`activation_order`, Caramel §4.1): repeatedly pick the parameter whose
-not-yet-done ancestor compute costs least, and mark those ancestors done. Ties (equal
-cost, e.g. zero-time ops) go to the parameter needing fewer ops, then to the earlier
-one in topological order, then by name: with that key a parameter is never picked
-after one whose remaining needs strictly contain its own, so a parameter left with
-nothing to do when another is picked activates *together* with it (``simultaneous``).
-
-Stage 2 (`enforcement_edges`): ``N_i`` = the ops param i needs that are not done yet;
-its *free set* ``F_i`` = the ops of ``N_i`` with no predecessor in ``N_i``; the *end set*
-of param i = its direct predecessors. Edges go from the end set of the previous
-parameter that needed ops to the free set of param i, skipping an end-set op that
-reaches another one (the later one carries the order) and any edge the graph (with the
-edges added so far) already implies. Then every op of ``N_i`` runs after param i-1 is
-ready, so param i becomes ready strictly later; the new graph is the old one plus
-edges between ops that the old one left unordered, so it stays acyclic and each of
-its topological orders is one of the old graph's. Each added edge is in the
-transitive reduction of the new graph (a later edge ends in a later stage and cannot
-imply an earlier one).
-
-Both stages run on ops collapsed into classes with the same set of parameters below
-them: every op of a class is done by the same pick, so costs are kept per class and
-updated with numpy when a pick kills classes (200k ops, thousands of parameters).
-Times are summed as integer picoseconds, so costs and ties are exact.
-
-The `caramel` pipeline then batches (§4.2), packs (§4.3) and picks depths (§4.4).
+Stage 1 (`planner.planning.activation`, Caramel §4.1) picks the activation order of
+the parameters, Stage 2 (`planner.planning.enforcement`) the control edges that enforce
+it. The `caramel` pipeline then batches the parameters (§4.2 Parameter Batcher,
+`planner.planning.batching`), packs the groups into the passes (§4.3 Network Transfer
+Scheduler, `planner.planning.packing`), orders the transfers as the DAG allows
+(`dependency_order`) and picks each group's split depth (§4.4 Adaptive Depth Enforcer,
+`planner.planning.depth`). The network model it batches with may come from the trace
+itself (`trace_network_model`, checked by `network_problem`).
 """
 
 from __future__ import annotations
@@ -32,7 +15,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -42,347 +25,25 @@ from planner.model.oracle import NetworkModel, TimeOracle, fit_network_model
 from planner.model.plan import Plan
 from planner.model.trace import dedicated_durations, transfer_part
 from planner.planning import batching, packing
+from planner.planning.activation import Activation, activation_order, time_map
 from planner.planning.depth import depth, depth_table
-from planner.planning.ticks import TICKS_PER_SECOND, set_bit_pairs, to_ticks
+from planner.planning.enforcement import Enforcement, enforcement_edges
+from planner.planning.ticks import TICKS_PER_SECOND
 
-
-@dataclass(frozen=True)
-class Activation:
-    """Stage 1's result.
-
-    `order`: the parameters (transfer ops) in chosen activation order. `cost[p]`: the
-    compute seconds picked with p (its not-yet-done ancestors). `needed[p]`: those ops
-    (``N_i``, any kind), in topological order. `simultaneous[p]`: the earlier parameter
-    p becomes ready together with (p needed no new op), else absent.
-    `start_boundary_after[p]`: when p is ready if the compute runs serially in the
-    chosen order (sum of the costs up to p); `start_boundary_before[p]`: the same
-    under the baseline order (default: the graph's topological order).
-    """
-
-    order: tuple[str, ...]
-    cost: Mapping[str, float]
-    needed: Mapping[str, tuple[str, ...]]
-    simultaneous: Mapping[str, str]
-    start_boundary_after: Mapping[str, float]
-    start_boundary_before: Mapping[str, float]
-
-
-@dataclass(frozen=True)
-class Enforcement:
-    """Stage 2's result: the control edges and what the construction considered.
-
-    `candidates`: end-set x free-set pairs before any was dropped; `dropped_end`: pairs
-    dropped because their end-set op reaches another end-set op; `implied`: pairs the
-    graph (plus the edges added before) already implies.
-    """
-
-    edges: tuple[tuple[str, str], ...]
-    candidates: int
-    dropped_end: int
-    implied: int
-    stages: int
-
-
-def gradient_transfers(graph: OpGraph) -> list[str]:
-    """The parameters Caramel orders: collectives outside the forward pass.
-
-    Falls back to every collective, then to sends (a PS worker's gradient pushes).
-    """
-    collectives = [n for n, op in graph.ops.items() if op.kind == "collective"]
-    if collectives:
-        grads = [n for n in collectives if graph.ops[n].phase != "forward"]
-        return grads or collectives
-    return [n for n, op in graph.ops.items() if op.kind == "send"]
-
-
-def _time_map(time: Mapping[str, float] | TimeOracle) -> Mapping[str, float]:
-    return time.times if isinstance(time, TimeOracle) else time
-
-
-def _compute_ticks(graph: OpGraph, names: Sequence[str], time: Mapping[str, float]) -> np.ndarray:
-    """Picoseconds per op (compute ops only: transfers cost no computation)."""
-    seconds = np.array(
-        [float(time.get(n, 0.0)) if not graph.ops[n].is_transfer else 0.0 for n in names],
-        dtype=np.float64,
-    )
-    return to_ticks(names, seconds)
-
-
-def _csr(keys: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    order = np.argsort(keys, kind="stable")
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(keys, minlength=n), out=ptr[1:])
-    return ptr, values[order]
-
-
-@dataclass(frozen=True)
-class _Stage1:
-    names: list[str]
-    index: dict[str, int]
-    params: list[str]
-    picked: list[int]  # param indices in pick order
-    cost: list[int]  # ticks per pick
-    count: list[int]  # |N_i| per pick (param ops excluded from N)
-    step: np.ndarray  # op index -> pick step that made it done (-1: never)
-
-
-def _stage1(graph: OpGraph, ticks_of: Mapping[str, float], params: Sequence[str]) -> _Stage1:
-    import networkx as nx  # here: a rank's tasks that plan nothing need not load it
-
-    names = list(nx.topological_sort(graph.dag))
-    index = {n: i for i, n in enumerate(names)}
-    n_ops, n_param = len(names), len(params)
-    ticks = _compute_ticks(graph, names, ticks_of)
-    param_of = np.full(n_ops, -1, dtype=np.int64)
-    for j, p in enumerate(params):
-        param_of[index[p]] = j
-    succ = graph.dag.succ
-
-    # Which parameters each op lies strictly above (Python-int bitsets), bottom up.
-    below: list[int] = [0] * n_ops
-    for i in range(n_ops - 1, -1, -1):
-        b = 0
-        for s in succ[names[i]]:
-            k = index[s]
-            b |= below[k]
-            if param_of[k] >= 0:
-                b |= 1 << int(param_of[k])
-        below[i] = b
-
-    # Classes: same `below`; every parameter op gets a class of its own.
-    class_of_bits: dict[int, int] = {}
-    op_class = np.empty(n_ops, dtype=np.int64)
-    class_bits: list[int] = []
-    param_class = np.empty(n_param, dtype=np.int64)
-    for i in range(n_ops):
-        if param_of[i] >= 0:
-            op_class[i] = len(class_bits)
-            param_class[param_of[i]] = len(class_bits)
-            class_bits.append(below[i])
-            continue
-        c = class_of_bits.get(below[i])
-        if c is None:
-            c = class_of_bits[below[i]] = len(class_bits)
-            class_bits.append(below[i])
-        op_class[i] = c
-    del below, class_of_bits
-    n_class = len(class_bits)
-    is_param_op = param_of >= 0
-    weight = np.zeros(n_class, dtype=np.int64)
-    np.add.at(weight, op_class, ticks)
-    size = np.bincount(op_class[~is_param_op], minlength=n_class).astype(np.int64)
-
-    rows, cols = set_bit_pairs(class_bits, n_param)
-    del class_bits
-    row_ptr, row_params = _csr(rows, cols, n_class)  # class -> params below it
-    col_ptr, col_classes = _csr(cols, rows, n_param)  # param -> classes above it
-
-    cost = np.zeros(n_param, dtype=np.int64)
-    np.add.at(cost, cols, weight[rows])
-    count = np.zeros(n_param, dtype=np.int64)
-    np.add.at(count, cols, size[rows])
-    topo = np.array([index[p] for p in params], dtype=np.int64)
-    name_rank = np.empty(n_param, dtype=np.int64)
-    name_rank[sorted(range(n_param), key=params.__getitem__)] = np.arange(n_param)
-
-    alive_class = np.ones(n_class, dtype=bool)
-    class_step = np.full(n_class, -1, dtype=np.int64)
-    alive = np.ones(n_param, dtype=bool)
-    big = np.iinfo(np.int64).max
-    picked: list[int] = []
-    picked_cost: list[int] = []
-    picked_count: list[int] = []
-    for step in range(n_param):
-        masked = np.where(alive, cost, big)
-        cand = np.flatnonzero(masked == masked.min())
-        if cand.size > 1:
-            cand = cand[count[cand] == count[cand].min()]
-        if cand.size > 1:
-            cand = cand[np.lexsort((name_rank[cand], topo[cand]))[:1]]
-        j = int(cand[0])
-        picked.append(j)
-        picked_cost.append(int(cost[j]))
-        picked_count.append(int(count[j]))
-        alive[j] = False
-        above = col_classes[col_ptr[j] : col_ptr[j + 1]]
-        killed = np.concatenate([above[alive_class[above]], [param_class[j]]])
-        killed = killed[alive_class[killed]]
-        alive_class[killed] = False
-        class_step[killed] = step
-        starts, ends = row_ptr[killed], row_ptr[killed + 1]
-        lengths = ends - starts
-        if lengths.sum():
-            flat = np.concatenate([row_params[s:e] for s, e in zip(starts, ends, strict=True)])
-            np.subtract.at(cost, flat, np.repeat(weight[killed], lengths))
-            np.subtract.at(count, flat, np.repeat(size[killed], lengths))
-    step_of = class_step[op_class]
-    return _Stage1(names, index, list(params), picked, picked_cost, picked_count, step_of)
-
-
-def _boundaries(
-    graph: OpGraph, names: list[str], ticks: np.ndarray, params: Sequence[str], order: Sequence[str]
-) -> dict[str, float]:
-    """Ready time of each parameter when compute runs serially in `order`.
-
-    A parameter is ready once its last ancestor in `order` has run; every op in
-    `order` before that has run too. Ops missing from `order` go after it, in
-    topological order.
-    """
-    index = {n: i for i, n in enumerate(names)}
-    seen = set(order)
-    full = [n for n in order if n in index] + [n for n in names if n not in seen]
-    pos = np.empty(len(names), dtype=np.int64)
-    for k, n in enumerate(full):
-        pos[index[n]] = k
-    ticks_in_order = ticks[[index[n] for n in full]]
-    prefix = np.concatenate([[0], np.cumsum(ticks_in_order)])
-    last = np.full(len(names), -1, dtype=np.int64)  # last position among strict ancestors
-    pred = graph.dag.pred
-    for i, n in enumerate(names):
-        m = -1
-        for u in pred[n]:
-            k = index[u]
-            m = max(m, last[k], pos[k])
-        last[i] = m
-    return {p: int(prefix[last[index[p]] + 1]) / TICKS_PER_SECOND for p in params}
-
-
-def activation_order(
-    graph: OpGraph,
-    time: Mapping[str, float] | TimeOracle,
-    params: Sequence[str] | None = None,
-    baseline: Sequence[str] | None = None,
-) -> Activation:
-    """Stage 1: the greedy activation order of `params` (default `gradient_transfers`).
-
-    `time`: op -> seconds (a TimeOracle or a mapping; missing ops cost 0; transfers
-    never count). `baseline`: an op order to report ``start_boundary_before`` against,
-    e.g. the observed order of a step; default the graph's topological order.
-    """
-    return _activation(graph, time, params, baseline)[0]
-
-
-def _activation(
-    graph: OpGraph,
-    time: Mapping[str, float] | TimeOracle,
-    params: Sequence[str] | None,
-    baseline: Sequence[str] | None,
-) -> tuple[Activation, _Stage1]:
-    times = _time_map(time)
-    params = list(gradient_transfers(graph) if params is None else params)
-    for p in params:
-        if p not in graph.ops:
-            raise ValueError(f"parameter {p!r} is not an op of the graph")
-    if len(set(params)) != len(params):
-        raise ValueError("parameters repeat")
-    s1 = _stage1(graph, times, params)
-    order = [params[j] for j in s1.picked]
-    needed: dict[str, list[str]] = {p: [] for p in order}
-    param_set = set(params)
-    for i, n in enumerate(s1.names):
-        k = int(s1.step[i])
-        if k >= 0 and n not in param_set:
-            needed[order[k]].append(n)
-    simultaneous: dict[str, str] = {}
-    leader: str | None = None
-    for p, c in zip(order, s1.count, strict=True):
-        if c == 0 and leader is not None:
-            simultaneous[p] = leader
-        elif c > 0:
-            leader = p
-    ticks = _compute_ticks(graph, s1.names, times)
-    after: dict[str, float] = {}
-    total = 0
-    for p, c in zip(order, s1.cost, strict=True):
-        total += c
-        after[p] = total / TICKS_PER_SECOND
-    before = _boundaries(
-        graph, s1.names, ticks, params, list(baseline) if baseline is not None else s1.names
-    )
-    activation = Activation(
-        order=tuple(order),
-        cost={p: c / TICKS_PER_SECOND for p, c in zip(order, s1.cost, strict=True)},
-        needed={p: tuple(v) for p, v in needed.items()},
-        simultaneous=simultaneous,
-        start_boundary_after=after,
-        start_boundary_before=before,
-    )
-    return activation, s1
-
-
-def enforcement_edges(graph: OpGraph, activation: Activation) -> Enforcement:
-    """Stage 2: control edges that make `activation.order` the only activation order.
-
-    See the module docstring for the construction and its guarantees.
-    """
-    step: dict[str, int] = {}
-    for i, p in enumerate(activation.order):
-        for n in activation.needed[p]:
-            step[n] = i
-        step[p] = i
-    pred, succ = graph.dag.pred, graph.dag.succ
-    added: dict[str, list[str]] = {}
-
-    def reach(source: str, low: int, high: int) -> set[str]:
-        """Ops reachable from `source` through ops of steps in [low, high], and the
-        first op past `high` on each path (the graph plus the edges added so far)."""
-        seen = {source}
-        queue = deque([source])
-        while queue:
-            x = queue.popleft()
-            for y in (*succ[x], *added.get(x, ())):
-                if y in seen:
-                    continue
-                k = step.get(y, -1)
-                if k < low:
-                    continue
-                seen.add(y)
-                if k <= high:
-                    queue.append(y)
-        return seen
-
-    edges: list[tuple[str, str]] = []
-    candidates = dropped_end = implied = stages = 0
-    end: list[str] = []
-    for i, p in enumerate(activation.order):
-        need = activation.needed[p]
-        if not need:
-            continue
-        if end:
-            need_set = set(need)
-            free = [v for v in need if not any(u in need_set for u in pred[v])]
-            candidates += len(end) * len(free)
-            stage_edges = 0
-            for u in end:
-                hit = reach(u, step.get(u, 0), i - 1)
-                for v in free:
-                    if v in hit:
-                        implied += 1
-                    else:
-                        edges.append((u, v))
-                        added.setdefault(u, []).append(v)
-                        stage_edges += 1
-            stages += stage_edges > 0
-        # End set of p: its direct predecessors, keeping only those no other one follows.
-        direct = sorted(pred[p], key=lambda u: step.get(u, -1))
-        if len(direct) > 1:
-            keep = []
-            for u in direct:
-                hit = reach(u, step.get(u, 0), i)
-                if any(w in hit for w in direct if w != u):
-                    dropped_end += 1
-                else:
-                    keep.append(u)
-            direct = keep
-        end = direct
-    return Enforcement(tuple(edges), candidates, dropped_end, implied, stages)
-
-
-def activation_positions(graph: OpGraph, order: Sequence[str]) -> dict[str, int]:
-    """When each op becomes ready in the sequential run `order`: the position of its
-    last predecessor (-1 for a root). The property Stage 2 guarantees is checked on this."""
-    pos = {n: k for k, n in enumerate(order)}
-    return {n: max((pos[u] for u in graph.dag.pred[n]), default=-1) for n in graph.ops}
+PROPERTIES: tuple[str, ...] = (
+    "activation_index",
+    "activation_cost",
+    "start_boundary_before",
+    "start_boundary_after",
+    "start_boundary_gain",
+    "ready",
+    "read",
+    "group",
+    "depth",
+    "start",
+    "end",
+)
+"""The per-transfer properties of a Caramel plan, in the order its document lists them."""
 
 
 def _phase_time(graph: OpGraph, times: Mapping[str, float], phases: Collection[str]) -> float:
@@ -419,10 +80,10 @@ def caramel(
     network model, threshold, groups with placement and depth, and the edge counts.
     `batching_on` False sends every parameter alone (a network model that does not hold).
     """
-    times = _time_map(oracle)
+    times = time_map(oracle)
     if network is None and isinstance(oracle, TimeOracle):
         network = oracle.network
-    activation, _ = _activation(graph, times, params, baseline)
+    activation = activation_order(graph, times, params, baseline)
     enforcement = enforcement_edges(graph, activation)
     if threshold is None and network is not None:
         threshold = batching.threshold_bytes(network)
@@ -432,17 +93,74 @@ def caramel(
 
     forward = _phase_time(graph, times, ("forward",))
     backward = _phase_time(graph, times, ("backward", "unknown"))
-    # Serial compute in the chosen order: forward first, then backward; a parameter's
-    # ready time in the backward pass is its start boundary after the forward part.
-    ready = {
-        p: min(max(activation.start_boundary_after[p] - forward, 0.0), backward)
-        for p in activation.order
-    }
+    ready = _backward_ready(activation, forward, backward)
     batches = batching.batch(activation.order, nbytes, ready, network, threshold)
     read_estimate = "given" if reads is not None else "mirror"
     if reads is None:
         reads = packing.mirror_reads(ready, backward, forward)
-    groups = [
+    groups = _packing_groups(batches, reads, network, times)
+    packed = packing.pack(groups, backward, forward, channels)
+
+    by_group = {g.group: g for g in packed.placements}
+    sequence, transfer_order, priority = _transfer_schedule(
+        graph, activation, batches, by_group, backward
+    )
+    props: dict[str, dict[str, float]] = {key: {} for key in PROPERTIES}
+    group_docs = _group_depths(graph, batches, groups, by_group, sequence, threshold, props)
+    _activation_properties(activation, ready, reads, props)
+    inputs = {
+        "n_ops": len(graph),
+        "n_params": len(activation.order),
+        "activation_order": list(activation.order),
+        "simultaneous": dict(activation.simultaneous),
+        "network": _network_dict(network),
+        "threshold_bytes": threshold,
+        "depth_table": depth_table(threshold),
+        "channels": channels,
+        "forward_time": forward,
+        "backward_time": backward,
+        "packing_iteration_time": packed.iteration_time,
+        "overhead": packed.overhead,
+        "groups": group_docs,
+        "edges": _edge_counts(enforcement),
+        "read_estimate": read_estimate,
+        "time_resolution_s": 1 / TICKS_PER_SECOND,
+    }
+    return Plan(
+        algorithm="caramel",
+        rank=rank,
+        priority=priority,
+        order=tuple(transfer_order),
+        control_edges=enforcement.edges,
+        properties=props,
+        inputs=inputs,
+    )
+
+
+def _backward_ready(activation: Activation, forward: float, backward: float) -> dict[str, float]:
+    """Serial compute in the chosen order: forward first, then backward; a parameter's
+    ready time in the backward pass is its start boundary after the forward part."""
+    return {
+        p: min(max(activation.start_boundary_after[p] - forward, 0.0), backward)
+        for p in activation.order
+    }
+
+
+def _network_dict(network: NetworkModel | None) -> dict[str, Any] | None:
+    if network is None:
+        return None
+    return {"a": network.a, "b": network.b, "r2": _finite(network.r2), "points": network.points}
+
+
+def _packing_groups(
+    batches: Sequence[batching.Batch],
+    reads: Mapping[str, float],
+    network: NetworkModel | None,
+    times: Mapping[str, float],
+) -> list[packing.Group]:
+    """§4.2's batches as the groups §4.3 packs: bytes, network time, ready time and the
+    first read of any of their parameters in the next forward pass."""
+    return [
         packing.Group(
             name=f"group{k}",
             nbytes=b.nbytes,
@@ -452,9 +170,19 @@ def caramel(
         )
         for k, b in enumerate(batches)
     ]
-    packed = packing.pack(groups, backward, forward, channels)
 
-    by_group = {g.group: g for g in packed.placements}
+
+def _transfer_schedule(
+    graph: OpGraph,
+    activation: Activation,
+    batches: Sequence[batching.Batch],
+    by_group: Mapping[str, packing.Placement],
+    backward: float,
+) -> tuple[list[int], list[str], dict[str, int]]:
+    """§4.3's schedule: the groups in the order their placements start (`sequence`), the
+    transfers in that order (within a group, in activation order) made an order the DAG
+    allows (`dependency_order`), and each transfer's priority (its group's number; a
+    transfer moved after its ancestors takes their priority)."""
     start_key = {k: packing.sort_key(by_group[f"group{k}"], backward) for k in range(len(batches))}
     sequence = sorted(range(len(batches)), key=lambda k: (start_key[k], k))
     transfer_order: list[str] = []
@@ -468,20 +196,21 @@ def caramel(
     last = -1
     for p in transfer_order:  # a transfer moved after its ancestors takes their priority
         last = priority[p] = max(last, priority[p])
+    return sequence, transfer_order, priority
+
+
+def _group_depths(
+    graph: OpGraph,
+    batches: Sequence[batching.Batch],
+    groups: Sequence[packing.Group],
+    by_group: Mapping[str, packing.Placement],
+    sequence: Sequence[int],
+    threshold: int | None,
+    props: dict[str, dict[str, float]],
+) -> list[dict[str, Any]]:
+    """Each group in schedule order with its §4.4 split depth and its placement; the
+    group, depth, start and end of each of its transfers go into `props`."""
     group_docs = []
-    props: dict[str, dict[str, float]] = {
-        "activation_index": {},
-        "activation_cost": {},
-        "start_boundary_before": {},
-        "start_boundary_after": {},
-        "start_boundary_gain": {},
-        "ready": {},
-        "read": {},
-        "group": {},
-        "depth": {},
-        "start": {},
-        "end": {},
-    }
     for number, k in enumerate(sequence):
         b, place = batches[k], by_group[f"group{k}"]
         d = depth(b.nbytes, threshold)
@@ -506,6 +235,16 @@ def caramel(
             props["depth"][p] = d
             props["start"][p] = place.start
             props["end"][p] = place.end
+    return group_docs
+
+
+def _activation_properties(
+    activation: Activation,
+    ready: Mapping[str, float],
+    reads: Mapping[str, float],
+    props: dict[str, dict[str, float]],
+) -> None:
+    """Stage 1's figures of each transfer, in activation order, into `props`."""
     for i, p in enumerate(activation.order):
         props["activation_index"][p] = i
         props["activation_cost"][p] = activation.cost[p]
@@ -516,41 +255,16 @@ def caramel(
         )
         props["ready"][p] = ready[p]
         props["read"][p] = reads.get(p, 0.0)
-    inputs = {
-        "n_ops": len(graph),
-        "n_params": len(activation.order),
-        "activation_order": list(activation.order),
-        "simultaneous": dict(activation.simultaneous),
-        "network": None
-        if network is None
-        else {"a": network.a, "b": network.b, "r2": _finite(network.r2), "points": network.points},
-        "threshold_bytes": threshold,
-        "depth_table": depth_table(threshold),
-        "channels": channels,
-        "forward_time": forward,
-        "backward_time": backward,
-        "packing_iteration_time": packed.iteration_time,
-        "overhead": packed.overhead,
-        "groups": group_docs,
-        "edges": {
-            "added": len(enforcement.edges),
-            "candidates": enforcement.candidates,
-            "dropped_end_set": enforcement.dropped_end,
-            "implied": enforcement.implied,
-            "stages_with_edges": enforcement.stages,
-        },
-        "read_estimate": read_estimate,
-        "time_resolution_s": 1 / TICKS_PER_SECOND,
+
+
+def _edge_counts(enforcement: Enforcement) -> dict[str, int]:
+    return {
+        "added": len(enforcement.edges),
+        "candidates": enforcement.candidates,
+        "dropped_end_set": enforcement.dropped_end,
+        "implied": enforcement.implied,
+        "stages_with_edges": enforcement.stages,
     }
-    return Plan(
-        algorithm="caramel",
-        rank=rank,
-        priority=priority,
-        order=tuple(transfer_order),
-        control_edges=enforcement.edges,
-        properties=props,
-        inputs=inputs,
-    )
 
 
 def dependency_order(graph: OpGraph, order: Sequence[str]) -> list[str]:

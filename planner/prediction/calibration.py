@@ -1,4 +1,4 @@
-"""The simulator as the analytic models' cross-check (`planner.planning.models`,
+"""The simulator as the analytic models' cross-check (`planner.planning.ps_p2p_ring`'s
 `RingSimulator` hooks): the traced steps replayed, or the traced DAG re-priced with the
 calibration's ring all-reduce. Here, not beside the models, because the models are
 planning and the replay is prediction, a later stage (docs/architecture.md)."""
@@ -9,7 +9,7 @@ import statistics
 
 from planner.model.oracle import mean_of_runs
 from planner.model.trace import Job, with_dedicated
-from planner.planning.models import Calibration, ring_network
+from planner.planning.ps_p2p_ring import Calibration, ring_network
 from planner.prediction import simulate
 
 
