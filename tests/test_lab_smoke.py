@@ -99,8 +99,8 @@ def test_shaped_rate_and_per_source_classes() -> None:
     from bench.lab.run import check_rate
 
     with netns.shaped_namespace("100mbit", sources=["127.0.0.3"]) as ns:
-        shared = check_rate(ns, 5)
-        own = check_rate(ns, 5, address="127.0.0.3")
+        shared = check_rate(ns, 5, tries=3)  # the fastest of 3: a loaded CI machine
+        own = check_rate(ns, 5, address="127.0.0.3", tries=3)
         classes = netns.qdisc_stats(ns)
     assert ns not in netns.namespaces()
     assert abs(shared["mbit_s"] / 100 - 1) < 0.10, shared

@@ -1,0 +1,196 @@
+"""The lab's TensorFlow parameter-server job: 1 ps + 2 workers in the shaped namespace.
+
+Each task listens on its own 127.0.0.K (ps .2, workers .3 and .4), so what it sends as
+an RPC's answer leaves from that address, through its own htb class (its uplink):
+`bench.lab.netns` shapes them with u32 filters on the source address. The servers are
+examples/tf_ps_job.py's (``--serve``); the client is bench/lab/tf_client.py.
+
+Per rate: the plain graph traced, `planner analyze` on the trace (TIC and TAC, their
+predicted gains replayed as ``--enforce arrival`` applies them), `planner simulate
+--enforce sender` (the same for the sender chain), each plan exported in each mode
+(`planner export`), and plain against every exported graph measured interleaved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.lab import cpuload
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+EXAMPLE = ROOT / "examples" / "tf_ps_job.py"
+SHARED = ROOT.parent / "shared" / "traces" / "generated" / "tf"
+# the generated cnn job's fetches: train op, loss, global step (examples/tf_ps_job.py)
+FETCHES = ["Momentum/update", "truediv:0", "global_step/Read/ReadVariableOp:0"]
+ADDRESSES = {"ps": ["127.0.0.2"], "worker": ["127.0.0.3", "127.0.0.4"]}
+SOURCES = [a for job in ("ps", "worker") for a in ADDRESSES[job]]
+PLANS = ("tic", "tac")
+MODES = ("arrival", "sender")
+
+
+def cluster(ns: str, env: dict, where: Path, port: int = 40000) -> tuple[str, list]:
+    """Start the ps and both workers in `ns`, each on its own address; (target, procs)."""
+    spec = {
+        job: [f"{a}:{port + 10 * i + k}" for k, a in enumerate(addrs)]
+        for i, (job, addrs) in enumerate(ADDRESSES.items())
+    }
+    procs = []
+    for job, addrs in spec.items():
+        for task in range(len(addrs)):
+            serve = [sys.executable, str(EXAMPLE), "--serve", json.dumps(spec), job, str(task)]
+            cmd = ["ip", "netns", "exec", ns, *serve]
+            log = (where / f"{job}{task}.log").open("w")
+            procs.append(
+                subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env=env, text=True)
+            )
+            log.close()
+    for proc in procs:
+        if "ready" not in (proc.stdout.readline() if proc.stdout else ""):
+            raise RuntimeError(f"a TF server did not start (exit {proc.poll()}); see {where}")
+    return f"grpc://{spec['worker'][0]}", procs
+
+
+def client(ns: str, env: dict, spec: dict, where: Path, timeout: float) -> dict:
+    """Run bench/lab/tf_client.py in `ns` with `spec`; its result."""
+    spec = {**spec, "out": str(where / "result.json")}
+    (where / "spec.json").write_text(json.dumps(spec, indent=1) + "\n")
+    cmd = ["ip", "netns", "exec", ns, sys.executable, str(HERE / "tf_client.py")]
+    cmd.append(str(where / "spec.json"))
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"TF client ({spec['mode']}) failed: {done.stderr[-2000:]}")
+    return json.loads((where / "result.json").read_text())
+
+
+def _gains(simulation: dict) -> dict[str, float]:
+    """Mean over the workers of each plan's replayed gain."""
+    gains: dict[str, list[float]] = {}
+    for rank in simulation.get("comparison", {}).get("ranks", []):
+        for plan in rank.get("plans", []):
+            if plan["plan"] in PLANS and plan.get("replayed"):
+                gains.setdefault(plan["plan"], []).append(plan["replayed"]["gain"])
+    return {k: statistics.fmean(v) for k, v in gains.items()}
+
+
+def run_tf(ns: str, job: str, spec: dict, args: argparse.Namespace, where: Path, tools) -> dict:
+    """One TF job at one rate: trace, analyze, export, interleaved measurement.
+    `tools` is bench.lab.run (planner_cli, _env, summarize), passed to avoid a cycle."""
+    env = {**tools._env(), "CUDA_VISIBLE_DEVICES": ""}
+    graph = spec["graph"]
+    record: dict = {
+        "job": job,
+        "graph": str(graph),
+        "phases": {},
+        "notes": [],
+        "addresses": ADDRESSES,
+    }
+    phases = record["phases"]
+    target, procs = cluster(ns, env, where)
+    try:
+        base = {"target": target, "fetches": FETCHES, "warmup": 2}
+        trace_dir = where / "trace" / "run"
+        (where / "trace").mkdir(parents=True, exist_ok=True)
+        with cpuload.Sampler(args.interval) as load:
+            traced = client(
+                ns,
+                env,
+                base
+                | {
+                    "mode": "trace",
+                    "graphs": {"plain": str(graph)},
+                    "trace_dir": str(trace_dir),
+                    "untraced": args.untraced_steps,
+                    "traced": args.traced_steps,
+                },
+                where / "trace",
+                args.job_timeout,
+            )
+        phases["trace"] = load.total() | {"peak_foreign_cores": load.peak()}
+        untraced = statistics.median(traced["untraced"])
+        record["trace"] = {"untraced_s": untraced, "traced_s": statistics.median(traced["traced"])}
+        with cpuload.Sampler(args.interval) as load:
+            report = tools.planner_cli(
+                "analyze", str(trace_dir), "-o", str(where / "plan"), "--force", "-j", "1"
+            )
+            sender = tools.planner_cli("simulate", str(trace_dir), "--enforce", "sender", "-j", "1")
+        phases["analyze"] = load.total()
+        gains = {"arrival": _gains(report.get("simulation", {})), "sender": _gains(sender)}
+        configs = [{"label": "plain", "graph": str(graph)}]
+        if not args.no_aa:
+            configs.append({"label": "plain-aa", "graph": str(graph)})
+        predicted = {"plain": {"predicted_s": untraced, "predicted_gain": 0.0}}
+        for plan in PLANS:
+            priorities = where / "plan" / f"priorities_{plan}.json"
+            if not priorities.exists():
+                record["notes"].append(f"analyze wrote no {priorities.name}")
+                continue
+            for mode in MODES:
+                label = f"{plan}-{mode}"
+                out = where / "plan" / f"{label}.pb"
+                try:
+                    tools.planner_cli(
+                        "export",
+                        "--graphdef",
+                        str(graph),
+                        "--plan",
+                        str(priorities),
+                        "-o",
+                        str(out),
+                        "--enforce",
+                        mode,
+                    )
+                except RuntimeError as exc:
+                    record["notes"].append(f"{label}: export failed: {exc}")
+                    continue
+                configs.append({"label": label, "graph": str(out)})
+                gain = gains[mode].get(plan)
+                if gain is not None:
+                    predicted[label] = {
+                        "predicted_s": untraced * (1 - gain),
+                        "predicted_gain": gain,
+                    }
+        record["configs"] = configs
+        record["predicted"] = {"configs": predicted, "sweep": {}}
+        record["repeats"] = []
+        graphs = {c["label"]: c["graph"] for c in configs}
+        for repeat in range(args.repeats):
+            order = [c["label"] for c in configs for _ in range(max(1, args.steps // args.block))]
+            random.Random(args.seed + repeat).shuffle(order)
+            folder = where / f"measure{repeat}"
+            folder.mkdir(parents=True, exist_ok=True)
+            with cpuload.Sampler(args.interval) as load:
+                result = client(
+                    ns,
+                    env,
+                    base
+                    | {"mode": "measure", "graphs": graphs, "order": order, "block": args.block},
+                    folder,
+                    args.job_timeout,
+                )
+            phases[f"measure{repeat}"] = load.total() | {"peak_foreign_cores": load.peak()}
+            record["repeats"].append(
+                {
+                    "order": order,
+                    "times": result["times"],
+                    "blocks": result["blocks"],
+                    "block_foreign_cores": [
+                        load.window(s["start"], s["end"])["foreign_cores"] for s in result["spans"]
+                    ],
+                    "applied_by": {},
+                }
+            )
+    finally:
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait(timeout=30)
+        time.sleep(0.1)
+    return record
