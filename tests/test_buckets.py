@@ -403,7 +403,7 @@ def test_the_reference_trace_separates_the_two_factors_and_predicts_every_cap(
 
 def render_text(sweep: dict) -> str:
     """What the terminal and the HTML report say of the sweep's contention."""
-    from planner.reporting.html import buckets_section
+    from planner.reporting.plan_sections import buckets_section
     from planner_cli.render import sweep_model_line
 
     return sweep_model_line(sweep) + buckets_section({"bucket_sweep": sweep})

@@ -23,7 +23,7 @@ from planner.ingest.kineto_stream import read_rank
 from planner.job import analysis
 from planner.planning import model_calibration as models
 from planner.prediction import simulate as sim
-from planner.reporting import html
+from planner.reporting import plan_sections as html
 
 INPUTS = SHARED / "public/param/et_replay/tests/inputs"
 LINEAR = INPUTS / "linear_kineto.json.gz"

@@ -15,7 +15,7 @@ from planner.job import analysis
 from planner.prediction import simulate as sim
 from planner.reporting import Thresholds, failures, junit_xml, markdown_summary, render_html
 from planner.reporting.ci import unchecked
-from planner.reporting.html import MAX_ROWS, NOT_AVAILABLE
+from planner.reporting.markup import MAX_ROWS, NOT_AVAILABLE
 from tests.conftest import DEMO, REPO, SHARED, need, run_cli
 
 TORCH = REPO / "traces" / "torch" / "resnet_ddp"

@@ -22,7 +22,7 @@ from planner.model import records
 from planner.model.graph import build_graph
 from planner.model.trace import rank_meta
 from planner.prediction import simulate as sim
-from planner.reporting import html
+from planner.reporting import measured_sections as html
 
 TORCH = SHARED / "generated" / "torch"
 RUNS = {

@@ -8,7 +8,8 @@
 - `planner.enforce.group_timeout`: bounds a process group's timeout by the gate timeout
   (imports torch), so that a peer hung alive ends a step that no hook watches.
 - `planner.enforce.torch_ddp`: a DDP communication hook and a gradient-sync module
-  (imports torch; import it explicitly).
+  (imports torch; import it explicitly; defined in `ddp_hook`, `grad_sync` and
+  `torch_transfers`).
 - `planner.export.tf_graph`: a plan's control edges as ``^name`` inputs of a GraphDef.
 """
 

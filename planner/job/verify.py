@@ -247,73 +247,8 @@ def verify(plan_path: str | Path, traces: Sequence[str | Path]) -> dict[str, Any
     ranks: list[dict[str, Any]] = []
     for rank in sorted({s.rank for s in steps}):
         plan = plans.get(rank) or plans["*"]
-        depth = {t.name: t.depth for t in plan.transfers}
         mine = sorted((s for s in steps if s.rank == rank), key=lambda s: s.iteration)
-        traced = {n for s in mine for n in s.order}
-        expected = [n for n in plan.order if n in traced]
-        untraced = [n for n in plan.order if n not in traced]
-        if untraced:
-            notes.append(
-                f"{rank}: {len(untraced)} of {len(plan)} planned transfer(s) matched nothing "
-                f"in the traced steps and are not checked (e.g. {untraced[0]!r}: a trace "
-                "without enforcement, a plan for another run, or pruned by the run's fetches)"
-            )
-        first: dict[str, Any] | None = None
-        compliant = 0
-        for s in mine:
-            gone = first_departure(s.order, [n for n in expected if n not in s.unrecorded])
-            wrong_depth = [
-                {"transfer": n, "depth": depth.get(n, 1), "chunks": c}
-                for n, c in zip(s.order, s.chunks, strict=False)
-                if n in depth and c != depth[n]
-            ]
-            ok = gone is None and not wrong_depth and bool(expected)
-            compliant += ok
-            doc: dict[str, Any] = {
-                "rank": rank,
-                "iteration": s.iteration,
-                "in_plan_order": gone is None,
-                "depth_as_planned": not wrong_depth,
-                "duration": s.duration,
-                "order": list(s.order),
-            }
-            if s.unrecorded:
-                doc["unrecorded"] = list(s.unrecorded)
-            if gone is not None:
-                doc["departure"] = vars(gone)
-            if wrong_depth:
-                doc["depth_mismatch"] = wrong_depth
-            step_docs.append(doc)
-            if not ok and first is None:
-                first = {"iteration": s.iteration, **(vars(gone) if gone else {}),
-                         **({"depth_mismatch": wrong_depth[0]} if wrong_depth else {})}  # fmt: skip
-        times = [s.duration for s in mine]
-        measured = sum(times) / len(times)
-        busy = [s.busy for s in mine if s.busy is not None]
-        measured_busy = sum(busy) / len(busy) if len(busy) == len(mine) else None
-        predicted = plan.predicted_iteration_time
-        reference = measured
-        if predicted is None and job is not None and rank in job.graphs:
-            predicted = predict_orders(job, rank, {"plan": plan.order})["plan"]
-            reference = measured_busy or measured  # the simulator predicts busy time
-        ranks.append(
-            {
-                "rank": rank,
-                "steps": len(mine),
-                "compliant_steps": compliant,
-                "compliance": compliant / len(mine),
-                "checked_transfers": len(expected),
-                "planned_transfers": len(plan),
-                "matched": not untraced,
-                "untraced": untraced,
-                "first_violation": first,
-                "measured_iteration_time": measured,
-                "measured_iteration_time_min": min(times),
-                "measured_busy_time": measured_busy,
-                "predicted_iteration_time": predicted,
-                "replay_error": (predicted / reference - 1) if predicted else None,
-            }
-        )
+        ranks.append(_check_rank(rank, plan, mine, job, notes, step_docs))
     first_plan = next(iter(plans.values()))
     return {
         "schema": "planner.verify/1",
@@ -336,3 +271,91 @@ def verify(plan_path: str | Path, traces: Sequence[str | Path]) -> dict[str, Any
             ]
         ),
     }
+
+
+def _check_rank(
+    rank: str,
+    plan: TransferPlan,
+    mine: Sequence[StepOrder],
+    job: Job | None,
+    notes: list[str],
+    step_docs: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The verify entry of one rank: its steps `mine` (in iteration order) checked
+    against `plan`, their documents appended to `step_docs` and a note on planned
+    transfers that matched nothing to `notes`."""
+    depth = {t.name: t.depth for t in plan.transfers}
+    traced = {n for s in mine for n in s.order}
+    expected = [n for n in plan.order if n in traced]
+    untraced = [n for n in plan.order if n not in traced]
+    if untraced:
+        notes.append(
+            f"{rank}: {len(untraced)} of {len(plan)} planned transfer(s) matched nothing "
+            f"in the traced steps and are not checked (e.g. {untraced[0]!r}: a trace "
+            "without enforcement, a plan for another run, or pruned by the run's fetches)"
+        )
+    first: dict[str, Any] | None = None
+    compliant = 0
+    for s in mine:
+        doc, violation = _check_step(rank, s, expected, depth)
+        compliant += violation is None
+        step_docs.append(doc)
+        if violation is not None and first is None:
+            first = violation
+    times = [s.duration for s in mine]
+    measured = sum(times) / len(times)
+    busy = [s.busy for s in mine if s.busy is not None]
+    measured_busy = sum(busy) / len(busy) if len(busy) == len(mine) else None
+    predicted = plan.predicted_iteration_time
+    reference = measured
+    if predicted is None and job is not None and rank in job.graphs:
+        predicted = predict_orders(job, rank, {"plan": plan.order})["plan"]
+        reference = measured_busy or measured  # the simulator predicts busy time
+    return {
+        "rank": rank,
+        "steps": len(mine),
+        "compliant_steps": compliant,
+        "compliance": compliant / len(mine),
+        "checked_transfers": len(expected),
+        "planned_transfers": len(plan),
+        "matched": not untraced,
+        "untraced": untraced,
+        "first_violation": first,
+        "measured_iteration_time": measured,
+        "measured_iteration_time_min": min(times),
+        "measured_busy_time": measured_busy,
+        "predicted_iteration_time": predicted,
+        "replay_error": (predicted / reference - 1) if predicted else None,
+    }
+
+
+def _check_step(
+    rank: str, s: StepOrder, expected: Sequence[str], depth: Mapping[str, int]
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The verify document of step `s` and, unless it is compliant (in the order of the
+    `expected` transfers, each split into its planned `depth`), its first violation."""
+    gone = first_departure(s.order, [n for n in expected if n not in s.unrecorded])
+    wrong_depth = [
+        {"transfer": n, "depth": depth.get(n, 1), "chunks": c}
+        for n, c in zip(s.order, s.chunks, strict=False)
+        if n in depth and c != depth[n]
+    ]
+    ok = gone is None and not wrong_depth and bool(expected)
+    doc: dict[str, Any] = {
+        "rank": rank,
+        "iteration": s.iteration,
+        "in_plan_order": gone is None,
+        "depth_as_planned": not wrong_depth,
+        "duration": s.duration,
+        "order": list(s.order),
+    }
+    if s.unrecorded:
+        doc["unrecorded"] = list(s.unrecorded)
+    if gone is not None:
+        doc["departure"] = vars(gone)
+    if wrong_depth:
+        doc["depth_mismatch"] = wrong_depth
+    if ok:
+        return doc, None
+    return doc, {"iteration": s.iteration, **(vars(gone) if gone else {}),
+                 **({"depth_mismatch": wrong_depth[0]} if wrong_depth else {})}  # fmt: skip

@@ -29,7 +29,8 @@ def analysis_files(
     from planner.export import priorities
     from planner.export.chrome_trace import chrome_trace
     from planner.export.files import file_names
-    from planner.reporting.html import recommendation, render_html
+    from planner.reporting.advice import recommendation
+    from planner.reporting.html import render_html
 
     ranks = [entry["rank"] for doc in report["plans"].values() for entry in doc["ranks"]]
     parts = file_names(ranks)
