@@ -302,6 +302,10 @@ def ratio_text(value: float | None) -> str:
 def analyze_view(report: dict[str, Any]) -> None:
     inspect = report["inspect"]
     console = out()
+    if report.get("verdict"):  # the one line every output opens with (planner.job.verdict)
+        from rich.text import Text
+
+        console.print(Text(report["verdict"]["text"], style="bold"), soft_wrap=True)
     console.print(f"[bold]{inspect['framework']}[/bold] job: {len(inspect['ranks'])} rank(s)")
     if report["metrics"] is not None:
         metrics_view(report["metrics"])

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from planner.errors import InputError
 from planner.export import ddp_buckets
 from planner.export.caramel_files import bucket_plan_document, control_deps_document
+from planner.job.verdict import with_verdict
 from planner.measure.allreduce import allreduce_metrics
 from planner.measure.inspection import inspect, oracles  # noqa: F401 (the API of this module)
 from planner.measure.metrics import (
@@ -465,7 +466,7 @@ def analyze(
         bucket_plan = bucket_plan_document(plans["caramel"], job.graphs, job.meta)
         add_predictions(bucket_plan, report["simulation"])
         report["exports"]["bucket_plan"] = bucket_plan
-    return report
+    return with_verdict(report)
 
 
 def timeline_ranks(ranks: Sequence[str], metrics: Mapping[str, Any]) -> set[str]:

@@ -311,6 +311,7 @@ def _report(
     from planner.export.caramel_files import control_deps_document
     from planner.job import analysis
     from planner.job.rank_replay import job_simulation
+    from planner.job.verdict import with_verdict
     from planner.version import __version__
 
     simulation = job_simulation(replays, joined["framework"], joined["sources"])
@@ -331,7 +332,7 @@ def _report(
     bucket_plan = {"schema": "planner.bucket_plan/1", "ranks": [r["bucket_plan"] for r in done]}
     analysis.add_predictions(bucket_plan, simulation)
     report["exports"]["bucket_plan"] = bucket_plan
-    return report, done
+    return with_verdict(report), done
 
 
 def _first_pass_loading(records: Iterable[dict[str, Any]], samples: int) -> list[dict[str, Any]]:

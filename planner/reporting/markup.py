@@ -13,6 +13,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from planner.job.verdict import SAME as SAME  # one threshold for the verdict and the page
+
 if TYPE_CHECKING:
     from types import ModuleType
 
@@ -27,8 +29,6 @@ def load_plots() -> ModuleType:
 NOT_AVAILABLE = "not available for this input"
 UNIT = "ms"
 """The one time unit of the page (tables and figures)."""
-SAME = 0.001
-"""Plans whose predictions differ by less than this fraction predict the same time."""
 
 
 class NotApplicable(Exception):  # noqa: N818 - a section outcome, not an error
@@ -89,7 +89,7 @@ def percent(value: float | None) -> str:
     """A signed fraction as a percentage."""
     if value is None or not math.isfinite(value):
         return "—"
-    return f"{value * 100:+.2f}%"
+    return f"{value:+.1%}"  # as the CLI's tables and the verdict print it
 
 
 def table(

@@ -12,10 +12,9 @@ from collections.abc import Mapping, Sequence
 from statistics import median
 from typing import Any
 
-from planner.reporting.advice import recommendation
+from planner.job.verdict import verdict
 from planner.reporting.markup import (
     NotApplicable,
-    comparison_of,
     esc,
     figure,
     load_plots,
@@ -51,11 +50,8 @@ def summary_section(report: Mapping[str, Any]) -> str:
                 seconds(median(r["makespan_mean"] for r in metrics["ranks"])),
             )
         )
-    comparison = comparison_of(report)
-    if comparison and comparison.get("ranks"):
-        picks = [recommendation(e) for e in comparison["ranks"]]
-        chosen = sorted({r["plan"].upper() for r in picks if r["apply"]}) or ["observed order"]
-        cards.append(("recommended", esc(", ".join(chosen))))
+    found = report.get("verdict") or verdict(report)
+    cards.append(("verdict", esc(_card(found))))
     html_cards = "".join(
         f'<div class="card"><b>{v}</b><span>{esc(k)}</span></div>' for k, v in cards
     )
@@ -229,3 +225,13 @@ def stragglers_section(report: Mapping[str, Any]) -> str:
             for s in rows
         ],
     )  # fmt: skip
+
+
+def _card(found: Mapping[str, Any]) -> str:
+    """The verdict in a few words, for the summary's card."""
+    if found["action"] == "apply_plan":
+        names = sorted({r["plan"] for r in found["ranks"] if r["apply"]})
+        return "apply " + ", ".join("Caramel" if n == "caramel" else n.upper() for n in names)
+    if found["action"] == "set_bucket_cap":
+        return f"bucket_cap_mb={found['bucket_cap_mb']:g}"
+    return "trace timings" if found["action"] == "trace_timings" else "keep what you have"

@@ -29,7 +29,7 @@ def analysis_files(
     from planner.export import priorities
     from planner.export.chrome_trace import chrome_trace
     from planner.export.files import file_names
-    from planner.reporting.advice import recommendation
+    from planner.job.verdict import recommendation
     from planner.reporting.html import render_html
 
     ranks = [entry["rank"] for doc in report["plans"].values() for entry in doc["ranks"]]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from planner.reporting.advice import REFERENCE_PLANS, recommendation
+from planner.job.verdict import REFERENCE_PLANS, recommendation
 from planner.reporting.markup import (
     MAX_TIMELINE_RANKS,
     SAME,

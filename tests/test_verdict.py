@@ -1,0 +1,50 @@
+"""One verdict, the same in every output (issue #46): the CLI's first line, report.json's
+``verdict``, the HTML headline and the summary card say the same thing, on a TF
+parameter-server trace and a DDP trace, and every figure the verdict cites appears in a
+table of the same output."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from pathlib import Path
+
+import pytest
+from conftest import DEMO, RESNET_IN_REPO, run_cli
+
+FIGURE = re.compile(r"[+-]?\d+(?:\.\d+)?%")
+
+
+@pytest.mark.parametrize("trace", [DEMO, RESNET_IN_REPO], ids=["tf_demo", "ddp_resnet"])
+def test_every_output_says_the_same_verdict(
+    trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, text, err = run_cli(["analyze", trace, "-o", tmp_path / "out"], capsys)
+    assert code == 0, err
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    found = report["verdict"]
+    assert found["schema"] == "planner.verdict/1" and found["text"]
+    first, rest = text.split("\n", 1)
+    assert first.strip() == found["text"]
+    page = (tmp_path / "out" / "report.html").read_text()
+    headlines = re.findall(r'<p class="headline">(.*?)</p>', page)
+    assert [html.unescape(h) for h in headlines] == [found["text"]]
+    code, out, err = run_cli(["analyze", trace, "--json"], capsys)
+    assert code == 0 and json.loads(out)["verdict"] == found
+    body = page.replace(headlines[0], "")
+    for figure in FIGURE.findall(found["text"]):
+        assert figure in rest, f"{figure} is in no table of the CLI output"
+        assert figure in body, f"{figure} is in no table of the HTML report"
+
+
+def test_the_demo_verdict_names_why_it_keeps_the_observed_order() -> None:
+    """The bundled demo: the CLI's plan table credits TIC with a gain in the comparison
+    and a loss replayed as enforced; the verdict is to keep, citing the replayed loss,
+    not a figure no table shows."""
+    import planner
+
+    document = planner.report(planner.load([DEMO]), Path("/tmp") / "planner-verdict-demo")
+    found = document.to_dict()["verdict"]
+    assert found["action"] == "keep"
+    assert "costs more than it gains" in found["text"]
