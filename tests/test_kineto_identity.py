@@ -16,7 +16,7 @@ from planner.ingest import detect, kineto
 from planner.ingest.kineto_identity import Aligned, aligned_occurrence, op_suffixes
 from planner.ingest.kineto_steps import cumcount
 from planner.model import records
-from planner.prediction import simulate as sim
+from planner.prediction import replay as sim
 from tests.conftest import SHARED, need
 
 HTA = SHARED / "public/HolisticTraceAnalysis/tests/data"
