@@ -10,7 +10,7 @@ that enforced it. Needs the ``tf`` extra and ../shared/traces.
 ``--rounds K`` runs the three graphs K times, interleaved on one cluster, so that a slow
 spell of the host falls on every mode alike. Per round and rank: the median step as
 traced (first to last record of the RunMetadata, what the replay times) of each mode,
-and the TIC plan replayed on that round's traced run (``planner.prediction.simulate.replay``) in
+and the TIC plan replayed on that round's traced run (``planner.prediction.replay.replay``) in
 each mode and with its priorities alone, against the enforced run's median step.
 ``--tf-python`` runs the cluster with another interpreter (one with TensorFlow, where
 this one has planner's dependencies).
@@ -31,7 +31,8 @@ from pathlib import Path
 from planner.ingest import detect
 from planner.job.verify import verify
 from planner.model.plan import from_priorities
-from planner.prediction import simulate
+from planner.prediction.comparison import replayed_plan
+from planner.prediction.replay import replay
 from planner_cli.main import main as planner
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +52,7 @@ def _planner(*argv: str) -> None:
 
 def _median_walls(folder: Path) -> dict[str, float]:
     """Rank -> median traced step (s) of the RunMetadata files in `folder`."""
-    document = simulate.replay(detect.load([str(folder)]))
+    document = replay(detect.load([str(folder)]))
     return {
         r["rank"]: statistics.median(s["wall"] for s in r["steps"] if not s.get("partial"))
         for r in document["ranks"]
@@ -70,8 +71,8 @@ def judge(out: Path, plan: Path, rounds: int) -> None:
         ran = _median_walls(out / f"none{k}")
         replayed = {
             label: {
-                r["rank"]: simulate.replayed_plan(r["steps"], "tic")["predicted_wall"]
-                for r in simulate.replay(traced, plans=plans, enforce=mode)["ranks"]
+                r["rank"]: replayed_plan(r["steps"], "tic")["predicted_wall"]
+                for r in replay(traced, plans=plans, enforce=mode)["ranks"]
             }
             for label, mode in (("arrival", "arrival"), ("sender", "sender"), ("priorities", None))
         }

@@ -4,7 +4,7 @@ For every step of every trace in ../shared/traces (generated TF and torch jobs, 
 Kineto traces of public/ and public/external, one job per file, the 8 DLRM ranks as
 one job; and the traces recorded for this project, traces/torch/h100_cnn_windows,
 traces/torch/cpu_dataloader and the runs of the TF jobs in traces/tf),
-`planner.prediction.simulate.replay` predicts the step with the step's own op times and
+`planner.prediction.replay.replay` predicts the step with the step's own op times and
 observed order. Printed per trace: steps, median and worst |error| against the step's
 wall-clock time (its recorded span: ``ProfilerStep#N`` for PyTorch, first to last
 record of the RunMetadata for TF; on a GPU rank the device's step) and against its busy
@@ -48,7 +48,8 @@ sys.path.insert(0, str(ROOT))
 
 from planner.errors import InputError  # noqa: E402
 from planner.ingest import detect  # noqa: E402
-from planner.prediction import simulate as sim  # noqa: E402
+from planner.prediction import overheads  # noqa: E402
+from planner.prediction.replay import replay  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "traces"
 GENERATED = SHARED / "generated"
@@ -57,7 +58,8 @@ DLRM = PUBLIC / "param/et_replay/tests/inputs/dlrm_kineto.tar.gz.extracted/dlrm_
 TARGET_MEDIAN = 0.02
 TARGET_WORST = 0.05
 REPO_PREFIX = "traces/"  # the names of repo_jobs(): recorded here, beside the shared set
-MIN_COVER = sim.MIN_COVER  # a step whose records cover less of its wall-clock time is not judged
+# a step whose records cover less of its wall-clock time is not judged
+MIN_COVER = overheads.MIN_COVER
 
 
 def generated_jobs() -> list[tuple[str, list[Path]]]:
@@ -136,7 +138,7 @@ def replay_job(name: str, paths: list[Path], seed: int) -> dict | str:
     if not len(job.trace.timings):
         return "no timed ops"
     try:
-        return sim.replay(job, seed=seed)
+        return replay(job, seed=seed)
     except InputError as exc:
         return str(exc)
 

@@ -30,8 +30,9 @@ sys.path.insert(0, str(ROOT))
 from bench.synthetic import layered_dag  # noqa: E402
 from planner.errors import InputError  # noqa: E402
 from planner.ingest import detect  # noqa: E402
-from planner.prediction import _simkernel  # noqa: E402
-from planner.prediction import simulate as sim  # noqa: E402
+from planner.prediction import _simkernel, event_loop  # noqa: E402
+from planner.prediction import compiled as graphs  # noqa: E402
+from planner.prediction.replay import replay  # noqa: E402
 
 LARGE = {"n_layers": 500, "recvs_per_layer": 4, "ops_per_layer": 191}  # ~200k ops
 SMALL = {"n_layers": 130, "recvs_per_layer": 3, "ops_per_layer": 13}  # ~5k ops
@@ -53,14 +54,14 @@ def generated_runs() -> list[tuple[str, list[Path]]]:
 def events_per_second(graph, oracle, samples: int, seed: int) -> tuple[float, float, float]:
     """(compile s, loop s, events/s) of `samples` baseline samples."""
     start = time.perf_counter()
-    compiled = sim.compile_graph(graph)
-    seconds = sim.op_seconds(compiled, oracle)
+    compiled = graphs.compile_graph(graph)
+    seconds = graphs.op_seconds(compiled, oracle)
     compile_s = time.perf_counter() - start
-    sim.run(compiled, seconds, samples=1, seed=seed)  # warm (JIT compile / load cache)
+    event_loop.run(compiled, seconds, samples=1, seed=seed)  # warm (JIT compile / load cache)
     times = []
     for _ in range(3):
         start = time.perf_counter()
-        sim.run(compiled, seconds, samples=samples, seed=seed)
+        event_loop.run(compiled, seconds, samples=samples, seed=seed)
         times.append(time.perf_counter() - start)
     loop_s = statistics.median(times)
     return compile_s, loop_s, samples * len(graph) / loop_s
@@ -69,10 +70,10 @@ def events_per_second(graph, oracle, samples: int, seed: int) -> tuple[float, fl
 def loops_interleaved(graph, oracle, samples: int, repeats: int) -> tuple[float, float]:
     """Median seconds of the compiled and of the Python loop on the same arrays and draws,
     run alternately (compiled, Python, compiled, ...) so that machine load hits both."""
-    c = sim.compile_graph(graph)
-    ticks = sim.to_ticks(sim.op_seconds(c, oracle))
-    arrays = sim._arrays(c, None, (), sim.capacities(c))
-    rand = sim._draws(0, range(samples), len(graph))
+    c = graphs.compile_graph(graph)
+    ticks = graphs.to_ticks(graphs.op_seconds(c, oracle))
+    arrays = event_loop._arrays(c, None, (), graphs.capacities(c))
+    rand = event_loop._draws(0, range(samples), len(graph))
     loops = {"compiled": _simkernel.compiled(), "python": _simkernel.python_list_schedule}
     times: dict[str, list[float]] = {name: [] for name in loops}
     out = [np.zeros((1, 1), np.int64), np.zeros((1, 1), np.int64)]
@@ -109,11 +110,11 @@ def main() -> int:
         )
 
     graph, oracle = layered_dag(**SMALL, seed=args.seed)
-    compiled = sim.compile_graph(graph)
-    seconds = sim.op_seconds(compiled, oracle)
-    sim.run(compiled, seconds, samples=1)
+    compiled = graphs.compile_graph(graph)
+    seconds = graphs.op_seconds(compiled, oracle)
+    event_loop.run(compiled, seconds, samples=1)
     start = time.perf_counter()
-    result = sim.run(compiled, seconds, samples=1000, seed=args.seed)
+    result = event_loop.run(compiled, seconds, samples=1000, seed=args.seed)
     took = time.perf_counter() - start
     ok = took < TARGET_SAMPLES_S
     missed |= not ok
@@ -143,7 +144,7 @@ def main() -> int:
         except InputError as exc:
             print(f"replay {name}: not readable ({exc})")
             continue
-        document = sim.replay(job, seed=args.seed)
+        document = replay(job, seed=args.seed)
         steps = [(r["rank"], s) for r in document["ranks"] for s in r["steps"]]
         errs = np.array([s["replay_error"] for _, s in steps])
         errors.extend(errs.tolist())

@@ -30,7 +30,7 @@ KNOB_NAMES = {
     "latency": "latency",
     "channels": "channels",
 }
-"""`--sweep` knob spellings (`planner.prediction.simulate.KNOBS`, spelled here so that parsing
+"""`--sweep` knob spellings (`planner.prediction.comparison.KNOBS`, spelled here so that parsing
 options imports no simulator)."""
 
 
@@ -64,9 +64,9 @@ def build_plans(job: Job, which: str, channels: int = 1) -> dict[str, dict[str, 
     where they have collectives (all-reduce).
     """
     from planner.job import analysis
-    from planner.prediction import simulate as sim
+    from planner.prediction.comparison import REFERENCE_PLANS
 
-    if which in sim.REFERENCE_PLANS:
+    if which in REFERENCE_PLANS:
         return {}
     names = analysis.algorithms_for(job) if which == "all" else [which]
     return {name: analysis.schedule(job, name, channels=channels) for name in names}
@@ -154,6 +154,7 @@ def simulate(
     from planner.export.chrome_trace import chrome_trace
     from planner.job import parallel
     from planner.prediction import simulate as sim
+    from planner.prediction.replay import require_timings
 
     sweep = parse_sweep(sweep_spec)
     knobs = {
@@ -179,7 +180,7 @@ def simulate(
             as_json,
         )
     job = select_ranks(load(paths, as_json), rank)
-    sim.require_timings(job)  # before the plans: a GraphDef alone cannot be simulated
+    require_timings(job)  # before the plans: a GraphDef alone cannot be simulated
     document = sim.simulation(
         job,
         build_plans(job, plan, channels),

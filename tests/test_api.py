@@ -98,7 +98,7 @@ def test_bad_input_raises_one_line_input_error(tmp_path: Path) -> None:
 def test_library_modules_stay_importable_and_the_api_names_stay_functions() -> None:
     from planner.measure.metrics import efficiency
     from planner.planning import tictac
-    from planner.prediction.simulate import KNOBS
+    from planner.prediction.comparison import KNOBS
 
     assert efficiency(3.0, 1.0, 2.0) == 0.5 and KNOBS and tictac.tac
     import planner.measure.metrics

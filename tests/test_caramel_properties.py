@@ -252,7 +252,7 @@ def test_caramel_keeps_dlrm_all_to_alls_in_the_order_they_feed_one_another() -> 
     closed a cycle; the order now keeps every path, and the plan replays."""
     from planner.ingest import detect
     from planner.job import analysis
-    from planner.prediction import simulate as sim
+    from planner.prediction import replay as sim
 
     path = need(SHARED / "public/HolisticTraceAnalysis/tests/data/trace_diff/control")
     job = detect.load([path])

@@ -13,7 +13,8 @@ import pytest
 from planner.ingest import detect
 from planner.job import analysis
 from planner.model.plan import from_priorities
-from planner.prediction import enforced, simulate
+from planner.prediction import comparison as simulate
+from planner.prediction import enforced
 from tests.conftest import DEMO, run_cli
 from tests.test_schemas import validate
 

@@ -13,7 +13,7 @@ from planner.ingest import detect
 from planner.model.graph import Op
 from planner.model.oracle import mean_of_runs
 from planner.prediction import host
-from planner.prediction import simulate as sim
+from planner.prediction import replay as sim
 
 
 def test_shares_split_overlaps_evenly_and_keep_the_busy_time():

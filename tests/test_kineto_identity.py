@@ -17,7 +17,7 @@ from planner.ingest import kineto_ops as kineto
 from planner.ingest.kineto_identity import Aligned, aligned_occurrence, op_suffixes
 from planner.ingest.kineto_steps import cumcount
 from planner.model import records
-from planner.prediction import simulate as sim
+from planner.prediction import replay as sim
 from tests.conftest import SHARED, need
 
 HTA = SHARED / "public/HolisticTraceAnalysis/tests/data"

@@ -22,7 +22,7 @@ from planner.ingest.kineto_steps import find_steps
 from planner.ingest.kineto_stream import read_rank
 from planner.job import analysis
 from planner.planning import model_calibration as models
-from planner.prediction import simulate as sim
+from planner.prediction import replay as sim
 from planner.reporting import plan_sections as html
 
 INPUTS = SHARED / "public/param/et_replay/tests/inputs"
@@ -191,6 +191,8 @@ def test_the_comparison_says_it_misreads_an_input_bound_gpu_step():
     """The plan comparison schedules one step's CPU and device ops alike: on resnet_kineto
     its makespan holds the wait for a batch, far from the device's busy time the replay
     measures, and its warning says the plan gains are to be read from the replay."""
+    from planner.prediction import simulate as sim
+
     job = detect.load([need(RESNET)])
     (rank,) = sim.simulation(job, samples=5)["comparison"]["ranks"]
     busy = np.mean([s["measured"] for s in sim.replay(job)["ranks"][0]["steps"]
@@ -240,6 +242,8 @@ def test_a_cpu_range_replayed_more_than_5_percent_off_says_so_and_why(
     batch copy (11.9 ms there, 24.4 ms typically), though its device step, which the
     plans are judged on, is within 1% (no device warning). The H100 CNN's CPU ranges
     replay within 5%: no warning; a CPU rank has no CPU range figures."""
+    from planner.prediction import simulate as sim
+
     job = detect.load([need(RESNET)])
     document = sim.simulation(job, samples=2)
     (rank,) = document["replay"]["ranks"]

@@ -211,7 +211,7 @@ def test_peer_releases_from_the_summaries_are_the_joint_ones() -> None:
     import numpy as np
 
     from planner.job import rank_replay
-    from planner.prediction import simulate as sim
+    from planner.prediction import replay as sim
 
     folder = need(JOBS["dlrm_8_ranks"])
     inputs = parallel.rank_inputs([folder])
@@ -709,7 +709,7 @@ def _plain_critical_waits(model: Any, start: Any, end: Any, last: int) -> list[b
 
 
 def _rank(path: Path) -> tuple[Any, Any, Any]:
-    from planner.prediction import simulate as sim
+    from planner.prediction import replay as sim
 
     job = detect.load([path])
     (rank,) = job.ranks
@@ -723,7 +723,8 @@ def test_the_critical_walk_is_the_plain_walk_on_real_steps() -> None:
     walk marks exactly the waits the plain walk does."""
     import numpy as np
 
-    from planner.prediction import simulate as sim
+    from planner.prediction import replay as sim
+    from planner.prediction.critical_path import critical_waits, observed_times
 
     job, compiled, rows = _rank(RESNET / "rank0.json.gz")
     (rank,) = job.ranks
@@ -732,7 +733,7 @@ def test_the_critical_walk_is_the_plain_walk_on_real_steps() -> None:
     rng = np.random.default_rng(0)
     marked = 0
     for _, _, model in models.values():
-        start, end = sim.observed_times(model, model.start_of)
+        start, end = observed_times(model, model.start_of)
         ticks = sim.to_ticks(model.seconds)
         arrays = sim._arrays(model.compiled, model.priority, (), model.cap)
         _, begin, _ = sim._kernel(arrays, ticks, sim._draws(0, [0], len(ticks)), True)
@@ -743,7 +744,7 @@ def test_the_critical_walk_is_the_plain_walk_on_real_steps() -> None:
             cases.append((s, np.where(s < 0, -1, s + rng.integers(0, 3, m))))
         for s, e in cases:
             for last in [int(np.argmax(e)), *rng.integers(0, m, 3).tolist()]:
-                got = sim.critical_waits(model, s, e, last)
+                got = critical_waits(model, s, e, last)
                 assert got.tolist() == _plain_critical_waits(model, s, e, last)
                 marked += int(got.sum())
     assert marked > 0  # the walks did pass through waits
@@ -789,12 +790,12 @@ def test_partial_steps_are_the_plain_set_difference() -> None:
 
 
 def test_the_carried_queue_is_the_group_by_one() -> None:
-    """`simulate.carried_over` (numpy reductions) against pandas group-bys of the same
+    """`releases.carried_over` (numpy reductions) against pandas group-bys of the same
     rows: per step, the previous step's last end on each resource, the typical queue for
     the first step."""
     import numpy as np
 
-    from planner.prediction import simulate as sim
+    from planner.prediction import releases as sim
 
     job, compiled, rows = _rank(RESNET / "rank1.json.gz")
     (rank,) = job.ranks
@@ -819,7 +820,7 @@ def test_predecessors_in_the_networkx_order() -> None:
     """The replay's batching and the all-reduce launchers read predecessors from the
     edge arrays: the same ops in the same order as the graph's networkx view."""
     from planner.measure import allreduce
-    from planner.prediction import simulate as sim
+    from planner.prediction import comparison as sim
 
     job, compiled, _ = _rank(RESNET / "rank0.json.gz")
     (rank,) = job.ranks

@@ -13,6 +13,7 @@ from conftest import SHARED, TF_RUNS, need
 from planner.ingest import detect
 from planner.model.plan import Plan
 from planner.prediction import simulate as sim
+from planner.prediction.comparison import replayed_plan
 
 MI300 = SHARED / "public/external/tracelens_mi300_resnet_ddp8/resnet_act_checkpoint.json.gz"
 RESNET = SHARED / "generated/torch/resnet_ddp_bucket1mb"
@@ -143,4 +144,4 @@ def test_the_comparison_carries_each_plans_replayed_gain():
     alone = sim.replay(job, plans=plans, enforce=None)
     for rank in alone["ranks"]:
         for name in ("tic", "tac"):
-            assert abs(sim.replayed_plan(rank["steps"], name)["gain"]) < 0.01
+            assert abs(replayed_plan(rank["steps"], name)["gain"]) < 0.01

@@ -12,7 +12,7 @@ import pytest
 
 from planner.ingest import detect
 from planner.measure.inspection import inspect
-from planner.prediction import simulate as sim
+from planner.prediction import replay as sim
 from tests.conftest import SHARED, need, run_cli
 
 HTA = SHARED / "public/HolisticTraceAnalysis/tests/data"

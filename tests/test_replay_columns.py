@@ -12,7 +12,7 @@ from conftest import REPO, SHARED
 
 from planner.ingest import detect
 from planner.model.records import missing_ops, partial_steps
-from planner.prediction import simulate as sim
+from planner.prediction import replay as sim
 
 RESNET = REPO / "traces" / "torch" / "resnet_ddp"
 RANKS = [
@@ -65,6 +65,8 @@ def test_step_columns_are_the_pandas_steps(path: Path) -> None:
 def test_observed_priorities_are_each_steps_observed_priority(path: Path) -> None:
     """The comparison's per-rank `observed_priorities` (op names ordered once) give
     `observed_priority` of each step's rows (ties in start broken by the names)."""
+    from planner.prediction import compiled as sim
+
     _, _, compiled, rows = _loaded(path)
     found = sim.observed_priorities(compiled, rows)
     plain = [(int(i), sim.observed_priority(compiled, r)) for i, r in rows.groupby("iteration")]

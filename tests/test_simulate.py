@@ -18,7 +18,7 @@ from planner.model.arrays import lanes
 from planner.model.graph import Op, build_graph
 from planner.model.plan import Plan
 from planner.prediction import _simkernel
-from planner.prediction import simulate as sim
+from planner.prediction import event_loop as sim
 
 sys.path.insert(0, str(REPO))  # bench.synthetic
 
@@ -117,6 +117,8 @@ def test_channels_and_knobs():
 
 
 def test_determinism_for_a_seed():
+    from planner.prediction import comparison as sim
+
     job = detect.load([DEMO])
     plans = {"tic": analysis.schedule(job, "tic")}
     a = sim.compare(job, plans, samples=20, seed=5, timelines=True)
@@ -168,6 +170,8 @@ def _load_or_skip(paths):
 
 @pytest.mark.parametrize(("name", "paths"), _generated_runs(), ids=lambda x: str(x))
 def test_replay_error_on_every_generated_trace(name, paths, capsys):
+    from planner.prediction import comparison as sim
+
     job = _load_or_skip(paths)
     document = sim.replay(job)
     steps = [s for r in document["ranks"] for s in r["steps"]]
@@ -186,6 +190,8 @@ def test_replay_error_on_every_generated_trace(name, paths, capsys):
 
 @pytest.mark.parametrize("name", sorted(TF_RUNS))
 def test_tac_never_worse_than_the_baseline_mean(name):
+    from planner.prediction import comparison as sim
+
     job = _load_or_skip(TF_RUNS[name])
     plans = {"tac": analysis.schedule(job, "tac")}
     document = sim.compare(job, plans, samples=100, seed=0)

@@ -7,7 +7,9 @@ import pytest
 
 from planner.model.graph import Op, build_graph
 from planner.model.plan import Plan
-from planner.prediction.simulate import batching, compile_graph, op_seconds, run
+from planner.prediction.comparison import batching
+from planner.prediction.compiled import compile_graph, op_seconds
+from planner.prediction.event_loop import run
 
 
 def _graph():

@@ -21,7 +21,7 @@ from planner.job import analysis
 from planner.model import records
 from planner.model.graph import build_graph
 from planner.model.trace import rank_meta
-from planner.prediction import simulate as sim
+from planner.prediction import replay as sim
 from planner.reporting import measured_sections as html
 
 TORCH = SHARED / "generated" / "torch"
@@ -179,6 +179,8 @@ def test_complete_steps_are_not_flagged():
 
 
 def test_prediction_carries_its_error_and_a_warning_when_unreliable(capsys):
+    from planner.prediction import fidelity as sim
+
     paths = [need(TF / "cnn_ps_ingraph")]
     code, out, err = run_cli(["simulate", *paths, "--samples", "5", "--json"], capsys)
     assert code == 0
@@ -213,6 +215,8 @@ def test_prediction_carries_its_error_and_a_warning_when_unreliable(capsys):
 
 
 def test_no_warning_where_the_replay_is_within_five_percent(capsys):
+    from planner.prediction import fidelity as sim
+
     paths = [need(TORCH / "resnet_ddp")]
     code, out, _ = run_cli(["simulate", *paths, "--samples", "5", "--json"], capsys)
     for r in json.loads(out)["comparison"]["ranks"]:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from planner.ingest import detect, kineto_dag
-from planner.prediction import simulate as sim
+from planner.prediction import replay as sim
 from tests.conftest import SHARED, need
 
 HTA = SHARED / "public/HolisticTraceAnalysis/tests/data"

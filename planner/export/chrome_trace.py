@@ -3,7 +3,7 @@
 One process per (plan, rank), one thread (track) per resource and lane, one complete
 ("X") event per op. Transfers are named by parameter and size; every event's `args`
 carries the op, kind, param and bytes. The plan names sit in the process names and in
-``otherData``. A schedule is the columnar `timeline` of `planner.prediction.simulate` (simulated
+``otherData``. A schedule is the columnar `timeline` of `planner.prediction.event_loop` (simulated
 or observed): op, resource, lane, start and duration in seconds.
 """
 

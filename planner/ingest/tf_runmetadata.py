@@ -290,7 +290,7 @@ def _step_span(
 
 def _ps_work(step: _Step, device: str, links: dict[str, tuple]) -> _PsWork:
     """The parameter servers' work for the worker partition on `device`, for the replay
-    (`planner.prediction.simulate.replay`): the PS nodes with node stats as ops (``ps0:<node>`` on
+    (`planner.prediction.replay.replay`): the PS nodes with node stats as ops (``ps0:<node>`` on
     resource ``ps0/CPU:0``), the edges among them and to and from the worker's transfers
     (a PS node that reads a tensor the worker sends waits for that send; the worker's
     recv waits for the PS node it receives from; `_Send`/`_Recv` nodes, which TensorFlow
@@ -373,7 +373,7 @@ def _replay_meta(
     rows: list[tuple[str, int, str, int, int]],
     release: dict[str, dict[int, dict[str, int]]],
 ) -> dict[str, object]:
-    """What `planner.prediction.simulate.replay` runs in place of the worker graphs: per rank the
+    """What `planner.prediction.replay.replay` runs in place of the worker graphs: per rank the
     worker partition followed by the PS work it exchanges tensors with (`_ps_work`),
     the PS ops' records and their releases. A PS graph that cannot join (a cycle) is
     left out: the worker is replayed alone."""

@@ -4,11 +4,11 @@ byte as `planner.prediction.simulate.simulation` on the whole job.
 What a rank's replay needs of the others: the waits of its collectives for the last
 rank (`planner.model.waits`, from every rank's collective rows: a collective's time in the
 replay is its transfer plus its wait as seen) and, per step, the latest time a peer was
-ready for each of its transfers (`simulate.peer_releases`: a collective cannot start
-before). The plans need the job's Caramel plan (`planner.job.pipeline`). So a job is read in
-two passes: `replay_summary` (the rank's summary plus its ready times), then the parent
-computes the waits, the releases and the plan, and `rank_simulation` replays and
-compares the rank alone. A worker holds one rank at a time (the second pass needs what
+ready for each of its transfers (`planner.prediction.releases.peer_releases`: a collective
+cannot start before). The plans need the job's Caramel plan (`planner.job.pipeline`). So a
+job is read in two passes: `replay_summary` (the rank's summary plus its ready times),
+then the parent computes the waits, the releases and the plan, and `rank_simulation`
+replays and compares the rank alone. A worker holds one rank at a time (the second pass needs what
 only all ranks together give), so the first pass keeps the loaded rank on disk as numpy
 columns (`rank_store`) and the second reads it from there, or reads the trace again
 where the store is not (a Dask worker on another machine).
@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 
 def replay_summary(paths: Sequence[str], store: str | None = None) -> dict[str, Any]:
     """One task of the first pass: `summaries.summary_of` the rank plus ``ready``: step ->
-    transfer -> the time (epoch ns) the rank was ready for it (`simulate.peer_releases`).
+    transfer -> the time (epoch ns) the rank was ready for it
+    (`planner.prediction.releases.peer_releases`).
     `store`: a folder where the loaded rank is kept for the second pass (`rank_store`)."""
     from planner.job import rank_store
 
@@ -48,15 +49,17 @@ def ready_summary(job: Job, paths: Sequence[str], summary: dict[str, Any]) -> di
     """`summary` (the `summary_of` one-rank `job`) plus its ``ready`` times (see
     `replay_summary`); InputError when the rank has no timings."""
     from planner.model.oracle import TimeOracle
-    from planner.prediction import simulate as sim
+    from planner.prediction.compiled import compile_graph
+    from planner.prediction.releases import spans_of
+    from planner.prediction.replay import _step_models, require_timings
 
-    sim.require_timings(job)
+    require_timings(job)
     (rank,) = job.ranks
-    compiled = sim.compile_graph(job.graphs[rank])
+    compiled = compile_graph(job.graphs[rank])
     # the ready times follow the observed starts and durations alone: neither the ops'
     # dedicated times nor the fallback oracle (times of unrecorded ops) change them
     rows = job.trace.of(rank)
-    models = sim._step_models(compiled, rows, TimeOracle(times={}), sim.spans_of(job, rank))
+    models = _step_models(compiled, rows, TimeOracle(times={}), spans_of(job, rank))
     ready: dict[int, dict[str, int]] = {}
     for it, (_, _, model) in models.items():
         keep = [int(i) for i in (compiled.transfer & model.observed).nonzero()[0]]
@@ -67,7 +70,8 @@ def ready_summary(job: Job, paths: Sequence[str], summary: dict[str, Any]) -> di
 
 def releases(ranks: Sequence[Mapping[str, Any]]) -> dict[str, dict[int, dict[str, int]]]:
     """Rank -> step -> transfer -> the latest time another rank was ready for it in that
-    step (`simulate.peer_releases` on the summaries' ``ready``; empty with one rank)."""
+    step (`planner.prediction.releases.peer_releases` on the summaries' ``ready``; empty
+    with one rank)."""
     if len(ranks) < 2:
         return {}
     top: dict[tuple[int, str], list[Any]] = {}  # (step, op) -> [t1, rank of t1, t2]
@@ -144,19 +148,28 @@ def simulation_of(
     timelines: bool = False,
 ) -> dict[str, Any]:
     """`rank_simulation` of a loaded one-rank `job`; with `timelines`, the record's
-    ``timelines`` holds the rank's schedules as `simulate.timelines_of` gives them
-    (the traced median step and each plan's median sample)."""
+    ``timelines`` holds the rank's schedules as `planner.prediction.timelines.timelines_of`
+    gives them (the traced median step and each plan's median sample)."""
     import numpy as np
 
-    from planner.prediction import simulate as sim
+    from planner.model.oracle import mean_of_runs
+    from planner.model.trace import queued_before
+    from planner.prediction.comparison import compare
+    from planner.prediction.compiled import compile_graph, rank_rows
+    from planner.prediction.fidelity import _error_summary
+    from planner.prediction.releases import _latest, carried_over, spans_of
+    from planner.prediction.replay import _frame, _replay_rank
+    from planner.prediction.step_timing import cpu_spans_of
+    from planner.prediction.timelines import timelines_of
+    from planner.prediction.whatif import sweep as sweep_of
 
     (rank,) = job.ranks
     job = with_waits(job, waits)
     graph = job.graphs[rank]
-    frame = sim._frame(job)
-    compiled = sim.compile_graph(graph)
-    rows = sim.rank_rows(frame, rank)
-    oracle = sim.mean_of_runs(graph, rows)
+    frame = _frame(job)
+    compiled = compile_graph(graph)
+    rows = rank_rows(frame, rank)
+    oracle = mean_of_runs(graph, rows)
     arrays = {}
     for it, times in ready.items():
         latest = np.full(len(compiled.names), -1, dtype=np.int64)
@@ -166,34 +179,33 @@ def simulation_of(
                 latest[i] = t
         arrays[it] = latest
     seed, samples = options["seed"], options["samples"]
-    spans = sim.spans_of(job, rank)
-    # as `simulate.replay`: peers' readiness, and the queue each stream carries over
-    queue = sim.carried_over(compiled, rows, spans, sim.queued_before(job, rank))
-    release = sim._latest(arrays if ready else None, queue)
+    spans = spans_of(job, rank)
+    # as `planner.prediction.replay.replay`: peers' readiness, and the queue each stream
+    # carries over
+    queue = carried_over(compiled, rows, spans, queued_before(job, rank))
+    release = _latest(arrays if ready else None, queue)
     pools = job.framework == "tensorflow"
     plans = {}
     if plan is not None:
         plans = {"caramel": {rank: replace(plan, rank=rank)}}
-    steps = sim._replay_rank(
+    steps = _replay_rank(
         compiled, rows, oracle, seed, spans, release, len(graph.ops), pools,
-        {name: p[rank] for name, p in plans.items()}, sim.cpu_spans_of(job, rank),
+        {name: p[rank] for name, p in plans.items()}, cpu_spans_of(job, rank),
     )  # fmt: skip
     knobs = options["knobs"]
     shared = {"samples": samples, "seed": seed, "oracles": {rank: oracle}, "frame": frame}
-    comparison = sim.compare(
-        job, plans, replayed={rank: steps}, timelines=timelines, **shared, **knobs
-    )
+    comparison = compare(job, plans, replayed={rank: steps}, timelines=timelines, **shared, **knobs)
     sweep = None
     if options["sweep_knob"] is not None:
-        sweep = sim.sweep(
+        sweep = sweep_of(
             job, options["sweep_knob"], options["sweep_values"], plans,
             replayed={rank: steps}, **shared, **knobs,
         )  # fmt: skip
     return {
         "rank": rank,
         "sources": list(job.sources),
-        "timelines": sim.timelines_of(job, comparison) if timelines else None,
-        "replay": {"rank": rank, **sim._error_summary(steps), "steps": steps},
+        "timelines": timelines_of(job, comparison) if timelines else None,
+        "replay": {"rank": rank, **_error_summary(steps), "steps": steps},
         "comparison": comparison,
         "sweep": sweep,
     }
@@ -203,7 +215,8 @@ def job_simulation(
     results: Sequence[dict[str, Any]], framework: str, sources: Sequence[str]
 ) -> dict[str, Any]:
     """The job's `planner.simulation/1` from its ranks' `rank_simulation` records."""
-    from planner.prediction import simulate as sim
+    from planner.prediction.fidelity import _all_errors
+    from planner.prediction.replay import SCHEMA
 
     for result in results:
         if "error" in result:
@@ -218,15 +231,15 @@ def job_simulation(
         sweep = {k: v for k, v in ranks[0]["sweep"].items() if k != "ranks"}
         sweep["ranks"] = [entry for r in ranks for entry in r["sweep"]["ranks"]]
     return {
-        "schema": sim.SCHEMA,
+        "schema": SCHEMA,
         "kind": "simulation",
         "framework": framework,
         "sources": list(sources),
         "replay": {
-            "schema": sim.SCHEMA,
+            "schema": SCHEMA,
             "kind": "replay",
             "ranks": replays,
-            **sim._all_errors(replays),
+            **_all_errors(replays),
         },
         "comparison": comparison,
         "sweep": sweep,

@@ -213,11 +213,11 @@ def predict_orders(
 
     A sender counter lets transfer k go only after transfer k-1, so an order is
     simulated as priorities plus the chain of control edges it implies
-    (`planner.prediction.simulate`, with its prediction oracle: the mean of the traced runs).
+    (`planner.prediction.event_loop`, with its prediction oracle: the mean of the traced runs).
     """
     from planner.model.oracle import mean_of_runs
     from planner.model.trace import with_dedicated
-    from planner.prediction import simulate
+    from planner.prediction import event_loop
 
     graph = job.graphs[rank]
     frame = with_dedicated(job.trace, {rank: graph})
@@ -232,7 +232,7 @@ def predict_orders(
             order=tuple(known),
             control_edges=tuple(zip(known[:-1], known[1:], strict=True)),
         )
-        run = simulate.simulate(graph, oracle, plan, samples=samples, record=False)
+        run = event_loop.simulate(graph, oracle, plan, samples=samples, record=False)
         out[label] = float(run.makespan.mean())
     return out
 

@@ -10,11 +10,14 @@ import statistics
 from planner.model.oracle import mean_of_runs
 from planner.model.trace import Job, with_dedicated
 from planner.planning.ps_p2p_ring import Calibration, ring_network
-from planner.prediction import simulate
+from planner.prediction import event_loop
+from planner.prediction.compiled import compile_graph, observed_priority, op_seconds
+from planner.prediction.replay import replay
+from planner.prediction.timelines import median_step
 
 
 def replay_simulator(job: Job, cal: Calibration, workers: int) -> float | None:
-    """A `RingSimulator` from `simulate.replay`: the median predicted iteration
+    """A `RingSimulator` from `planner.prediction.replay.replay`: the median predicted iteration
     time over the traced steps of every rank (the trace's own op times, its observed
     order). Only at the trace's own worker count; None elsewhere or without steps.
 
@@ -23,7 +26,7 @@ def replay_simulator(job: Job, cal: Calibration, workers: int) -> float | None:
     """
     if workers != cal.workers:
         return None
-    steps = [s["predicted"] for r in simulate.replay(job)["ranks"] for s in r["steps"]]
+    steps = [s["predicted"] for r in replay(job)["ranks"] for s in r["steps"]]
     return float(statistics.median(steps)) if steps else None
 
 
@@ -31,7 +34,7 @@ def calibrated_simulator(job: Job, cal: Calibration, workers: int) -> float | No
     """A `RingSimulator` on the calibration: the traced DAG of each all-reduce rank, its
     compute ops at their mean traced time, every collective re-priced as a ring
     all-reduce of its bytes over `workers` (Eq. 20 with the calibration's f(d)), list
-    scheduled by `planner.prediction.simulate` in the traced order. The median over ranks.
+    scheduled by `planner.prediction.event_loop` in the traced order. The median over ranks.
 
     Unlike the model, the simulator keeps the DAG: a collective overlaps only the
     compute that does not depend on it, and collectives queue on the network.
@@ -48,9 +51,9 @@ def calibrated_simulator(job: Job, cal: Calibration, workers: int) -> float | No
         for name, op in graph.ops.items():
             if op.kind == "collective":
                 times[name] = ring_network(op.nbytes, workers, cal.bandwidth, cal.network.a)
-        compiled = simulate.compile_graph(graph)
-        step = rows[rows["iteration"] == simulate.median_step(job, rank)]
-        priority = simulate.observed_priority(compiled, step)
-        result = simulate.run(compiled, simulate.op_seconds(compiled, times), priority)
+        compiled = compile_graph(graph)
+        step = rows[rows["iteration"] == median_step(job, rank)]
+        priority = observed_priority(compiled, step)
+        result = event_loop.run(compiled, op_seconds(compiled, times), priority)
         results.append(float(result.makespan.mean()))
     return float(statistics.median(results)) if results else None

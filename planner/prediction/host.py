@@ -181,7 +181,7 @@ def on_one_core(
     frame: pd.DataFrame,
     spans: Mapping[int, tuple[int, int]],
 ) -> tuple[OpGraph, pd.DataFrame, dict[int, np.ndarray]]:
-    """`rank`'s replay graph, records and releases (as `planner.prediction.simulate.joint_work`
+    """`rank`'s replay graph, records and releases (as `planner.prediction.releases.joint_work`
     gives them) on one host core: its compute ops and the joined PS work moved to
     `HOST`, the other ranks' compute ops added on it (``(host) rank:op``, no edges,
     released at their traced start), and a ``work`` column: each such record's share
@@ -248,6 +248,30 @@ def _shared(
             targets.add(where)
     if not targets:  # nothing of the rank's to share: its replay is as it was
         return graph, rows, dict(release or {})
+    others = _peer_work(job, rank, frame, tag, place, ops, targets)
+    names = list(graph.ops)
+    edges = [
+        (names[u], names[v], "control" if c else "data")
+        for u, v, c in zip(graph.src, graph.dst, graph.control, strict=True)
+    ]
+    joined = build_graph(list(ops.values()), edges)
+    rows = pd.concat([rows, *others], ignore_index=True)
+    rows = _with_shares(job, rank, joined, rows, targets, spans)
+    return joined, rows, _tagged_releases(joined, rows, release, tag)
+
+
+def _peer_work(
+    job: Any,
+    rank: str,
+    frame: pd.DataFrame,
+    tag: str,
+    place: Callable[[Op], str | None],
+    ops: dict[str, Op],
+    targets: set[str],
+) -> list[pd.DataFrame]:
+    """The other ranks' records of ops `place` puts on a shared processor, as `rank`'s
+    rows of ops named `tag` + ``rank:op`` (`_shared`); their ops added to `ops` and
+    their processors to `targets`."""
     others = []
     for peer in job.ranks:
         if peer == rank:
@@ -274,13 +298,19 @@ def _shared(
                 }
             )
         )
-    names = list(graph.ops)
-    edges = [
-        (names[u], names[v], "control" if c else "data")
-        for u, v, c in zip(graph.src, graph.dst, graph.control, strict=True)
-    ]
-    joined = build_graph(list(ops.values()), edges)
-    rows = pd.concat([rows, *others], ignore_index=True)
+    return others
+
+
+def _with_shares(
+    job: Any,
+    rank: str,
+    joined: OpGraph,
+    rows: pd.DataFrame,
+    targets: set[str],
+    spans: Mapping[int, tuple[int, int]],
+) -> pd.DataFrame:
+    """`rows` with each record on a shared processor of `targets` given its share of it
+    as its ``work`` (`shares`), from the step's replay start on (`_shared`)."""
     where = rows["op"].map({name: op.resource for name, op in joined.ops.items()}).to_numpy()
     placed = np.array([r in targets for r in where], dtype=bool)
     start = rows["start"].to_numpy(dtype=np.int64).copy()
@@ -299,7 +329,14 @@ def _shared(
         late = start[at] < since
         keep[at[late & (start[at] + duration[at] <= since)]] = False
         start[at[late]] = since
-    rows = rows.assign(start=start, work=np.round(work).astype(np.int64))[keep]
+    return rows.assign(start=start, work=np.round(work).astype(np.int64))[keep]
+
+
+def _tagged_releases(
+    joined: OpGraph, rows: pd.DataFrame, release: Mapping[int, np.ndarray] | None, tag: str
+) -> dict[int, np.ndarray]:
+    """Step -> per op of `joined` its release (`release`'s for the rank's own ops, the
+    traced start of the other ranks' ops named `tag` + ``rank:op``; -1 none)."""
     index = {name: i for i, name in enumerate(joined.ops)}
     out: dict[int, np.ndarray] = {}
     for it, step in rows.groupby("iteration"):
@@ -310,7 +347,7 @@ def _shared(
         at = peer_rows["op"].map(index).to_numpy(dtype=np.int64)
         np.maximum.at(latest, at, peer_rows["start"].to_numpy(dtype=np.int64))
         out[int(it)] = latest
-    return joined, rows, out
+    return out
 
 
 def is_shared(resource: str) -> bool:
@@ -343,66 +380,83 @@ def shared_schedule(
     for u, v in zip(src.tolist(), dst.tolist(), strict=True):
         succ[u].append(v)
         indeg[v] += 1
-    start = np.full(n, -1.0)
-    end = np.full(n, -1.0)
-    free = cap.astype(np.int64).copy()
-    queues: dict[int, list[tuple[int, int]]] = {}
-    ends: list[tuple[float, int]] = []  # ops off the shared processors, by end
     # per shared processor its ops, by the service (work per op since the start) at
     # which each is done: all progress alike, so the next to finish is the heap's first
     on: dict[int, list[tuple[float, int]]] = {int(r): [] for r in np.flatnonzero(cores)}
-    served = dict.fromkeys(on, 0.0)
-    now = 0.0
-
-    def ready(i: int) -> None:
-        r = int(res[i])
-        if r in on:
-            start[i] = now
-            if ticks[i] <= 0:
-                heapq.heappush(ends, (now, i))
-            else:
-                heapq.heappush(on[r], (served[r] + float(ticks[i]), i))
-            return
-        key = int(priority[i]) if priority[i] >= 0 else np.iinfo(np.int64).max
-        heapq.heappush(queues.setdefault(r, []), (key, i))
-
-    def dispatch() -> None:
-        for r, queue in queues.items():
-            while queue and free[r] > 0:
-                _, i = heapq.heappop(queue)
-                free[r] -= 1
-                start[i] = now
-                heapq.heappush(ends, (now + float(ticks[i]), i))
-
+    state: dict[str, Any] = {
+        "start": np.full(n, -1.0), "end": np.full(n, -1.0), "free": cap.astype(np.int64).copy(),
+        "queues": {}, "ends": [], "on": on, "served": dict.fromkeys(on, 0.0), "now": 0.0,
+    }  # fmt: skip
     for i in np.flatnonzero(indeg == 0).tolist():
-        ready(i)
-    dispatch()
+        _ready(state, i, ticks, res, priority)
+    _dispatch(state, ticks)
     done = 0
     while done < n:
-        t = ends[0][0] if ends else np.inf
-        for r, heap in on.items():
-            if heap:
-                t = min(t, now + (heap[0][0] - served[r]) * len(heap))
-        if t == np.inf:
+        finished = _advance(state, res)
+        if finished is None:
             break  # a cycle: the rest never runs (end stays -1)
-        finished = []
-        for r, heap in on.items():
-            if heap:
-                served[r] += (t - now) / len(heap)
-            while heap and heap[0][0] - served[r] <= 0.5:  # ticks: rounding left
-                finished.append(heapq.heappop(heap)[1])
-        now = t
-        while ends and ends[0][0] <= now:
-            _, i = heapq.heappop(ends)
-            if int(res[i]) not in on:
-                free[res[i]] += 1
-            finished.append(i)
         for i in finished:
-            end[i] = now
+            state["end"][i] = state["now"]
             done += 1
             for v in succ[i]:
                 indeg[v] -= 1
                 if indeg[v] == 0:
-                    ready(v)
-        dispatch()
-    return start, end
+                    _ready(state, v, ticks, res, priority)
+        _dispatch(state, ticks)
+    return state["start"], state["end"]
+
+
+def _ready(
+    state: dict[str, Any], i: int, ticks: np.ndarray, res: np.ndarray, priority: np.ndarray
+) -> None:
+    """Op `i` of `shared_schedule` ready now: started on its shared processor, else
+    queued on its resource by priority (``state``: the schedule's ``start`` and ``end``
+    per op, ``free`` channels, ``queues``, ``ends`` of the ops off the shared processors,
+    ``on`` and ``served`` of each shared processor, ``now``)."""
+    r = int(res[i])
+    now = state["now"]
+    if r in state["on"]:
+        state["start"][i] = now
+        if ticks[i] <= 0:
+            heapq.heappush(state["ends"], (now, i))
+        else:
+            heapq.heappush(state["on"][r], (state["served"][r] + float(ticks[i]), i))
+        return
+    key = int(priority[i]) if priority[i] >= 0 else np.iinfo(np.int64).max
+    heapq.heappush(state["queues"].setdefault(r, []), (key, i))
+
+
+def _dispatch(state: dict[str, Any], ticks: np.ndarray) -> None:
+    """Start the queued ops of `shared_schedule` that a free channel can take now."""
+    free, start, ends, now = state["free"], state["start"], state["ends"], state["now"]
+    for r, queue in state["queues"].items():
+        while queue and free[r] > 0:
+            _, i = heapq.heappop(queue)
+            free[r] -= 1
+            start[i] = now
+            heapq.heappush(ends, (now + float(ticks[i]), i))
+
+
+def _advance(state: dict[str, Any], res: np.ndarray) -> list[int] | None:
+    """`shared_schedule`'s clock moved to the next end of an op: the ops that end then
+    (their channels freed), or None where nothing runs (a cycle)."""
+    on, served, ends, now = state["on"], state["served"], state["ends"], state["now"]
+    t = ends[0][0] if ends else np.inf
+    for r, heap in on.items():
+        if heap:
+            t = min(t, now + (heap[0][0] - served[r]) * len(heap))
+    if t == np.inf:
+        return None
+    finished = []
+    for r, heap in on.items():
+        if heap:
+            served[r] += (t - now) / len(heap)
+        while heap and heap[0][0] - served[r] <= 0.5:  # ticks: rounding left
+            finished.append(heapq.heappop(heap)[1])
+    state["now"] = now = t
+    while ends and ends[0][0] <= now:
+        _, i = heapq.heappop(ends)
+        if int(res[i]) not in on:
+            state["free"][res[i]] += 1
+        finished.append(i)
+    return finished

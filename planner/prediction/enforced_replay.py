@@ -1,0 +1,72 @@
+"""A TF plan on the compiled graph as the runtime module enforces it
+(`planner.prediction.enforced`): the control edges its chain adds, the ops that then wait
+for a control message and the link's latency and rate measured from the rank's transfers.
+Apart because it adapts the enforced schedules to the replay's arrays and is used only by
+the plans' replay."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from planner.model.plan import Plan
+from planner.prediction import enforced
+from planner.prediction.compiled import Compiled, PlanArrays
+
+
+def _op_bytes(compiled: Compiled) -> np.ndarray:
+    """Per op of `compiled`, the bytes it carries (NaN: unknown, e.g. a control message)."""
+    return np.array([op.nbytes or np.nan for op in compiled.graph.ops.values()], dtype=float)
+
+
+def _link(
+    compiled: Compiled, rows: pd.DataFrame, own: int | None, op_bytes: np.ndarray
+) -> tuple[float, float]:
+    """(`enforced.control_message`, `enforced.link_throughput`) on the records of the
+    replay's transfers: the rank's own (its first `own` ops) and, on a shared link, its
+    peers'; `op_bytes`: `_op_bytes` of `compiled`."""
+    idx = rows["op"].map(compiled.index).to_numpy(dtype=np.int64)
+    transfer = compiled.transfer[idx]
+    idx = idx[transfer]
+    start = rows["start"].to_numpy(dtype=np.float64)[transfer]
+    duration = rows["duration"].to_numpy(dtype=np.float64)[transfer]
+    nbytes = op_bytes[idx]
+    mine = idx < len(compiled.names[:own])
+    return (
+        enforced.control_message(start, duration, nbytes, mine),
+        enforced.link_throughput(start, duration, nbytes),
+    )
+
+
+def _enforced(
+    compiled: Compiled,
+    own: int | None,
+    plan: Plan,
+    arrays: PlanArrays,
+    mode: str,
+) -> tuple[PlanArrays, np.ndarray, np.ndarray]:
+    """`arrays` with the control edges the TF module adds for `plan` in `mode`, the ops
+    that then wait for a control message and the transfers alone on their link
+    (`enforced.chain`)."""
+    n = len(compiled.names[:own])
+    is_transfer = compiled.transfer[compiled.dst]
+    joined = (compiled.src >= n) & (compiled.dst < n) & is_transfer
+    feeder = dict(zip(compiled.dst[joined].tolist(), compiled.src[joined].tolist(), strict=True))
+    index = {name: i for name, i in compiled.index.items() if i < n}
+    ops = compiled.graph.ops
+    reads = [
+        t
+        for t in plan.order
+        if t in index
+        and enforced.is_read(
+            t, ops[compiled.names[feeder[index[t]]]].type if index[t] in feeder else None
+        )
+    ]
+    src, dst, waits, alone = enforced.chain(reads, index, feeder, mode)
+    return (
+        PlanArrays(
+            arrays.position, np.concatenate([arrays.src, src]), np.concatenate([arrays.dst, dst])
+        ),
+        waits,
+        alone,
+    )
