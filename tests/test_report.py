@@ -12,6 +12,7 @@ import pytest
 
 from planner.ingest import detect
 from planner.job import analysis
+from planner.job.verdict import with_verdict
 from planner.prediction import simulate as sim
 from planner.reporting import Thresholds, failures, junit_xml, markdown_summary, render_html
 from planner.reporting.ci import unchecked
@@ -64,6 +65,7 @@ def test_report_on_pytorch_with_simulation(torch_report: dict[str, Any]) -> None
     job = detect.load([need(TORCH)])
     report = dict(torch_report)
     report["simulation"] = sim.simulation(job, {}, samples=3, timelines=True)
+    report = with_verdict(report)
     page = render_html(report, files=["report.json"])
     sections = _sections(page)
     assert "could not be drawn" not in page
@@ -77,7 +79,7 @@ def test_report_on_pytorch_with_simulation(torch_report: dict[str, Any]) -> None
     assert "Caramel plan" in sections["windows"]
     assert "rank0" in sections["stragglers"]
     # never a random baseline as the advice; no negative time anywhere
-    assert "baseline" not in sections["advice"] and "already as good as any plan" in page
+    assert "baseline" not in sections["advice"] and "Keep what you have" in page
     assert not re.search(r"-[\d.,]+ ms", page)  # signed percentages are fine
 
 
@@ -98,7 +100,7 @@ def test_report_degrades_without_metrics() -> None:
     report = analysis.analyze(job)
     report["metrics"] = None
     report["simulation"] = None
-    page = render_html(report)
+    page = render_html(with_verdict(report))
     sections = _sections(page)
     left_out = ("steps", "efficiency", "timeline", "comparison", "replay", "stragglers", "buckets")
     for key in left_out:
@@ -213,7 +215,7 @@ def test_the_advice_follows_the_replay_of_each_plan() -> None:
     assert plans["tic"]["speedup_vs_observed"] > 0.05
     assert plans["tic"]["replayed"]["gain"] < -0.005
     advice = _sections(render_html(report))["advice"]
-    assert "already as good as any plan" in advice and "replayed on the traced steps" in advice
+    assert "Keep what you have" in advice and "replayed on the traced steps" in advice
     assert "--enforce arrival" in advice and "costs more than the order gains" in advice
     caution = plans["tic"]["replayed"]["caution"]
     assert "not one" in caution and "a gain smaller than that is not one" in render_html(report)
@@ -222,4 +224,4 @@ def test_the_advice_follows_the_replay_of_each_plan() -> None:
     assert "the comparison's schedule" in timeline and "replayed on the traced steps" in timeline
     for p in entry["plans"]:
         p["replayed"] = None
-    assert "Apply the TIC" in _sections(render_html(report))["advice"]
+    assert "Apply TIC" in _sections(render_html(with_verdict(report)))["advice"]
