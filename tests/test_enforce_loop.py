@@ -1,12 +1,14 @@
 """The closed loop on a real job: trace -> analyze -> train with the plan -> verify.
 
 examples/closed_loop.py runs it on the CPU DDP example (examples/train_ddp.py, gloo,
-2 ranks on 127.0.0.1): traced without enforcement; `planner analyze` writes
-bucket_plan.json; the same job trains again with that file, unedited, through the DDP
-hook; `planner verify --min-compliance 1.0`. Then the job runs with a plan that
-reverses the order, and with GradSync on the written priorities_caramel.json.
-`planner verify --min-compliance 1.0` must pass all three (every planned transfer
-matched, every rank, every step), and fail on what it cannot check.
+2 ranks on 127.0.0.1): traced without enforcement; `planner analyze` reports the
+Caramel plan (written as bucket_plan.json only where its verdict recommends it; here
+`--plan-anyway` takes it from report.json, the enforcement being what is checked); the
+same job trains again with that file, unedited, through the DDP hook; `planner verify
+--min-compliance 1.0`. Then the job runs with a plan that reverses the order, and with
+GradSync on the written priorities_caramel.json. `planner verify --min-compliance 1.0`
+must pass all three (every planned transfer matched, every rank, every step), and fail
+on what it cannot check.
 """
 
 from __future__ import annotations
@@ -59,8 +61,8 @@ def loop(tmp_path_factory: pytest.TempPathFactory) -> Path:
     command = [sys.executable, str(EXAMPLE), "--nproc", "2", "--steps", str(STEPS),
                "--timeout", "150", "--gate-timeout", "30"]  # fmt: skip
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "closed_loop.py"), "--out",
-                           str(out), "--", *command], capture_output=True, text=True,
-                          timeout=400, env=env)  # fmt: skip
+                           str(out), "--plan-anyway", "--", *command], capture_output=True,
+                          text=True, timeout=400, env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     _reversed(out / "plan" / "bucket_plan.json", out / "plan" / "reversed.json")
     _train(out, "hook:plan/reversed.json", "gradsync:plan/priorities_caramel.json")

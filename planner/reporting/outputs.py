@@ -14,12 +14,26 @@ if TYPE_CHECKING:
     from planner.model.graph import OpGraph
 
 
+TO_APPLY = ("bucket_plan", "control_deps")
+"""Caramel's exports the training job applies: written as files only where the verdict
+recommends the Caramel plan (a plan that does not pay is reported, not handed over)."""
+
+
+def recommends(report: Mapping[str, Any], plan: str) -> bool:
+    """Whether the report's verdict says to apply `plan` on some rank."""
+    found = report.get("verdict") or {}
+    return found.get("action") == "apply_plan" and any(
+        r["apply"] and r["plan"] == plan for r in found.get("ranks") or []
+    )
+
+
 def analysis_files(
     report: dict[str, Any], graphs: Mapping[str, OpGraph], output: Path, workers: int | None = 1
 ) -> dict[Path, str]:
     """Path -> text of every file: report.json and report.html, the priority files of
-    every plan, Caramel's exports, and timeline.json (the traced step and the best plan's
-    predicted schedule, per rank; `graphs`: rank -> its DAG, for the events' labels).
+    every plan, Caramel's exports where the verdict recommends its plan, and
+    timeline.json (the traced step and the best plan's predicted schedule, per rank;
+    `graphs`: rank -> its DAG, for the events' labels).
 
     `workers`: processes that draw report.html's sections (`render_html`).
 
@@ -43,6 +57,8 @@ def analysis_files(
                 text = priorities.to_tictac(document, entry["rank"])
                 files[output / f"{parts[entry['rank']]}.{name}.txt"] = text
     for name, document in report["exports"].items():
+        if name in TO_APPLY and not recommends(report, "caramel"):
+            continue  # reported in report.json, not written as a plan to apply
         files[output / f"{name}.json"] = dumps(document)
     simulation = report["simulation"]
     if simulation is not None and simulation.get("timelines"):
