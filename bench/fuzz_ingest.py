@@ -300,7 +300,9 @@ def main() -> None:
         help="the commands to run (each class runs those of its own that are named)",
     )
     parser.add_argument("--no-heavy", action="store_true", help="leave out the 21 GiB bomb")
-    parser.add_argument("--match", default="", help="only the cases whose name holds this")
+    parser.add_argument(
+        "--match", default="", help="only the cases whose name holds one of these (a,b,...)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     commands = [c for c in args.commands.split(",") if c]
@@ -312,7 +314,8 @@ def main() -> None:
         parser.error(f"unknown class or command: {', '.join(unknown)}")
     started = time.monotonic()
     cases = build_corpus(args.seed, heavy=not args.no_heavy, groups=groups)
-    cases = [case for case in cases if args.match in case.name]
+    parts = [part for part in args.match.split(",") if part] or [""]
+    cases = [case for case in cases if any(part in case.name for part in parts)]
     root = Path(tempfile.mkdtemp(prefix="planner-fuzz-"))
     runs = plan_runs(cases, commands, root)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
