@@ -54,6 +54,12 @@ class Case:
     under an existing file (then `-o` itself is the culprit)."""
     heavy: bool = False
     """Only for bench/fuzz_ingest.py (default limits, GiBs to inflate), not the tests."""
+    group: str = "base"
+    """The corpus class (`GROUPS`): ``base``, ``numbers``, ``encoding`` or ``multirank``."""
+    pooled: bool = False
+    """Several rank files: the bench runs each command with `-j 1` and `-j 2` and compares."""
+    algorithm: str = "caramel"
+    """`schedule -a` for the bench (``tac`` for parameter-server inputs)."""
 
     def write(self, root: Path) -> tuple[list[Path], list[Path]]:
         """Write the files under `root` (created); the input and culprit paths."""
@@ -107,10 +113,13 @@ class Corpus:
     rng: random.Random
     cases: list[Case] = field(default_factory=list)
     heavy: bool = False  # also build the cases only bench/fuzz_ingest.py runs
+    group: str = "base"  # the class of the family being built (set by build_corpus)
+    start: int = 0  # the first number of the group's cases (names stay stable per group)
 
     def _add(self, case: Case) -> Case:
-        xfail = case.xfail or KNOWN_KINETO_BUGS.get(case.name)
-        named = replace(case, name=f"{len(self.cases):03d}-{case.name}", xfail=xfail)
+        xfail = case.xfail or known_gap(case.name, self.group)
+        number = self.start + len(self.cases)
+        named = replace(case, name=f"{number:03d}-{case.name}", xfail=xfail, group=self.group)
         self.cases.append(named)
         return named
 
@@ -148,6 +157,78 @@ class Corpus:
 
 #: Case name -> why it fails today (a strict xfail); empty: every known Kineto gap is fixed.
 KNOWN_KINETO_BUGS: dict[str, str] = {}
+
+_UTF8_GAPS = (
+    (
+        ("k-op-name-", "k-kernel-name-", "k-nccl-name-", "k-launch-name-", "k-op-category-",
+         "k-step-name-"),
+        "issue 47: UnicodeDecodeError from the piece decoder (kineto_events._parse_array)",
+    ),
+    (
+        ("k-nccl-input-type-", "k-nccl-process-group-", "k-thread-name-"),
+        "issue 47: orjson.JSONDecodeError from kineto_events (_Columns.add, _args)",
+    ),
+    (("k-backend-",), "issue 47: a header not UTF-8 refused as invalid JSON, not read"),
+    (
+        ("pj-", "tl-"),
+        "issue 47: files.parse_json refuses bytes not UTF-8 as invalid JSON, not read",
+    ),
+)  # fmt: skip
+_BEYOND_INT64 = "issue 47: an id, size or rank beyond int64 accepted, not refused"
+_DIGITS_5000 = "issue 47: traceback on an integer of 5000 digits"
+_OVERFLOW = "issue 47: OverflowError converting to int64"
+_NUMBER_GAPS: dict[str, str] = {
+    **{
+        f"k-{field}-{value}": _BEYOND_INT64
+        for field in (
+            "op-record-function-id",
+            "nccl-external-id",
+            "kernel-correlation",
+            "memcpy-correlation",
+            "launch-correlation",
+            "rank",
+        )
+        for value in ("2p63", "1e30", "neg-2p63")
+    },  # fmt: skip
+    "k-nccl-in-msg-nelems-neg-2p63": _BEYOND_INT64,
+    "k-world-size-2p63": _BEYOND_INT64,
+    "pj-iteration-number-2p63": _BEYOND_INT64,
+    "k-nccl-in-msg-nelems-2p63": _OVERFLOW,
+    "k-nccl-in-msg-nelems-1e30": _OVERFLOW,
+    "pj-iteration-number-1e30": _OVERFLOW,
+    "pj-iteration-number-neg-2p63": _OVERFLOW,
+    "k-nccl-input-dims-1e400": _DIGITS_5000.replace("an integer of 5000 digits", "1e400"),
+    **{
+        f"{field}-5000-digits": _DIGITS_5000
+        for field in (
+            "k-step-external-id",
+            "k-nccl-external-id",
+            "k-nccl-in-msg-nelems",
+            "k-nccl-group-size",
+            "k-memcpy-bytes",
+            "k-nccl-input-dims",
+            "k-step-number",
+            "pj-origin-ns",
+            "pj-iteration-number",
+            "pj-iteration-start",
+            "pj-iteration-duration",
+            "pj-op-start",
+            "pj-op-duration",
+            "pj-nbytes",
+        )
+    },  # fmt: skip
+}
+"""The numbers and encoding classes' gaps found by the fuzz run of issue 47 (`planner
+inspect`; the fixes lie in the readers): strict xfails in tests/test_corpus_classes.py."""
+
+
+def known_gap(name: str, group: str) -> str | None:
+    """Why case `name` (unnumbered) of class `group` fails today, or None."""
+    if group == "encoding":
+        return next((why for starts, why in _UTF8_GAPS if name.startswith(starts)), None)
+    if group == "numbers":
+        return _NUMBER_GAPS.get(name)
+    return KNOWN_KINETO_BUGS.get(name)
 
 
 # ---------------------------------------------------------------- bases (real traces)
@@ -1187,6 +1268,577 @@ def outputs(c: Corpus) -> None:
         )
 
 
+# ---------------------------------------------------------------- numbers, encodings, ranks
+# (issue 47) Bench classes, built on request: `build_corpus(groups=...)`. Values are put into
+# the JSON text through markers, so an integer of any length and bytes that are not UTF-8
+# reach the reader as they would from a damaged or foreign exporter.
+
+HTA_MULTI = SHARED / "public" / "HolisticTraceAnalysis" / "tests" / "data" / "trace_filter"
+"""Two ranks (0, 1) of a 128-rank NCCL job on GPUs: all_reduce, all_to_all, all_gather."""
+
+HUGE: tuple[tuple[str, str], ...] = (
+    ("2p63", str(2**63)),  # one past int64
+    ("1e30", str(10**30)),
+    ("neg-2p63", str(-(2**63) - 1)),
+    ("5000-digits", "9" * 5000),  # past Python's 4300-digit limit for int("...")
+)
+"""Integer literals beyond int64, as JSON text."""
+
+BAD_BYTES: tuple[tuple[str, bytes], ...] = (
+    ("latin1", b"caf\xe9"),
+    ("lone-continuation", b"x\x80\xbfy"),
+    ("truncated-3", b"euro\xe2\x82"),
+    ("truncated-4", b"smile\xf0\x9f\x98"),
+    ("overlong", b"slash\xc0\xaf"),
+    ("ff-fe", b"\xff\xfe"),
+)
+"""Byte strings that are not UTF-8: Latin-1, lone continuation bytes, cut multibyte
+sequences, an overlong encoding, bytes UTF-8 never uses."""
+
+
+def _marked(doc: Any, raw: dict[str, bytes]) -> bytes:
+    """`doc` as JSON with each marker string replaced by raw bytes: ``"@@N0@@"`` (quotes
+    included) for a number literal, ``@@B0@@`` inside a string for bytes."""
+    data = json.dumps(doc).encode()
+    for marker, value in raw.items():
+        data = data.replace(marker.encode(), value)
+    return data
+
+
+def _num(i: int = 0) -> str:
+    return f"@@N{i}@@"
+
+
+def _numbers(doc: Any, value: str) -> bytes:
+    return _marked(doc, {json.dumps(_num()): value.encode()})
+
+
+def _bytes_marker(i: int = 0) -> str:
+    return f"@@B{i}@@"
+
+
+def _with_bytes(doc: Any, value: bytes) -> bytes:
+    return _marked(doc, {_bytes_marker(): value})
+
+
+def _first(events: list[dict[str, Any]], test: Callable[[dict[str, Any]], bool]) -> int:
+    return next(i for i, e in enumerate(events) if test(e))
+
+
+def _hta_targets(events: list[dict[str, Any]]) -> dict[str, int]:
+    """Indexes of one event of each kind in the HTA sample (1 rank, NCCL, kernels)."""
+
+    def named(prefix: str) -> Callable[[dict[str, Any]], bool]:
+        return lambda e: str(e.get("name", "")).startswith(prefix)
+
+    def cat(name: str) -> Callable[[dict[str, Any]], bool]:
+        return lambda e: e.get("cat") == name
+
+    return {
+        "step": _first(events, named("ProfilerStep#")),
+        "cpu-op": _first(events, lambda e: e.get("name") == "aten::zero_"),
+        "nccl": _first(events, named("nccl:all_reduce")),
+        "kernel": _first(events, cat("kernel")),
+        "memcpy": _first(events, cat("gpu_memcpy")),
+        "launch": _first(events, lambda e: e.get("name") == "cudaLaunchKernel"),
+    }
+
+
+def huge_numbers(c: Corpus) -> None:
+    """Integers beyond int64 in every numeric field the Kineto, planner JSON and TF
+    timeline readers read: step numbers, times, ids, sizes, ranks, process and thread ids.
+
+    Times, step numbers, ids that join events, sizes and ranks must be refused with one
+    line; fields the readers treat as names (pid, tid, device, stream) or do not use
+    (cbid, sequence numbers, event indexes) must be read."""
+    base = json.loads(_hta_text())
+    where = _hta_targets(base["traceEvents"])
+    # (label, event kind or "" for the document, path of keys, the input is valid)
+    fields: list[tuple[str, str, tuple[str, ...], bool]] = [
+        ("step-ts", "step", ("ts",), False),
+        ("step-dur", "step", ("dur",), False),
+        ("step-external-id", "step", ("args", "External id"), True),
+        ("op-ts", "cpu-op", ("ts",), False),
+        ("op-dur", "cpu-op", ("dur",), False),
+        ("op-pid", "cpu-op", ("pid",), True),
+        ("op-tid", "cpu-op", ("tid",), True),
+        ("op-external-id", "cpu-op", ("args", "External id"), True),
+        ("op-record-function-id", "cpu-op", ("args", "Record function id"), False),
+        ("op-sequence-number", "cpu-op", ("args", "Sequence number"), True),
+        ("op-event-index", "cpu-op", ("args", "Profiler Event Index"), True),
+        ("nccl-ts", "nccl", ("ts",), False),
+        ("nccl-external-id", "nccl", ("args", "External id"), False),
+        ("nccl-in-msg-nelems", "nccl", ("args", "In msg nelems"), False),
+        ("nccl-group-size", "nccl", ("args", "Group size"), True),
+        ("kernel-ts", "kernel", ("ts",), False),
+        ("kernel-dur", "kernel", ("dur",), False),
+        ("kernel-pid", "kernel", ("pid",), True),
+        ("kernel-tid", "kernel", ("tid",), True),
+        ("kernel-correlation", "kernel", ("args", "correlation"), False),
+        ("kernel-external-id", "kernel", ("args", "External id"), True),  # joined by correlation
+        ("kernel-device", "kernel", ("args", "device"), True),
+        ("kernel-stream", "kernel", ("args", "stream"), True),
+        ("memcpy-bytes", "memcpy", ("args", "bytes"), True),
+        ("memcpy-correlation", "memcpy", ("args", "correlation"), False),
+        ("launch-correlation", "launch", ("args", "correlation"), False),
+        ("launch-cbid", "launch", ("args", "cbid"), True),
+        ("rank", "", ("distributedInfo", "rank"), False),
+        ("world-size", "", ("distributedInfo", "world_size"), False),
+    ]
+    for label, kind, keys, valid in fields:
+        for name, value in HUGE:
+            doc = copy.deepcopy(base)
+            target = doc["traceEvents"][where[kind]] if kind else doc
+            for key in keys[:-1]:
+                target = target.setdefault(key, {})
+            target[keys[-1]] = _num()
+            if label == "world-size":
+                doc["distributedInfo"].setdefault("rank", 1)
+            # no JSON reader holds 5000 digits as a number: refusing it is right, even for a
+            # name (pid, tid); a field no reader parses (cbid, indexes) is skipped unread
+            named = label.endswith(("-pid", "-tid"))
+            ok = valid and not (named and name == "5000-digits")
+            family = "valid" if ok else "overflow-number"
+            c.file(family, f"k-{label}-{name}", "rank0.pt.trace.json", _numbers(doc, value), ok)
+    for name, value in HUGE:  # sizes inside lists: an all-reduce's shape
+        doc = copy.deepcopy(base)
+        doc["traceEvents"][where["nccl"]]["args"]["Input Dims"] = [[_num()]]
+        c.file("overflow-number", f"k-nccl-input-dims-{name}", "rank0.pt.trace.json",
+               _numbers(doc, value))  # fmt: skip
+        doc = copy.deepcopy(base)
+        event = doc["traceEvents"][where["step"]]
+        event["name"] = "ProfilerStep#@@S@@"
+        step = _marked(doc, {"@@S@@": value.encode()})
+        c.file("overflow-number", f"k-step-number-{name}", "rank0.pt.trace.json", step)
+    doc = copy.deepcopy(base)
+    doc["traceEvents"][where["nccl"]]["args"]["Input Dims"] = [[_num()]]
+    c.file("overflow-number", "k-nccl-input-dims-1e400", "rank0.pt.trace.json",
+           _numbers(doc, "1e400"))  # fmt: skip
+    _planner_numbers(c)
+    _timeline_numbers(c)
+    if TORCH_RESNET.exists():
+        _resnet_numbers(c)
+
+
+def _planner_numbers(c: Corpus) -> None:
+    base = json.loads(_planner_doc())
+    recv = next(i for i, op in enumerate(base["ranks"][0]["ops"]) if op["kind"] == "recv")
+    timed = next(iter(base["ranks"][0]["iterations"][0]["ops"]))
+
+    def first_it(doc: dict[str, Any]) -> dict[str, Any]:
+        return doc["ranks"][0]["iterations"][0]
+
+    def put(where: Callable[[dict[str, Any]], Any], key: Any) -> Callable[[dict[str, Any]], None]:
+        def edit(doc: dict[str, Any]) -> None:
+            where(doc)[key] = _num()
+
+        return edit
+
+    edits = {
+        "origin-ns": put(lambda d: d, "origin_ns"),
+        "iteration-number": put(first_it, "iteration"),
+        "iteration-start": put(first_it, "start"),
+        "iteration-duration": put(first_it, "duration"),
+        "op-start": put(lambda d: first_it(d)["ops"][timed], 0),
+        "op-duration": put(lambda d: first_it(d)["ops"][timed], 1),
+        "nbytes": put(lambda d: d["ranks"][0]["ops"][recv], "nbytes"),
+    }
+    for label, edit in edits.items():
+        for name, value in HUGE:
+            doc = copy.deepcopy(base)
+            edit(doc)
+            case = c.file("overflow-number", f"pj-{label}-{name}", "trace.json",
+                          _numbers(doc, value))  # fmt: skip
+            c.cases[-1] = replace(case, algorithm="tac")
+
+
+def _timeline_numbers(c: Corpus) -> None:
+    path = REPO / "traces" / "tf_timeline" / "GPU" / "timeline_02_step_0.json"
+    base = json.loads(path.read_text())
+    events = base["traceEvents"]
+    op = _first(events, lambda e: e.get("ph") == "X" and e.get("args", {}).get("op") == "MatMul")
+    flow = _first(events, lambda e: e.get("ph") == "s")
+    fields = [
+        ("op-ts", op, "ts", False),
+        ("op-dur", op, "dur", False),
+        ("op-pid", op, "pid", True),
+        ("op-tid", op, "tid", True),
+        ("flow-id", flow, "id", True),
+        ("flow-ts", flow, "ts", True),  # flows join by id; their times are not read
+    ]
+    for label, index, key, valid in fields:
+        for name, value in HUGE[:2]:
+            doc = copy.deepcopy(base)
+            doc["traceEvents"][index][key] = _num()
+            family = "valid" if valid else "overflow-number"
+            c.file(family, f"tl-{label}-{name}", "timeline_step0.json", _numbers(doc, value), valid)
+
+
+def _resnet_numbers(c: Corpus) -> None:
+    """The CPU gloo ranks: a bucket's size, a record-function id of the ET step."""
+    docs = _resnet_docs()
+    for name, value in HUGE[:2]:
+        doc = copy.deepcopy(docs[0])
+        event = next(e for e in doc["traceEvents"] if e.get("name") == "gloo:all_reduce")
+        event["args"]["Input Dims"] = [[_num()]]
+        c.file("overflow-number", f"k-gloo-input-dims-{name}", "rank0.json", _numbers(doc, value))
+
+
+# ---------------------------------------------------------------- encodings
+
+
+def bad_encoding(c: Corpus) -> None:
+    """Names that are not UTF-8 (Latin-1, lone continuation bytes, cut multibyte
+    sequences, overlong forms) in op, kernel, collective, thread and process names, in
+    args and keys, in Kineto JSON (plain and gzip), planner JSON and TF timelines.
+
+    A name is data: it must be read with the bytes escaped and a note (exit 0); only a
+    name the reader must parse (a `ProfilerStep#N` number) may be refused, in one line."""
+    base = json.loads(_hta_text())
+    where = _hta_targets(base["traceEvents"])
+    pid = base["traceEvents"][where["cpu-op"]]["pid"]
+    tid = base["traceEvents"][where["cpu-op"]]["tid"]
+    mark = _bytes_marker()
+
+    def on(kind: str, keys: tuple[str, ...], suffix: bool = True) -> Callable[[Any], None]:
+        def edit(doc: dict[str, Any]) -> None:
+            target = doc["traceEvents"][where[kind]] if kind else doc
+            for key in keys[:-1]:
+                target = target.setdefault(key, {})
+            old = target.get(keys[-1], "")
+            target[keys[-1]] = f"{old}{mark}" if suffix and isinstance(old, str) else mark
+
+        return edit
+
+    def metadata(what: str) -> Callable[[Any], None]:
+        def edit(doc: dict[str, Any]) -> None:
+            doc["traceEvents"].insert(0, {"ph": "M", "name": what, "pid": pid, "tid": tid,
+                                          "ts": 0, "args": {"name": f"main{mark}"}})  # fmt: skip
+
+        return edit
+
+    def arg_key(doc: dict[str, Any]) -> None:
+        doc["traceEvents"][where["cpu-op"]]["args"][f"Call{mark}stack"] = "x"
+
+    def input_type(doc: dict[str, Any]) -> None:
+        doc["traceEvents"][where["nccl"]]["args"]["Input type"] = [f"float{mark}"]
+
+    places: dict[str, tuple[Callable[[Any], None], bool]] = {
+        "op-name": (on("cpu-op", ("name",)), True),
+        "kernel-name": (on("kernel", ("name",)), True),
+        "nccl-name": (on("nccl", ("name",)), True),
+        "launch-name": (on("launch", ("name",)), True),
+        "op-category": (on("cpu-op", ("cat",)), True),
+        "op-arg-value": (on("cpu-op", ("args", "Module Hierarchy")), True),
+        "op-arg-key": (arg_key, True),
+        "nccl-input-type": (input_type, True),
+        "nccl-process-group": (on("nccl", ("args", "Process Group Name"), False), True),
+        "thread-name": (metadata("thread_name"), True),
+        "process-name": (metadata("process_name"), True),
+        "backend": (on("", ("distributedInfo", "backend"), False), True),
+        "step-name": (on("step", ("name",)), False),
+    }
+    for label, (edit, valid) in places.items():
+        for kind, raw in BAD_BYTES:
+            doc = copy.deepcopy(base)
+            edit(doc)
+            data = _with_bytes(doc, raw)
+            family = "valid" if valid else "bad-name"
+            c.file(family, f"k-{label}-{kind}", "rank0.pt.trace.json", data, valid)
+            if kind in ("latin1", "truncated-3"):
+                c.file(family, f"k-{label}-{kind}-gz", "rank0.pt.trace.json.gz", _gz(data), valid)
+    _planner_encoding(c)
+    _timeline_encoding(c)
+
+
+def _planner_encoding(c: Corpus) -> None:
+    base = json.loads(_planner_doc())
+    mark = _bytes_marker()
+    recv = next(i for i, op in enumerate(base["ranks"][0]["ops"]) if op["kind"] == "recv")
+
+    def op_name(doc: dict[str, Any]) -> None:
+        rank = doc["ranks"][0]
+        old = rank["ops"][recv]["name"]
+        new = f"{old}{mark}"
+        rank["ops"][recv]["name"] = new
+        rank["edges"] = [[new if x == old else x for x in e[:2]] + e[2:] for e in rank["edges"]]
+        for it in rank["iterations"]:
+            if old in it["ops"]:
+                it["ops"][new] = it["ops"].pop(old)
+
+    def field(key: str) -> Callable[[dict[str, Any]], None]:
+        def edit(doc: dict[str, Any]) -> None:
+            op = doc["ranks"][0]["ops"][recv]
+            op[key] = f"{op[key]}{mark}"
+
+        return edit
+
+    def rank_name(doc: dict[str, Any]) -> None:
+        doc["ranks"][0]["rank"] += mark
+
+    def note(doc: dict[str, Any]) -> None:
+        doc["notes"].append(f"note {mark}")
+
+    places = {
+        "op-name": op_name,
+        "op-type": field("type"),
+        "op-resource": field("resource"),
+        "op-param": field("param"),
+        "rank-name": rank_name,
+        "note": note,
+    }
+    for label, edit in places.items():
+        for kind, raw in BAD_BYTES:
+            doc = copy.deepcopy(base)
+            edit(doc)
+            data = _with_bytes(doc, raw)
+            case = c.file("valid", f"pj-{label}-{kind}", "trace.json", data, valid=True)
+            c.cases[-1] = replace(case, algorithm="tac")
+        data = _with_bytes(doc, BAD_BYTES[0][1])
+        case = c.file("valid", f"pj-{label}-latin1-gz", "trace.json.gz", _gz(data), valid=True)
+        c.cases[-1] = replace(case, algorithm="tac")
+
+
+def _timeline_encoding(c: Corpus) -> None:
+    path = REPO / "traces" / "tf_timeline" / "GPU" / "timeline_02_step_0.json"
+    base = json.loads(path.read_text())
+    events = base["traceEvents"]
+    op = _first(events, lambda e: e.get("ph") == "X" and e.get("args", {}).get("op") == "MatMul")
+    proc = _first(events, lambda e: e.get("ph") == "M")
+    mark = _bytes_marker()
+    for label, index, keys in (
+        ("op-name", op, ("args", "name")),
+        ("op-type", op, ("name",)),
+        ("process-name", proc, ("args", "name")),
+    ):
+        for kind, raw in BAD_BYTES[:3]:
+            doc = copy.deepcopy(base)
+            target = doc["traceEvents"][index]
+            for key in keys[:-1]:
+                target = target[key]
+            target[keys[-1]] += mark
+            c.file("valid", f"tl-{label}-{kind}", "timeline_step0.json", _with_bytes(doc, raw),
+                   valid=True)  # fmt: skip
+
+
+# ---------------------------------------------------------------- multi-rank
+
+
+@cache
+def _resnet_docs() -> tuple[dict[str, Any], ...]:
+    """The 2 gloo ranks of resnet_ddp cut to their first 2 profiled steps (fast to run)."""
+    docs = []
+    for rank in (0, 1):
+        doc = json.loads(gzip.decompress((TORCH_RESNET / f"rank{rank}.json.gz").read_bytes()))
+        docs.append(_first_steps(doc, 2))
+    return tuple(docs)
+
+
+def _first_steps(doc: dict[str, Any], count: int) -> dict[str, Any]:
+    """`doc` without the events that start after its first `count` ProfilerSteps."""
+    steps = sorted(
+        (e["ts"], e["ts"] + e["dur"])
+        for e in doc["traceEvents"]
+        if str(e.get("name", "")).startswith("ProfilerStep#")
+    )
+    end = steps[count - 1][1]
+    events = [e for e in doc["traceEvents"] if e.get("ph") != "X" or e.get("ts", 0) < end]
+    return {**doc, "traceEvents": events}
+
+
+@cache
+def _nccl_docs() -> tuple[dict[str, Any], ...]:
+    return tuple(
+        json.loads(gzip.decompress((HTA_MULTI / f"sampled_rank-{r}.json.gz").read_bytes()))
+        for r in (0, 1)
+    )
+
+
+def _is_collective(event: dict[str, Any]) -> bool:
+    name = str(event.get("name", "")).lower()
+    return any(t in name for t in ("nccl", "gloo", "c10d::", "record_param_comms"))
+
+
+def multi_rank(c: Corpus) -> None:
+    """Mutations of two real multi-rank sets, run with the pool on: the NCCL job on GPUs
+    of HTA's `trace_filter` (../shared) and the gloo CPU DDP run `resnet_ddp` (repo)."""
+    bases: list[tuple[str, tuple[dict[str, Any], ...], str]] = []
+    if HTA_MULTI.exists():
+        bases.append(("nccl", _nccl_docs(), "sampled_rank-{}.json.gz"))
+    if TORCH_RESNET.exists():
+        bases.append(("gloo", _resnet_docs(), "rank{}.json.gz"))
+    for label, docs, pattern in bases:
+        _multi_rank_set(c, label, docs, pattern)
+
+
+def _multi_rank_set(c: Corpus, label: str, docs: tuple[dict[str, Any], ...], pattern: str) -> None:
+    names = [pattern.format(r) for r in range(len(docs))]
+    packed = [_gz(_js(d)) for d in docs]
+
+    def add(
+        name: str,
+        family: str,
+        files: dict[str, bytes],
+        valid: bool,
+        blame: tuple[str, ...] = (),
+        give_dir: bool = True,
+    ) -> None:
+        inputs = (".",) if give_dir else tuple(files)
+        blame = blame or ((".", *files) if not valid else ())
+        pooled = sum(not f.startswith("meta") for f in files) > 1
+        c.case(Case(f"mr-{label}-{name}", family, files, inputs, blame, valid, pooled=pooled))
+
+    def with_rank1(doc: dict[str, Any] | bytes, name: str | None = None) -> dict[str, bytes]:
+        data = doc if isinstance(doc, bytes) else _gz(_js(doc))
+        return {names[0]: packed[0], (name or names[1]): data}
+
+    def edited(edit: Callable[[dict[str, Any]], None], rank: int = 1) -> dict[str, Any]:
+        doc = copy.deepcopy(docs[rank])
+        edit(doc)
+        return doc
+
+    add("as-is-dir", "valid", dict(zip(names, packed, strict=True)), True)
+    add("as-is-files", "valid", dict(zip(names, packed, strict=True)), True, give_dir=False)
+    add("one-rank", "valid", {names[1]: packed[1]}, True)
+    add("with-meta-json", "valid", {**with_rank1(packed[1]), "meta.json": b'{"a": 1}'}, True)
+
+    # sizes: the ranks of one job may disagree (HTA's ranks do); beyond int64 they may not
+    def scale_sizes(factor: int, only_first: bool = False) -> Callable[[dict[str, Any]], None]:
+        def edit(doc: dict[str, Any]) -> None:
+            for event in doc["traceEvents"]:
+                dims = event.get("args", {}).get("Input Dims")
+                if _is_collective(event) and dims and dims[0] and isinstance(dims[0][0], int):
+                    dims[0][0] *= factor
+                    if only_first:
+                        return
+
+        return edit
+
+    add("sizes-doubled", "valid", with_rank1(edited(scale_sizes(2))), True)
+    add("one-size-tripled", "valid", with_rank1(edited(scale_sizes(3, True))), True)
+
+    def huge_size(doc: dict[str, Any]) -> None:
+        for event in doc["traceEvents"]:
+            if _is_collective(event) and event.get("args", {}).get("Input Dims"):
+                event["args"]["Input Dims"] = [[_num()]]
+                return
+
+    for name, value in HUGE[:2]:
+        data = _gz(_numbers(edited(huge_size), value))
+        add(f"size-{name}", "overflow-number", with_rank1(data), False, (names[1],))
+
+    # ids: rank numbers and world sizes
+    def dist(key: str, value: Any) -> Callable[[dict[str, Any]], None]:
+        def edit(doc: dict[str, Any]) -> None:
+            info = doc.setdefault("distributedInfo", {})
+            if value is None:
+                info.pop(key, None)
+            else:
+                info[key] = value
+
+        return edit
+
+    world = docs[1].get("distributedInfo", {}).get("world_size", 2)
+    add("world-size-differs", "mismatched-ranks",
+        with_rank1(edited(dist("world_size", world * 2))), False)  # fmt: skip
+    add("world-size-missing-one", "mismatched-ranks",
+        with_rank1(edited(dist("world_size", None))), False)  # fmt: skip
+    add("rank-repeated", "mismatched-ranks", with_rank1(edited(dist("rank", 0))), False)
+    # without its number a rank reads as rank 0: given twice, from another process
+    add("rank-missing-one", "mismatched-ranks", with_rank1(edited(dist("rank", None))), False)
+    for key in ("rank", "world_size"):
+        for name, value in HUGE[:2]:
+            data = _gz(_numbers(edited(dist(key, _num())), value))
+            add(f"{key.replace('_', '-')}-{name}", "overflow-number", with_rank1(data), False,
+                (names[1],))  # fmt: skip
+    twin = edited(dist("rank", 1), rank=0)  # rank 0 again, under rank 1's number
+    add("rank0-copied-as-rank1", "valid", with_rank1(twin), True)
+    third = edited(dist("rank", 2), rank=1)
+    if label == "gloo":
+        third["distributedInfo"]["world_size"] = max(world, 3)
+    files = {**with_rank1(packed[1]), pattern.format(2): _gz(_js(third))}
+    add("rank1-copied-as-rank2", "valid" if label == "nccl" else "mismatched-ranks", files,
+        label == "nccl")  # fmt: skip
+
+    # launch ids: one rank's GPU work pointing at the other rank's launches
+    def foreign_ids(doc: dict[str, Any]) -> None:
+        theirs = [
+            e["args"]["correlation"]
+            for e in docs[0]["traceEvents"]
+            if e.get("cat") == "kernel" and "correlation" in e.get("args", {})
+        ]
+        mine = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
+        for event, other in zip(mine, theirs, strict=False):
+            event["args"]["correlation"] = other
+            event["args"]["External id"] = other
+
+    if label == "nccl":
+        add("launch-ids-of-rank0", "valid", with_rank1(edited(foreign_ids)), True)
+
+        def no_nccl_kernels(doc: dict[str, Any]) -> None:
+            doc["traceEvents"] = [
+                e for e in doc["traceEvents"]
+                if not (e.get("cat") == "kernel" and "nccl" in e.get("name", "").lower())
+            ]  # fmt: skip
+
+        add("no-nccl-kernels-one", "valid", with_rank1(edited(no_nccl_kernels)), True)
+
+    def no_collectives(doc: dict[str, Any]) -> None:
+        doc["traceEvents"] = [e for e in doc["traceEvents"] if not _is_collective(e)]
+
+    add("no-collectives-one", "mismatched-ranks", with_rank1(edited(no_collectives)), False)
+
+    # order and time: shuffled events, a clock offset, renumbered steps
+    def shuffle(doc: dict[str, Any]) -> None:
+        c.rng.shuffle(doc["traceEvents"])
+
+    add("rank1-shuffled", "valid", with_rank1(edited(shuffle)), True)
+    both = {names[0]: _gz(_js(edited(shuffle, rank=0))), names[1]: _gz(_js(edited(shuffle)))}
+    add("both-shuffled", "valid", both, True)
+
+    def offset(doc: dict[str, Any]) -> None:
+        for event in doc["traceEvents"]:
+            if isinstance(event.get("ts"), (int, float)):
+                event["ts"] += 5_000_000
+
+    add("rank1-clock-5s-later", "valid", with_rank1(edited(offset)), True)
+
+    def renumber(doc: dict[str, Any]) -> None:
+        for event in doc["traceEvents"]:
+            name = str(event.get("name", ""))
+            if name.startswith("ProfilerStep#"):
+                event["name"] = f"ProfilerStep#{int(name.split('#')[1]) + 1000}"
+
+    add("rank1-steps-renumbered", "valid", with_rank1(edited(renumber)), True)
+
+    # one rank cut, empty or doubled
+    text = _js(docs[1])
+    cut = _json_cuts(c.rng, text.decode(), 1)[0]
+    add("rank1-gz-cut", "truncated-gzip", with_rank1(packed[1][: len(packed[1]) // 2]), False,
+        (names[1],))  # fmt: skip
+    add("rank1-json-cut", "invalid-json", with_rank1(_gz(text[:cut])), False, (names[1],))
+    add("rank1-empty", "empty", with_rank1(b""), False, (names[1],))
+    add("rank0-twice", "mismatched-ranks", {names[0]: packed[0], "copy.json.gz": packed[0]},
+        False, (names[0], "copy.json.gz"))  # fmt: skip
+
+    # names that are not UTF-8 in one rank
+    def bad_kernel_name(doc: dict[str, Any]) -> None:
+        for event in doc["traceEvents"]:
+            if event.get("cat") in ("kernel", "cpu_op"):
+                event["name"] += _bytes_marker()
+                return
+
+    for kind, raw in BAD_BYTES[:2]:
+        data = _gz(_with_bytes(edited(bad_kernel_name), raw))
+        add(f"rank1-op-name-{kind}", "valid", with_rank1(data), True)
+
+
+GROUPS: dict[str, tuple[Callable[[Corpus], None], ...]] = {}
+"""Corpus classes (`build_corpus(groups=...)`, `bench/fuzz_ingest.py --only`)."""
+GROUP_START = {"base": 0, "numbers": 1000, "encoding": 2000, "multirank": 3000}
+"""The number of each class's first case: names do not depend on the classes built."""
+
+
 FAMILIES = (
     empty_and_garbage,
     tf_run_metadata,
@@ -1201,12 +1853,25 @@ FAMILIES = (
 )
 
 
-def build_corpus(seed: int = 0, heavy: bool = False) -> list[Case]:
+GROUPS.update(
+    base=FAMILIES, numbers=(huge_numbers,), encoding=(bad_encoding,), multirank=(multi_rank,)
+)
+
+
+def build_corpus(
+    seed: int = 0, heavy: bool = False, groups: tuple[str, ...] = ("base",)
+) -> list[Case]:
     """The corpus for a seed (deterministic), in memory; `Case.write` puts one on disk.
 
     `heavy` adds the cases that take GiBs to inflate at the default limits (the bench).
+    `groups`: the classes of `GROUPS` to build (the tests' corpus is ``base``); each has
+    its own random stream, so a class's cases do not depend on the others built.
     """
-    corpus = Corpus(random.Random(seed), heavy=heavy)
-    for family in FAMILIES:
-        family(corpus)
-    return corpus.cases
+    cases: list[Case] = []
+    for group in groups:
+        rng = random.Random(seed if group == "base" else f"{seed}/{group}")
+        corpus = Corpus(rng, heavy=heavy, group=group, start=GROUP_START[group])
+        for family in GROUPS[group]:
+            family(corpus)
+        cases += corpus.cases
+    return cases
