@@ -158,74 +158,42 @@ class Corpus:
 #: Case name -> why it fails today (a strict xfail); empty: every known Kineto gap is fixed.
 KNOWN_KINETO_BUGS: dict[str, str] = {}
 
-_UTF8_GAPS = (
-    (
-        ("k-op-name-", "k-kernel-name-", "k-nccl-name-", "k-launch-name-", "k-op-category-",
-         "k-step-name-"),
-        "issue 47: UnicodeDecodeError from the piece decoder (kineto_events._parse_array)",
-    ),
-    (
-        ("k-nccl-input-type-", "k-nccl-process-group-", "k-thread-name-"),
-        "issue 47: orjson.JSONDecodeError from kineto_events (_Columns.add, _args)",
-    ),
-    (("k-backend-",), "issue 47: a header not UTF-8 refused as invalid JSON, not read"),
-    (
-        ("pj-", "tl-"),
-        "issue 47: files.parse_json refuses bytes not UTF-8 as invalid JSON, not read",
-    ),
-)  # fmt: skip
 _BEYOND_INT64 = "issue 47: an id, size or rank beyond int64 accepted, not refused"
 _DIGITS_5000 = "issue 47: traceback on an integer of 5000 digits"
 _OVERFLOW = "issue 47: OverflowError converting to int64"
 _NUMBER_GAPS: dict[str, str] = {
-    **{
-        f"k-{field}-{value}": _BEYOND_INT64
-        for field in (
-            "op-record-function-id",
-            "nccl-external-id",
-            "kernel-correlation",
-            "memcpy-correlation",
-            "launch-correlation",
-            "rank",
-        )
-        for value in ("2p63", "1e30", "neg-2p63")
-    },  # fmt: skip
-    "k-nccl-in-msg-nelems-neg-2p63": _BEYOND_INT64,
-    "k-world-size-2p63": _BEYOND_INT64,
-    "pj-iteration-number-2p63": _BEYOND_INT64,
-    "k-nccl-in-msg-nelems-2p63": _OVERFLOW,
+    "k-kernel-correlation-1e30": _BEYOND_INT64,
+    "k-kernel-correlation-2p63": _BEYOND_INT64,
+    "k-kernel-correlation-neg-2p63": _BEYOND_INT64,
+    "k-launch-correlation-1e30": _BEYOND_INT64,
+    "k-launch-correlation-2p63": _BEYOND_INT64,
+    "k-launch-correlation-neg-2p63": _BEYOND_INT64,
+    "k-memcpy-bytes-5000-digits": _DIGITS_5000,
+    "k-memcpy-correlation-1e30": _BEYOND_INT64,
+    "k-memcpy-correlation-2p63": _BEYOND_INT64,
+    "k-memcpy-correlation-neg-2p63": _BEYOND_INT64,
+    "k-nccl-external-id-1e30": _BEYOND_INT64,
+    "k-nccl-external-id-2p63": _BEYOND_INT64,
+    "k-nccl-external-id-neg-2p63": _BEYOND_INT64,
+    "k-nccl-group-size-5000-digits": _DIGITS_5000,
     "k-nccl-in-msg-nelems-1e30": _OVERFLOW,
-    "pj-iteration-number-1e30": _OVERFLOW,
-    "pj-iteration-number-neg-2p63": _OVERFLOW,
-    "k-nccl-input-dims-1e400": _DIGITS_5000.replace("an integer of 5000 digits", "1e400"),
-    **{
-        f"{field}-5000-digits": _DIGITS_5000
-        for field in (
-            "k-step-external-id",
-            "k-nccl-external-id",
-            "k-nccl-in-msg-nelems",
-            "k-nccl-group-size",
-            "k-memcpy-bytes",
-            "k-nccl-input-dims",
-            "k-step-number",
-            "pj-origin-ns",
-            "pj-iteration-number",
-            "pj-iteration-start",
-            "pj-iteration-duration",
-            "pj-op-start",
-            "pj-op-duration",
-            "pj-nbytes",
-        )
-    },  # fmt: skip
+    "k-nccl-in-msg-nelems-neg-2p63": _BEYOND_INT64,
+    "k-op-record-function-id-1e30": _BEYOND_INT64,
+    "k-op-record-function-id-2p63": _BEYOND_INT64,
+    "k-op-record-function-id-neg-2p63": _BEYOND_INT64,
+    "k-rank-1e30": _BEYOND_INT64,
+    "k-rank-2p63": _BEYOND_INT64,
+    "k-rank-neg-2p63": _BEYOND_INT64,
+    "k-step-external-id-5000-digits": _DIGITS_5000,
+    "k-world-size-2p63": _BEYOND_INT64,
 }
-"""The numbers and encoding classes' gaps found by the fuzz run of issue 47 (`planner
-inspect`; the fixes lie in the readers): strict xfails in tests/test_corpus_classes.py."""
+"""The numbers class's gaps left after issue 47's fixes (`planner inspect`; the fixes lie
+in the Kineto readers' id columns): strict xfails in tests/test_corpus_classes.py. The
+encoding class has none left: every name that is not UTF-8 is read escaped."""
 
 
 def known_gap(name: str, group: str) -> str | None:
     """Why case `name` (unnumbered) of class `group` fails today, or None."""
-    if group == "encoding":
-        return next((why for starts, why in _UTF8_GAPS if name.startswith(starts)), None)
     if group == "numbers":
         return _NUMBER_GAPS.get(name)
     return KNOWN_KINETO_BUGS.get(name)

@@ -19,7 +19,7 @@ from typing import Any
 
 from planner.errors import InputError
 from planner.ingest import sniffers
-from planner.ingest.files import check_path, parse_json, read_bytes, read_head
+from planner.ingest.files import check_path, escaped_note, parse_json_escaped, read_bytes, read_head
 from planner.model.trace import Job
 
 TRACE_SUFFIXES = (".pb", ".pbtxt", ".json", ".gz")
@@ -33,6 +33,7 @@ class Sniffed:
     format: str
     data: bytes
     document: Any = None
+    escaped: int = 0  # bytes of a JSON text that were not UTF-8, read escaped
 
 
 def sniff(path: Path) -> Sniffed:
@@ -68,8 +69,8 @@ def sniff(path: Path) -> Sniffed:
 def _sniff_json(path: Path, known: str | None) -> Sniffed:
     """Read and parse a JSON file; its format is `known` or decided from its keys."""
     data = read_bytes(path)
-    document = parse_json(path, data)
-    return Sniffed(path, known or _json_format(document), data, document)
+    document, escaped = parse_json_escaped(path, data)
+    return Sniffed(path, known or _json_format(document), data, document, escaped)
 
 
 def _is_text(data: bytes) -> bool:
@@ -157,6 +158,8 @@ def load(paths: Iterable[str | Path], progress: Progress | None = None) -> Job:
                 raise InputError(path, "JSON is not a trace this planner reads")
             notes.append(f"skipped {path}: not a trace")
             continue
+        if item.escaped:
+            notes.append(f"{path}: {escaped_note(item.escaped)}")
         sniffed.append(item)
     by_format: dict[str, list[Sniffed]] = {}
     for item in sniffed:

@@ -296,23 +296,32 @@ def escaped_note(count: int) -> str:
     )
 
 
-def parse_json(path: Path, data: bytes) -> Any:
-    """`data` as JSON; one InputError for invalid, non-UTF-8 or too deeply nested text.
+def parse_json_escaped(path: Path, data: bytes) -> tuple[Any, int]:
+    """(`data` as JSON, how many of its bytes were not UTF-8 and were read escaped by
+    `escape_invalid_utf8`); one InputError for invalid or too deeply nested text, or a
+    number too long to read.
 
     A ``\\uDxxx`` escape that is not half of a pair would give a string no output can
     encode: refused here, naming it (the walk runs only when such an escape is present).
     """
+    count = 0
     try:
-        document = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        try:
+            document = json.loads(data)
+        except UnicodeDecodeError:
+            data, count = escape_invalid_utf8(data)
+            document = json.loads(data)
+    except json.JSONDecodeError as exc:
         raise InputError(path, f"invalid JSON ({exc})") from None
     except RecursionError:
         raise InputError(path, "JSON nested too deeply (more than about 1000 levels)") from None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise InputError(path, f"a number no trace holds ({exc})") from None
     if _SURROGATE_ESCAPE.search(data):
         lone = first_lone_surrogate(document)
         if lone is not None:
             raise InputError(path, f"a string holds a lone surrogate, not Unicode text: {lone!a}")
-    return document
+    return document, count
 
 
 def first_lone_surrogate(document: Any) -> str | None:

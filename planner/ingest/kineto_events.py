@@ -206,7 +206,7 @@ def _column_problem(
     for code, name in enumerate(names):
         if name.startswith("ProfilerStep#"):
             found = _STEP.match(name)
-            if found is None or int(found.group(1)) >= _MAX_STEP:
+            if found is None or len(found.group(1)) > 19 or int(found.group(1)) >= _MAX_STEP:
                 row = int(np.argmax(name_code == code))
                 return f"{event(row)} is no step marker (ProfilerStep#<integer below 2**62>)"
             step_of_name[code] = int(found.group(1))

@@ -118,7 +118,7 @@ class _Columns:
                     if type(key[0]) in _UNHASHABLE or type(key[1]) in _UNHASHABLE:
                         raise _Irregular
                     if key not in self.meta_names:
-                        meta = _json.loads(bytes(e.args)) or {}
+                        meta = self.loads(bytes(e.args)) or {}
                         if meta.__class__ is not dict:
                             raise _Irregular
                         self.meta_names[key] = str(meta.get("name", ""))
@@ -145,7 +145,7 @@ class _Columns:
             pair_code = [pairs.setdefault(k, len(pairs)) for k in keys]
             for new in range(known, len(pairs)):  # a new (pid, tid): its lane, maybe new
                 first = pair_code.index(new)
-                self._new_lane(keys[first], row0 + first, _args(raw_args[first]))
+                self._new_lane(keys[first], row0 + first, self.loads(bytes(raw_args[first])) or {})
             self.corr.frombytes(np.array(corr, dtype=np.int64).tobytes())
             self.rf.frombytes(np.array(rf, dtype=np.int64).tobytes())
         except (TypeError, OverflowError):  # unhashable or out-of-range values
@@ -168,7 +168,7 @@ class _Columns:
             np.array(self.ccl_name)[name_code] & np.array(self.gpu_cat)[cat_code]
         )
         for i in np.flatnonzero(keep).tolist():
-            self.args[row0 + i] = _args(raw_args[i])
+            self.args[row0 + i] = self.loads(bytes(raw_args[i])) or {}
         # numpy converts a block of Python numbers at once, array.extend one by one
         self.name_code.frombytes(name_code.tobytes())
         self.cat_code.frombytes(cat_code.tobytes())
@@ -184,6 +184,23 @@ class _Columns:
             code = self.lane_keys[key] = len(self.lane_first)
             self.lane_first.append((row, pid, tid, args))
         self.pair_lane.append(code)
+
+    def loads(self, raw: bytes) -> Any:
+        """JSON text of the stream (an event's args, the header): bytes that are not UTF-8
+        read escaped and counted (`files.escape_invalid_utf8`); any other fault leaves the
+        file to the whole-document reader, which words it (`_Irregular`)."""
+        try:
+            return _json.loads(raw)
+        except _JSONError:
+            data, count = _files.escape_invalid_utf8(raw)
+            if not count:
+                raise _Irregular from None
+        try:
+            found = _json.loads(data)
+        except _JSONError:
+            raise _Irregular from None
+        self.escaped += count
+        return found
 
     def finish(self, path: Path, doc: dict[str, Any]) -> RankEvents:
         """The RankEvents of the collected columns, `doc` holding the top-level keys."""
@@ -228,11 +245,6 @@ class _Columns:
 def _chunks(path: Path) -> Iterator[bytes]:
     """The decompressed content in pieces of STREAM_CHUNK bytes (InputError past the limit)."""
     return _files.iter_content(path, STREAM_CHUNK)
-
-
-def _args(raw: msgspec.Raw) -> dict[str, Any]:
-    """An event's args (its ``args`` JSON text, checked an object or null by `_IDS`)."""
-    return _json.loads(bytes(raw)) or {}
 
 
 def _parse_array(body: bytes, cols: _Columns) -> list[_Event] | None:
@@ -328,8 +340,8 @@ def _stream_columns(path: Path, cols: _Columns) -> dict[str, Any]:
         if close < 0:
             break
         try:
-            doc = _json.loads(header + b"[]" + pending[close + 1 :])
-        except _JSONError:
+            doc = cols.loads(header + b"[]" + pending[close + 1 :])
+        except _Irregular:
             continue
         events = _parse_array(pending[:close], cols) if pending[:close].strip() else []
         if isinstance(doc, dict) and events is not None:

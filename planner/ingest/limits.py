@@ -80,6 +80,29 @@ def check_input_dims(path: Path, args: Mapping[int, Any], names: list[str], code
         if problem:
             name = names[int(codes[row])] if 0 <= row < len(codes) else "?"
             raise InputError(path, f"'Input Dims' of a {name[:80]} event {problem}")
+    check_message_sizes(path, args, names, codes)
+
+
+MESSAGE_SIZES = ("In msg nelems", "Out msg nelems")
+"""A collective's element counts (the record_param_comms args its bytes come from)."""
+
+
+def check_message_sizes(path: Path, args: Mapping[int, Any], names: list[str], codes: Any) -> None:
+    """Refuse a kept event whose element count describes a message over `MAX_NBYTES`
+    (a size no real transfer has: past int64 it cannot even be held)."""
+    for row, event_args in args.items():
+        if not isinstance(event_args, dict):
+            continue
+        for key in MESSAGE_SIZES:
+            value = event_args.get(key)
+            if (
+                isinstance(value, int)
+                and not isinstance(value, bool)
+                and (value < 0 or value * 8 > MAX_NBYTES)
+            ):
+                name = names[int(codes[row])] if 0 <= row < len(codes) else "?"
+                problem = f"'{key}' of a {name[:80]} event is {str(value)[:40]}, out of range"
+                raise InputError(path, f"{problem} [0, {MAX_NBYTES // 8}]")
 
 
 def check_world(path: Path, rank: Any, world_size: Any) -> None:

@@ -221,6 +221,9 @@ def _iterations(
     for j, it in enumerate(_need(entry.get("iterations", []), list, f"{where}.iterations", path)):
         _need(it, dict, f"{where}.iterations[{j}]", path)
         number = _need(it.get("iteration"), int, f"{where}.iterations[{j}].iteration", path)
+        if not -(1 << 62) < number < 1 << 62:  # a step number; past int64 no table holds it
+            problem = f"{where}.iterations[{j}].iteration is out of range (-2**62, 2**62)"
+            raise InputError(path, f"{problem} ({str(number)[:40]})")
         if number in seen_iterations:
             raise InputError(path, f"rank {rank}: iteration {number} appears twice")
         seen_iterations.add(number)

@@ -190,7 +190,7 @@ def split_ranks(paths: Sequence[Path]) -> tuple[list[list[Path]] | None, list[st
     return ranks, notes
 
 
-_HEAD_RANK = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
+_HEAD_RANK = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d{1,18})\b')
 
 
 def _windows(kineto: Sequence[Path]) -> list[list[Path]] | None:
