@@ -163,14 +163,11 @@ _DIGITS_5000 = "issue 47: traceback on an integer of 5000 digits"
 _OVERFLOW = "issue 47: OverflowError converting to int64"
 _NUMBER_GAPS: dict[str, str] = {
     "k-kernel-correlation-1e30": _BEYOND_INT64,
-    "k-kernel-correlation-2p63": _BEYOND_INT64,
     "k-kernel-correlation-neg-2p63": _BEYOND_INT64,
     "k-launch-correlation-1e30": _BEYOND_INT64,
-    "k-launch-correlation-2p63": _BEYOND_INT64,
     "k-launch-correlation-neg-2p63": _BEYOND_INT64,
     "k-memcpy-bytes-5000-digits": _DIGITS_5000,
     "k-memcpy-correlation-1e30": _BEYOND_INT64,
-    "k-memcpy-correlation-2p63": _BEYOND_INT64,
     "k-memcpy-correlation-neg-2p63": _BEYOND_INT64,
     "k-nccl-external-id-1e30": _BEYOND_INT64,
     "k-nccl-external-id-2p63": _BEYOND_INT64,
@@ -179,7 +176,6 @@ _NUMBER_GAPS: dict[str, str] = {
     "k-nccl-in-msg-nelems-1e30": _OVERFLOW,
     "k-nccl-in-msg-nelems-neg-2p63": _BEYOND_INT64,
     "k-op-record-function-id-1e30": _BEYOND_INT64,
-    "k-op-record-function-id-2p63": _BEYOND_INT64,
     "k-op-record-function-id-neg-2p63": _BEYOND_INT64,
     "k-rank-1e30": _BEYOND_INT64,
     "k-rank-2p63": _BEYOND_INT64,

@@ -181,6 +181,18 @@ def _check_fields(
             row = next(i for i, v in enumerate(values) if type(v) in _UNHASHABLE)
             problem = f"'{key}' is {_a(values[row])}, not a number"
             raise InputError(path, f"malformed {_event(x_index[row], names[row])}: {problem}")
+    for row, event_args in enumerate(args):
+        for key in ID_ARGS:
+            value = event_args.get(key)
+            if type(value) is int and not -_MAX_ID < value < _MAX_ID:
+                problem = f"'{key}' is {str(value)[:40]}, out of range (-2**62, 2**62)"
+                raise InputError(path, f"malformed {_event(x_index[row], names[row])}: {problem}")
+
+
+ID_ARGS = ("correlation", "External id", "Record function id", "Ev Idx")
+"""The integer args that join events (launch to kernel, op to its record): an id past
+int64 is no id a profiler writes."""
+_MAX_ID = 1 << 62
 
 
 def _lane_names(
