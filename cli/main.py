@@ -329,12 +329,14 @@ def analyze_command(
     --dask); the report is the same as in one process (above 16 ranks its timelines
     are those of the slowest, the fastest and the last-arriving rank: docs/parallel.md).
     """
-    from planner.export.files import check_set_target, write_set
+    from planner.export.files import check_set_target, holds_demo_results, write_set
     from planner.ingest import detect
     from planner.job import analysis, parallel, rank_analysis
     from planner.reporting.outputs import analysis_files
 
     if output is not None:
+        # the quick start (no PATH: the demo) replaces its own earlier output
+        force = force or (not paths and holds_demo_results(output, detect.demo_trace()))
         check_set_target(output, force)
     if reference_untraced_step_time is not None and bucket_reference is None:
         raise click.UsageError("--reference-untraced-step-time needs --bucket-reference")

@@ -292,6 +292,24 @@ def _holds_results(directory: Path) -> bool:
     return isinstance(schema, str) and schema.startswith("planner.report/")
 
 
+def holds_demo_results(target: str | Path, demo: Path) -> bool:
+    """Whether `target` holds an earlier `planner analyze` result set of the bundled demo
+    (every source of its report.json inside `demo`): the quick start replaces its own
+    output without --force, so that it can be run again (issue #46)."""
+    marker = Path(target) / RESULT_MARKER
+    try:
+        if not marker.is_file() or marker.stat().st_size > 1 << 28:
+            return False
+        document = json.loads(marker.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return False
+    sources = ((document.get("inspect") or {}) if isinstance(document, dict) else {}).get("sources")
+    root = str(demo.resolve())
+    return bool(sources) and all(
+        isinstance(s, str) and str(Path(s).resolve().parent) == root for s in sources
+    )
+
+
 def check_set_target(target: str | Path, force: bool) -> Path:
     """`target` as a place for a set of files (`write_set`): InputError when it is not.
 
