@@ -250,8 +250,14 @@ class SimulationResult:
 class Report:
     """Everything `planner analyze -o OUT` computes and writes (`planner.report/1`)."""
 
-    document: dict[str, Any]
-    files: tuple[Path, ...]
+    document: dict[str, Any] = field(repr=False)
+    files: tuple[Path, ...] = field(repr=False)
+
+    def __repr__(self) -> str:
+        """The verdict and where the files are, not the whole document."""
+        verdict = (self.document.get("verdict") or {}).get("text", "")
+        folder = self.files[0].parent if self.files else None
+        return f"Report(verdict={verdict!r}, files={len(self.files)} in {str(folder)!r})"
 
     def to_dict(self) -> dict[str, Any]:
         """The `planner.report/1` document (report.json)."""
@@ -340,15 +346,19 @@ def simulate(
     return SimulationResult(sim.simulation(job, chosen, samples=samples, seed=seed, **knobs))
 
 
-def report(job: Job, out: str | Path, *, samples: int = 100, seed: int = 0) -> Report:
+def report(
+    job: Job, out: str | Path, *, samples: int = 100, seed: int = 0, force: bool = False
+) -> Report:
     """Analyse the job and write what `planner analyze -o OUT` writes into folder `out`:
-    report.json, report.html, the plans' priority files, Caramel's files, timeline.json."""
-    from planner.export.files import write_atomic
+    report.json, report.html, the plans' priority files, Caramel's files where the
+    verdict recommends them, timeline.json. As the CLI: written as one set, all or none;
+    a folder of earlier results is replaced only with `force` (InputError otherwise)."""
+    from planner.export.files import check_set_target, write_set
     from planner.job import analysis
     from planner.reporting.outputs import analysis_files
 
+    target = check_set_target(out, force)
     document = analysis.analyze(job, samples=samples, seed=seed)
-    files = analysis_files(document, job.graphs, Path(out))
-    for path, text in files.items():
-        write_atomic(path, text)
+    files = analysis_files(document, job.graphs, target)
+    write_set(target, {path.name: text for path, text in files.items()}, force=force)
     return Report(document, tuple(files))

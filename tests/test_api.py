@@ -83,6 +83,11 @@ def test_report_writes_what_analyze_writes(tmp_path: Path, capsys) -> None:
         p.name for p in (tmp_path / "cli").iterdir()
     )
     validate(json.loads((tmp_path / "api" / "report.json").read_text()))
+    # the CLI's rule: earlier results are replaced only with force; a short repr
+    with pytest.raises(planner.InputError, match="pass --force"):
+        planner.report(job, tmp_path / "api", samples=5)
+    again = planner.report(job, tmp_path / "api", samples=5, force=True)
+    assert repr(again).startswith("Report(verdict='Keep what you have") and len(repr(again)) < 400
 
 
 def test_bad_input_raises_one_line_input_error(tmp_path: Path) -> None:

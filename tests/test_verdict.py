@@ -38,13 +38,13 @@ def test_every_output_says_the_same_verdict(
         assert figure in body, f"{figure} is in no table of the HTML report"
 
 
-def test_the_demo_verdict_names_why_it_keeps_the_observed_order() -> None:
+def test_the_demo_verdict_names_why_it_keeps_the_observed_order(tmp_path: Path) -> None:
     """The bundled demo: the CLI's plan table credits TIC with a gain in the comparison
     and a loss replayed as enforced; the verdict is to keep, citing the replayed loss,
     not a figure no table shows."""
     import planner
 
-    document = planner.report(planner.load([DEMO]), Path("/tmp") / "planner-verdict-demo")
+    document = planner.report(planner.load([DEMO]), tmp_path / "out")
     found = document.to_dict()["verdict"]
     assert found["action"] == "keep"
     assert "costs more than it gains" in found["text"]
