@@ -152,12 +152,17 @@ def test_valid_look_alikes_are_accepted_alike(tmp_path: Path, gz: bool) -> None:
     assert job2.trace.timings.equals(job.trace.timings)
 
 
-def test_ids_out_of_range_are_no_ids(tmp_path: Path) -> None:
+def test_a_float_id_is_no_id_and_an_integer_past_int64_is_refused(tmp_path: Path) -> None:
+    """A float where an id belongs joins nothing (no id); an integer id past int64 is no
+    id a profiler writes: refused in one line naming the event (issue #47)."""
     doc = _doc()
     doc["traceEvents"][6]["args"]["correlation"] = 1e300
-    doc["traceEvents"][2]["args"]["correlation"] = 2**63 + 5
     path = _write(tmp_path, doc, gz=False)
     assert read_rank(path).corr.tolist() == [-1, -1, -1, -1, -1]
+    doc["traceEvents"][2]["args"]["correlation"] = 2**63 + 5
+    path = _write(tmp_path, doc, gz=False)
+    with pytest.raises(InputError, match=r"'correlation' is 9223372036854775813, out of range"):
+        read_rank(path)
 
 
 def _crash_doc() -> Doc:
