@@ -75,6 +75,21 @@ def find_runs(folder: Path) -> list[Path]:
     return runs
 
 
+def runs_beside_traces(folder: Path) -> list[Path]:
+    """The runs in the subfolders of a folder that also holds trace files itself (read as
+    one run, its files alone would be analysed and its runs silently left out)."""
+    try:
+        if not folder.is_dir() or not _holds_traces(folder):
+            return []
+        subfolders = sorted(p for p in folder.iterdir() if p.is_dir())
+    except OSError:
+        return []
+    runs: list[Path] = []
+    for sub in subfolders:
+        runs.extend([sub] if _holds_traces(sub) else find_runs(sub))
+    return runs
+
+
 def runs_of(paths: Iterable[str | Path]) -> list[Path] | None:
     """The runs named by `paths` when they are one folder of runs, else None."""
     expanded = expand_globs(paths)
@@ -96,6 +111,14 @@ def resolve(paths: Iterable[str | Path]) -> list[Path]:
                 path,
                 f"a folder of {len(runs)} runs ({names}); give one of them, or --each "
                 "to analyse every run",
+            )
+        runs = runs_beside_traces(path)
+        if runs:
+            names = ", ".join(str(r.relative_to(path)) for r in runs)
+            raise InputError(
+                path,
+                f"holds trace files beside {len(runs)} run folders ({names}); give one "
+                "run folder, or the trace files themselves",
             )
     return expanded
 

@@ -45,6 +45,9 @@ def sniff(path: Path) -> Sniffed:
     head = read_head(path)
     if not head.strip():
         raise InputError(path, "file is empty")
+    kind = other_kind(head)
+    if kind is not None:
+        raise InputError(path, f"{kind}, not a trace this planner reads")
     first = head.lstrip()[:1]
     if first in (b"{", b"["):
         if sniffers.is_tf_profiler(head):
@@ -64,6 +67,33 @@ def sniff(path: Path) -> Sniffed:
     if tf_runmetadata.looks_like_run_metadata(data) and "graph" not in path.stem.lower():
         return Sniffed(path, "run_metadata", data)
     return Sniffed(path, "graphdef", data)
+
+
+MAGIC = (
+    (b"\x89PNG\r\n\x1a\n", "a PNG image"),
+    (b"\xff\xd8\xff", "a JPEG image"),
+    (b"GIF8", "a GIF image"),
+    (b"%PDF-", "a PDF document"),
+    (b"PK\x03\x04", "a ZIP archive (unpack it and give the trace inside)"),
+    (b"\xfd7zXZ\x00", "an xz archive"),
+    (b"BZh", "a bzip2 archive"),
+    (b"\x7fELF", "an executable (ELF)"),
+)
+"""Leading bytes of common files that are no trace, and what to call them."""
+
+
+def other_kind(head: bytes) -> str | None:
+    """What a file that is no trace is, from its first bytes (a PNG renamed .json must not
+    be reported as a broken GraphDef), or None."""
+    for magic, kind in MAGIC:
+        if head.startswith(magic):
+            return kind
+    if head[:5] == b"ustar" or head[257:262] == b"ustar":
+        return "a tar archive (unpack it and give the trace inside)"
+    text = head.lstrip()[:64].lower()
+    if text.startswith((b"<!doctype html", b"<html")):
+        return "an HTML page"
+    return None
 
 
 def _sniff_json(path: Path, known: str | None) -> Sniffed:
