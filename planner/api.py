@@ -104,22 +104,19 @@ def resolve(paths: Iterable[str | Path]) -> list[Path]:
     the runs and asks for one (or, in the CLI, `--each`)."""
     expanded = expand_globs(paths)
     for path in expanded:
-        runs = find_runs(path)
+        runs, beside = find_runs(path), False
+        if not runs:
+            runs, beside = runs_beside_traces(path), True
         if runs:
             names = ", ".join(str(r.relative_to(path)) for r in runs)
-            raise InputError(
-                path,
-                f"a folder of {len(runs)} runs ({names}); give one of them, or --each "
-                "to analyse every run",
-            )
-        runs = runs_beside_traces(path)
-        if runs:
-            names = ", ".join(str(r.relative_to(path)) for r in runs)
-            raise InputError(
-                path,
-                f"holds trace files beside {len(runs)} run folders ({names}); give one "
-                "run folder, or the trace files themselves",
-            )
+            what, ask = (
+                (f"holds trace files beside {len(runs)} run folders", "give one run folder, "
+                 "or the trace files themselves")
+                if beside
+                else (f"a folder of {len(runs)} runs", "give one of them, or --each to "
+                      "analyse every run")
+            )  # fmt: skip
+            raise InputError(path, f"{what} ({names}); {ask}")
     return expanded
 
 

@@ -48,3 +48,27 @@ def test_the_demo_verdict_names_why_it_keeps_the_observed_order(tmp_path: Path) 
     found = document.to_dict()["verdict"]
     assert found["action"] == "keep"
     assert "costs more than it gains" in found["text"]
+
+
+def test_caramel_files_are_written_only_where_the_verdict_recommends_them(
+    tmp_path: Path,
+) -> None:
+    """Issue #44 point 3: on the DDP run the verdict keeps DDP's order, so Caramel's
+    bucket plan and control deps stay in report.json, not written as a plan to apply;
+    the same report with a verdict that recommends Caramel writes them."""
+    from planner.ingest import detect
+    from planner.job import analysis
+    from planner.reporting.outputs import analysis_files
+
+    job = detect.load([RESNET_IN_REPO])
+    report = analysis.analyze(job, samples=5)
+    assert report["verdict"]["action"] != "apply_plan"
+    assert set(report["exports"]) == {"bucket_plan", "control_deps"}
+    names = {p.name for p in analysis_files(report, job.graphs, tmp_path / "keep")}
+    assert "bucket_plan.json" not in names and "control_deps.json" not in names
+    assert "priorities_caramel.json" in names
+    pick = {**report["verdict"]["ranks"][0], "apply": True, "plan": "caramel"}
+    recommended = {**report, "verdict": {**report["verdict"], "action": "apply_plan",
+                                         "ranks": [pick]}}  # fmt: skip
+    names = {p.name for p in analysis_files(recommended, job.graphs, tmp_path / "apply")}
+    assert {"bucket_plan.json", "control_deps.json"} <= names

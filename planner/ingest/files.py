@@ -17,7 +17,6 @@ Each refusal is one `InputError` line naming the limit and the variable that rai
 
 from __future__ import annotations
 
-import codecs
 import gzip
 import io
 import json
@@ -273,19 +272,19 @@ def escape_invalid_utf8(data: bytes) -> tuple[bytes, int]:
     ``\\\\xNN`` (which reads back as the four characters ``\\xNN``), and how many
     there were: a name a profiler wrote in Latin-1 is read, shown escaped and noted,
     where decoding it would fail. `data` itself when it is valid UTF-8."""
-    count = 0
-
-    def escape(error: UnicodeDecodeError) -> tuple[str, int]:
-        nonlocal count
-        count += 1
-        return f"\\\\x{error.object[error.start]:02x}", error.start + 1
-
     try:
         data.decode("utf-8")
     except UnicodeDecodeError:
-        codecs.register_error("planner.escape_utf8", escape)
-        return data.decode("utf-8", "planner.escape_utf8").encode("utf-8"), count
+        text, count = _STRAY_BYTE.subn(
+            lambda m: f"\\\\x{ord(m.group()) - 0xDC00:02x}",
+            data.decode("utf-8", "surrogateescape"),
+        )
+        return text.encode("utf-8"), count
     return data, 0
+
+
+_STRAY_BYTE = re.compile("[\udc80-\udcff]")
+"""A byte `surrogateescape` could not decode (U+DC80..U+DCFF stand for bytes 0x80..0xFF)."""
 
 
 def escaped_note(count: int) -> str:
