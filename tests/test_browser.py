@@ -39,10 +39,10 @@ def test_report_renders_in_chromium(
     assert page.title == "planner report"
     assert {"advice", "summary", "steps", "efficiency", "timeline", "files"} <= set(page.sections)
     assert page.sections[0] == "advice"  # the headline comes first
-    # TF PS worker: the comparison credits TIC/TAC with ~10%, the replay of the traced
-    # steps with +0.00%: nothing to apply, and the page says why. DDP, 2 buckets: no
-    # order changes the step; never the random baseline as "best"
-    assert "already as good as any plan" in page.headline, page.headline
+    # TF PS worker: the comparison credits TIC with ~10%, the replay of the traced steps
+    # as enforced with a loss: nothing to apply, and the page says why. DDP, 2 buckets:
+    # no order changes the step; never the random baseline as "best"
+    assert "Keep what you have" in page.headline, page.headline
     assert "because" in page.headline and "baseline" not in page.headline
     if trace == "demo":
         assert "replayed on the traced steps" in page.headline, page.headline
