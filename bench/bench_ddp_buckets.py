@@ -22,7 +22,7 @@
    cost against the same cap untraced). With `--reference-cap` (100 MB by default: one
    bucket, whose all-reduce runs after the backward pass) a second configuration is
    traced the same way, each round: the reference trace.
-3. `planner.job.analysis.bucket_sweep` on that trace predicts the step time of every cap,
+3. `planner.job.stages.bucket_sweep` on that trace predicts the step time of every cap,
    told the traced cap's untraced step time, as a user reads it from the training log
    (`planner analyze --untraced-step-time`): the profiler's own cost is taken out of the
    traced steps; with the reference trace (and its untraced step time) the backward
@@ -266,7 +266,7 @@ def main() -> int:
     args = parser.parse_args()
     from planner.ingest import netbench
     from planner.ingest.kineto import load_kineto
-    from planner.job import analysis
+    from planner.job import stages
     from planner.planning import buckets
 
     shape = {"width": args.width, "layers": args.layers, "batch": args.batch}
@@ -299,7 +299,7 @@ def main() -> int:
     measured = {name[k]: statistics.median(v) for k, v in times.items() if k in name}
     traced = f"{args.trace_cap:g}"
     reference = f"{args.reference_cap:g}" if args.reference_cap else None
-    sweep = analysis.bucket_sweep(
+    sweep = stages.bucket_sweep(
         jobs[0], network, untraced_step_time=measured[traced],
         reference=jobs[1] if reference else None,
         reference_untraced_step_time=measured[reference] if reference else None,

@@ -35,7 +35,7 @@ from bench_ranks import build  # noqa: E402
 CHILD = r"""
 import collections, json, statistics, sys, tempfile, time
 from pathlib import Path
-from planner.job import analysis, pipeline, rank_analysis, rank_store, summaries
+from planner.job import pipeline, rank_analysis, rank_store, stages, summaries
 from planner.planning import buckets
 from planner.job.summaries import load_one_rank, summary_of
 from planner.job.rank_replay import ready_summary, releases, simulation_of
@@ -51,11 +51,11 @@ store = tempfile.mkdtemp()
 for f in files:
     paths = [str(f)]
     job = timed("read the trace", load_one_rank, paths)
-    oracle = timed("oracle", analysis.oracles, job)
+    oracle = timed("oracle", stages.oracles, job)
     summary = timed("metrics, bounds, plan terms", summary_of, job, paths, True, oracle)
     timed("ready times (step models)", ready_summary, job, paths, summary)
-    timed("inspection and order", lambda: (analysis.inspect(job, oracle),
-                                           analysis.observed_orders(job)))
+    timed("inspection and order", lambda: (stages.inspect(job, oracle),
+                                           stages.observed_orders(job)))
     timed("bucket profile", buckets.rank_profile, job, job.ranks[0])
     timed("keep the rank", rank_store.save, store, paths, job)
 folded = summaries.Folded()

@@ -4,6 +4,7 @@ trace set, then compare another run (a later commit, another checkout) with the 
     python bench/compare_outputs.py dump  DIR [--checkout CO]   # before a change
     python bench/compare_outputs.py check DIR [--checkout CO]   # after it: the diffs, exit 1
     python bench/compare_outputs.py check DIR --only dlrm        # the sets whose name holds it
+    python bench/compare_outputs.py check DIR --commands metrics,analyze   # these commands only
 
 The checkout's own `planner/` and `cli/` are run (whole processes, through a folder of two
 symlinks on PYTHONPATH, with this interpreter), so two checkouts compare directly: absolute
@@ -262,11 +263,12 @@ def run(co: Checkout, args: list[str], cwd: Path) -> tuple[int | str, bytes, byt
         return process.returncode, out, err
 
 
-def outputs(co: Checkout, paths: list[Path]) -> dict[str, bytes]:
+def outputs(co: Checkout, paths: list[Path], commands: list[str]) -> dict[str, bytes]:
     """Command -> its normalised output: the command line, exit status, stdout, stderr
     and, for analyze, the files written (report.json in full, the rest by hash)."""
     found: dict[str, bytes] = {}
-    for command, options in COMMANDS.items():
+    for command in commands:
+        options = COMMANDS[command]
         with tempfile.TemporaryDirectory(prefix="compare_outputs.set.") as tmp:
             work = Path(tmp)
             names = co.placeholders(work)
@@ -319,7 +321,14 @@ def main() -> None:
     parser.add_argument("--checkout", type=Path, default=ROOT, help="Run this checkout's CLI.")
     parser.add_argument("--only", default="", help="Only the sets whose name holds this.")
     parser.add_argument("--jobs", type=int, default=2, help="Sets run at the same time.")
+    parser.add_argument(
+        "--commands", default=",".join(COMMANDS), help="Only these (comma-separated) outputs."
+    )
     args = parser.parse_args()
+    commands = [c for c in args.commands.split(",") if c]
+    unknown = sorted(set(commands) - set(COMMANDS))
+    if unknown:
+        sys.exit(f"--commands: unknown {', '.join(unknown)} (choose from {', '.join(COMMANDS)})")
     with contextlib.suppress(OSError):  # others share the machine
         os.nice(max(0, 10 - os.nice(0)))
     sets = {k: v for k, v in input_sets().items() if args.only in k}
@@ -332,7 +341,7 @@ def main() -> None:
 
     def one(item: tuple[str, list[Path]]) -> tuple[dict[str, bytes], float]:
         began = time.monotonic()
-        found = outputs(co, item[1])
+        found = outputs(co, item[1], commands)
         done[0] += 1
         took = time.monotonic() - began
         print(f"[{done[0]}/{len(sets)}] {took:6.1f} s  {item[0]}", file=sys.stderr, flush=True)
@@ -365,12 +374,15 @@ def main() -> None:
                 differ += 1
                 print(f"DIFFERS: {command} {name}\n{excerpt(before, data)}\n")
     if args.mode == "dump":
-        index.update(commands=list(COMMANDS), checkout=str(args.checkout.resolve()))
+        dumped = set(index.get("commands", [])) | set(commands)
+        index.update(
+            commands=[c for c in COMMANDS if c in dumped], checkout=str(args.checkout.resolve())
+        )
         index_path.write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
     else:
         gone = [v["name"] for v in index["sets"].values() if args.only in v["name"]]
         for name in sorted(set(gone) - set(sets)):
-            differ += len(index.get("commands", COMMANDS))
+            differ += len(commands)
             print(f"GONE (dumped, not listed now): {name}")
     total = sum(len(found) for found, _ in results.values())
     print(f"({time.monotonic() - start:.0f} s, checkout {args.checkout})", file=sys.stderr)

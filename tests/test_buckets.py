@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from planner.ingest import netbench
 from planner.ingest.kineto import load_kineto
-from planner.job import analysis
+from planner.job import stages
 from planner.model.oracle import NetworkModel
 from planner.planning import buckets
 
@@ -121,7 +121,7 @@ def test_contention_is_calibrated_on_the_traced_steps():
     """gloo and the backward pass share the cores: without contention the traced cap-4
     buckets replay 5% fast against the network benchmark; kappa calibrated on the traced
     steps closes that, and no step is off by more than 6%."""
-    sweep = analysis.bucket_sweep(_job("4"), NETWORK)
+    sweep = stages.bucket_sweep(_job("4"), NETWORK)
     assert sweep["uncalibrated_replay_error"] < -0.03
     assert sweep["kappa"] > 1.2 and sweep["kappa_source"] == "calibrated on the traced steps"
     assert abs(sweep["replay_error"]) < 0.01 and sweep["replay_error_worst"] < 0.06
@@ -142,7 +142,7 @@ def test_bucket_advice_predicts_the_untraced_runs():
 
 def test_one_transfer_size_and_no_benchmark_says_why():
     """Every traced bucket has one size: no fit, so no predictions; the report says so."""
-    sweep = analysis.bucket_sweep(_job("4"))
+    sweep = stages.bucket_sweep(_job("4"))
     assert sweep["caps"] == [] and sweep["recommended_cap_mb"] is None
     assert "--network" in sweep["reason"]
 
@@ -381,9 +381,9 @@ def test_the_reference_trace_separates_the_two_factors_and_predicts_every_cap(
     from tests.conftest import run_cli
 
     (cap1, cap100), measured, network = reference_run
-    sweep = analysis.bucket_sweep(cap1, network, measured["1.0"], cap100, measured["100.0"])
+    sweep = stages.bucket_sweep(cap1, network, measured["1.0"], cap100, measured["100.0"])
     assert (sweep["kappa_backward"], sweep["kappa"]) == (2.35, 1.5)
-    assert analysis.bucket_sweep(cap1, network, measured["1.0"])["kappa"] == 1.7
+    assert stages.bucket_sweep(cap1, network, measured["1.0"])["kappa"] == 1.7
     caps = [row["bucket_cap_mb"] for row in sweep["caps"]]
     predicted = [row["predicted_step_time"] for row in sweep["caps"]]
     errors = {c: t / measured[str(float(c))] - 1 for c, t in zip(caps, predicted, strict=True)}

@@ -604,7 +604,7 @@ def test_report_text_is_json_dumps_joined_in_pieces(monkeypatch: pytest.MonkeyPa
 def test_a_large_job_carries_timelines_of_a_bounded_set(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Above `analysis.TIMELINE_RANKS` the report keeps every rank's rows and only the
+    """Above `stages.TIMELINE_RANKS` the report keeps every rank's rows and only the
     schedules of the slowest, the fastest and the most often last-arriving rank, per rank
     and in one process alike; the rest of the report does not change."""
     from planner.job import rank_analysis

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from planner.ingest import detect
-from planner.job import analysis
+from planner.job import analysis, stages
 from planner.job.verdict import with_verdict
 from planner.prediction import simulate as sim
 from planner.reporting import Thresholds, failures, junit_xml, markdown_summary, render_html
@@ -168,12 +168,12 @@ def test_ci_outputs_on_ps_metrics(demo_job) -> None:  # noqa: ANN001
 def test_a_report_of_many_ranks_plots_the_timeline_ranks_and_tables_every_rank(
     torch_report: dict[str, Any],
 ) -> None:
-    """Above `analysis.TIMELINE_RANKS` ranks the per-step plots draw the slowest, the
+    """Above `stages.TIMELINE_RANKS` ranks the per-step plots draw the slowest, the
     fastest and the most often last rank (a plot of 1,000 ranks is unreadable and took
     seconds); the tables still hold every rank's rows. The real 2-rank job's rows, copied to 20
     ranks whose mean makespans grow with the rank number."""
     metrics = torch_report["metrics"]
-    world = analysis.TIMELINE_RANKS + 4
+    world = stages.TIMELINE_RANKS + 4
 
     def copies(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out = []
@@ -189,7 +189,7 @@ def test_a_report_of_many_ranks_plots_the_timeline_ranks_and_tables_every_rank(
     allreduce = {**metrics["allreduce"], "steps": copies(metrics["allreduce"]["steps"])}
     many = {**metrics, "steps": copies(metrics["steps"]), "ranks": ranks, "allreduce": allreduce}
     sections = _sections(render_html({**torch_report, "metrics": many}, files=["report.json"]))
-    shown = analysis.timeline_ranks([f"rank{k}" for k in range(world)], many)
+    shown = stages.timeline_ranks([f"rank{k}" for k in range(world)], many)
     last = f"rank{world - 1}"
     assert {"rank0", last} <= shown and len(shown) <= 3
     for name in ("steps", "efficiency"):

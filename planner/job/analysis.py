@@ -1,4 +1,8 @@
-"""The end-to-end analyses the CLI offers, as functions returning JSON-ready dicts.
+"""A job's analyses end to end, one way: each rank through the stage functions
+(`planner.job.stages`, `planner.job.summaries.summary_of`), then the job level folds the
+ranks' results (`planner.job.pipeline`). A job loaded whole in this process runs its ranks
+here; `planner.job.parallel` maps the same rank stage over a pool or Dask, one rank's
+input per task, and folds the same way: one answer, byte for byte, whatever the mapper.
 
 Every document carries ``"schema": "planner.<kind>/<version>"``; times are seconds,
 sizes bytes. The CLI only renders these.
@@ -6,403 +10,47 @@ sizes bytes. The CLI only renders these.
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from planner.errors import InputError
-from planner.export import ddp_buckets
 from planner.export.caramel_files import bucket_plan_document, control_deps_document
-from planner.job.verdict import with_verdict
-from planner.measure.allreduce import allreduce_metrics
-from planner.measure.inspection import inspect, oracles  # noqa: F401 (the API of this module)
-from planner.measure.metrics import (
-    StepMetrics,
-    bounds,
-    collectives_alone,
-    device_ops,
-    queued_times,
-    rank_step_metrics,
-    speedup_bound,
-    summarize,
+from planner.job import pipeline, stages
+from planner.job.stages import (  # noqa: F401 (the stages the API and the CLI call by this name)
+    ALGORITHMS,
+    algorithms_for,
+    inspect,
+    oracles,
+    plan_document,
+    schedule,
 )
-from planner.model import records
-from planner.model.graph import OpGraph
+from planner.job.summaries import summary_of
+from planner.job.verdict import with_verdict
 from planner.model.oracle import NetworkModel, TimeOracle
-from planner.model.plan import Plan
-from planner.model.trace import Job, dedicated_columns, rank_meta, rank_partial_steps
-from planner.planning import buckets, caramel, tictac
+from planner.model.trace import Job
 from planner.version import __version__
 
-if TYPE_CHECKING:
-    import pandas as pd
 
-ALGORITHMS = ("tic", "tac", "caramel")
-
-TIMELINE_RANKS = 16
-"""Up to this many ranks a report carries every rank's schedules (`timelines`); above,
-only those of the slowest, the fastest and the most often last-arriving rank."""
-
-
-def _first_source(job: Job) -> str | None:
-    return job.sources[0] if job.sources else None
-
-
-def has_collectives(graph: OpGraph) -> bool:
-    return any(op.kind == "collective" for op in graph.ops.values())
-
-
-def algorithms_for(job: Job) -> list[str]:
-    """The schedulers that apply: TIC/TAC to PS workers, Caramel to all-reduce ranks."""
-    timed = bool(len(job.trace.timings))
-    found = []
-    if any(graph.recvs for graph in job.graphs.values()) or not timed:
-        found += ["tic", "tac"] if timed else ["tic"]
-    if timed and any(has_collectives(graph) for graph in job.graphs.values()):
-        found.append("caramel")
-    return found
-
-
-def _not_applicable(job: Job, algorithm: str, applicable: list[str]) -> str:
-    """Why `algorithm` does not apply to the job, and which scheduler does."""
-    timed = bool(len(job.trace.timings))
-    if algorithm == "caramel":
-        why = "Caramel plans all-reduce collectives; this input has none"
-        if not timed:
-            why = "Caramel needs timings; this input has none"
-    elif algorithm == "tac" and not timed:
-        why = "TAC needs timings; this input has none"
-    else:
-        why = f"{algorithm.upper()} orders parameter-server recvs; this input has none"
-    names = " or ".join(a.upper() if a != "caramel" else "Caramel" for a in applicable)
-    return f"{why}: use {names}" if applicable else f"{why}, and no scheduler applies"
-
-
-def schedule(
-    job: Job,
-    algorithm: str,
-    oracle: Mapping[str, TimeOracle] | None = None,
-    channels: int = 1,
-    network: NetworkModel | None = None,
-) -> dict[str, Plan]:
-    """One plan per rank: TIC (graph only), TAC or Caramel (need timings).
-
-    TIC and TAC use the min-of-runs oracle (TicTac §5); Caramel plans the ranks with
-    collectives, one order for the job (`caramel_job_plan`).
-    """
-    if algorithm not in ALGORITHMS:
-        raise InputError(None, f"unknown algorithm {algorithm!r} (choose from {ALGORITHMS})")
-    applicable = algorithms_for(job)
-    if algorithm not in applicable:
-        raise InputError(_first_source(job), _not_applicable(job, algorithm, applicable))
-    if algorithm == "tic":
-        return {rank: tictac.tic(graph, rank=rank) for rank, graph in job.graphs.items()}
-    if not len(job.trace.timings):
-        problem = f"{algorithm.upper()} needs timings; input has none"
-        raise InputError(_first_source(job), problem)
-    oracle = oracle or oracles(job)
-    if algorithm == "tac":
-        try:
-            return {
-                rank: tictac.tac(g, oracle[rank].times, rank=rank) for rank, g in job.graphs.items()
-            }
-        except ValueError as exc:  # op times no real trace holds (e.g. years): bad input
-            raise InputError(_first_source(job), f"cannot plan with TAC: {exc}") from None
-    ranks = sorted(rank for rank, g in job.graphs.items() if has_collectives(g))
-    if not ranks:
-        problem = "Caramel plans all-reduce collectives; input has none"
-        raise InputError(_first_source(job), problem)
-    return caramel_job_plan(job, ranks, oracle, channels, network)
-
-
-def caramel_job_plan(
-    job: Job,
-    ranks: list[str],
-    oracle: Mapping[str, TimeOracle],
-    channels: int = 1,
-    benchmark: NetworkModel | None = None,
-) -> dict[str, Plan]:
-    """One Caramel plan for all ranks of a job.
-
-    Collectives must be issued in the same order on every rank (gloo and NCCL match
-    them by order), so the plan is made once, on the first rank's DAG, with each op's
-    time the largest over the ranks (a collective starts when its slowest rank is
-    ready) and the network model fitted to the collectives of every rank
-    (`caramel_reference_plan`); every rank gets it (`caramel_rank_plans`).
-    """
-    reference = job.graphs[ranks[0]]
-    times = {
-        name: max(oracle[r].times.get(name, 0.0) for r in ranks if name in job.graphs[r].ops)
-        for name in reference.ops
-    }
-    timings = job.trace.timings[job.trace.timings["rank"].isin(ranks)]
-    plan = caramel_reference_plan(reference, ranks[0], times, timings, channels, benchmark)
-    ops_of = {rank: job.graphs[rank].ops for rank in ranks}
-    return caramel_rank_plans(plan, ops_of, _first_source(job))
-
-
-def caramel_reference_plan(
-    reference: OpGraph,
-    rank: str,
-    times: Mapping[str, float],
-    timings: pd.DataFrame,
-    channels: int = 1,
-    benchmark: NetworkModel | None = None,
-) -> Plan:
-    """Caramel's plan on the reference rank's DAG with the job's op `times` (largest over
-    the ranks) and the network model fitted to `timings` (``op``, ``duration``, ``wait``
-    rows of every rank's transfers). A fit that does not hold (`caramel.network_problem`)
-    gives way to `benchmark` when given, else the plan batches nothing;
-    ``inputs["network_note"]`` says which and why.
-    """
-    network = caramel.trace_network_model(reference, timings)
-    problem = caramel.network_problem(network)
-    source = "trace"
-    if problem is not None and benchmark is not None:
-        network, source = benchmark, "benchmark"
-        note = f"the trace's network fit is not used: {problem}; using the benchmark model"
-    elif problem is not None:
-        note = f"planned without batching: {problem}; give a benchmark model (--network)"
-    else:
-        note = None
-    plan = caramel.caramel(
-        reference, times, network, rank=rank, channels=channels,
-        batching_on=problem is None or source == "benchmark",
-    )  # fmt: skip
-    # a GPU op cannot be held back by the hook that applies the plan, and the reference
-    # rank's (``gpu0/...``) are no other rank's: its edges to GPU ops are the DAG's
-    # (a collective enqueued after the kernels before it), already there at run time
-    host = tuple(
-        (u, v)
-        for u, v in plan.control_edges
-        if not (
-            reference.ops[u].resource.startswith("gpu")
-            or reference.ops[v].resource.startswith("gpu")
-        )
-    )
-    return replace(
-        plan,
-        control_edges=host,
-        inputs={**plan.inputs, "network_source": source, "network_note": note},
-    )
-
-
-def caramel_rank_plans(
-    plan: Plan,
-    ops_of: Mapping[str, Collection[str]],
-    source: str | None,
-    holds: Callable[[str], bool] | None = None,
-) -> dict[str, Plan]:
-    """The reference rank's Caramel `plan` for every rank of `ops_of` (rank -> its op
-    names, or its transfers' where `holds` is given); InputError naming `source` when a
-    rank lacks one of the planned collectives. The control edges are `job_plan`'s:
-    kept where every rank holds both ends (`holds`, by default from `ops_of`)."""
-    if holds is None:
-        common = set.intersection(*(set(ops) for ops in ops_of.values())) if ops_of else set()
-        holds = common.__contains__
-    shared = job_plan(plan, holds)
-    plans = {}
-    for rank, ops in ops_of.items():
-        missing = set(plan.order) - set(ops)
-        if missing:
-            raise InputError(source, f"{rank} lacks collective {sorted(missing)[0]} of {plan.rank}")
-        plans[rank] = replace(shared, rank=rank)
-    return plans
-
-
-def job_plan(plan: Plan, holds: Callable[[str], bool]) -> Plan:
-    """The reference rank's Caramel `plan` as every rank runs it (still named for the
-    reference rank: each rank's copy is ``replace(..., rank=rank)``): its control edges
-    kept where every rank holds both ends (`holds`; an edge naming an op some rank lacks
-    would order nothing there, and its replay would refuse it),
-    ``inputs["control_edges_dropped"]`` counting the others, ``planned_on`` the
-    reference rank. The one rule of the joint path and the per-rank path."""
-    edges = tuple((u, v) for u, v in plan.control_edges if holds(u) and holds(v))
-    inputs = {**plan.inputs, "planned_on": plan.rank}
-    if len(edges) < len(plan.control_edges):
-        inputs["control_edges_dropped"] = len(plan.control_edges) - len(edges)
-    return replace(plan, control_edges=edges, inputs=inputs)
-
-
-def plan_document(
-    plans: Mapping[str, Plan], graphs: Mapping[str, OpGraph], meta: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """`planner.priorities/1`: per rank, every planned transfer with priority and order_index
-    (and, for a DDP job, the buckets it carries and the traced model: `ddp_buckets`)."""
-    material = {rank: plan_material(graphs[rank], rank, plans[rank].order, meta) for rank in plans}
-    return plans_document(plans, material)
-
-
-def plan_material(
-    graph: OpGraph, rank: str, names: Iterable[str], meta: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """What the priority document says of a rank's transfers `names` besides the plan: each
-    one's param, resource, bytes and DDP buckets, and the traced model (`ddp_buckets`).
-    Small, so that a rank's worker can send it instead of its graph (`planner.job.pipeline`)."""
-    params = list(((meta or {}).get("parameters") or {}).get(rank) or ())
-    ops = {}
-    for name in names:
-        op = graph.ops[name]
-        entry: dict[str, Any] = {"param": op.param, "resource": op.resource, "nbytes": op.nbytes}
-        buckets = ddp_buckets.bucket_entries(graph, [name], params)
-        if buckets is not None:
-            entry["buckets"] = buckets
-        ops[name] = entry
-    source = ((meta or {}).get("parameter_source") or {}).get(rank)
-    return {"ops": ops, "model": ddp_buckets.model_entry(graph, params, source)}
-
-
-def plans_document(
-    plans: Mapping[str, Plan], material: Mapping[str, Mapping[str, Any]]
-) -> dict[str, Any]:
-    """`planner.priorities/1` from the plans and each rank's `plan_material`."""
-    ranks = []
-    for rank in sorted(plans):
-        plan, known = plans[rank], material[rank]
-        index = plan.order_index()
-        transfers = []
-        for name in plan.order:
-            op = known["ops"][name]
-            entry: dict[str, Any] = {
-                "name": name,
-                "param": op["param"],
-                "resource": op["resource"],
-                "nbytes": op["nbytes"],
-                "priority": plan.priority[name],
-                "order_index": index[name],
-            }
-            if "buckets" in op:
-                entry["buckets"] = op["buckets"]
-            for prop, values in sorted(plan.properties.items()):
-                if name in values:
-                    value = float(values[name])
-                    entry[prop] = value if value != float("inf") else None
-            transfers.append(entry)
-        doc: dict[str, Any] = {
-            "rank": rank,
-            "algorithm": plan.algorithm,
-            "transfers": transfers,
-            "control_edges": [list(edge) for edge in plan.control_edges],
-            "inputs": dict(plan.inputs),
-        }
-        if known["model"] is not None:
-            doc["model"] = known["model"]
-        ranks.append(doc)
-    return {"schema": "planner.priorities/1", "ranks": ranks}
-
-
-def _step_dict(s: StepMetrics) -> dict[str, Any]:
-    return {
-        "rank": s.rank,
-        "iteration": s.iteration,
-        "makespan": s.makespan,
-        "idle": s.idle,
-        "busy_makespan": s.busy_makespan,
-        "umax": s.umax,
-        "lmin": s.lmin,
-        "efficiency": s.efficiency,
-        "speedup_bound": s.speedup_bound,
-    }
+def rank_view(job: Job, rank: str) -> Job:
+    """`job` seen by one of its ranks: its graph, the trace rows of it (the shared
+    table; each stage reads its rank's rows), the job's sources and meta."""
+    return Job(job.framework, {rank: job.graphs[rank]}, job.trace, job.sources, job.notes, job.meta)
 
 
 def metrics(job: Job, oracle: Mapping[str, TimeOracle] | None = None) -> dict[str, Any]:
-    """`planner.metrics/1`: per-step figures, per-rank summaries and the oracle bounds.
-
-    `oracle`: the job's `oracles`, when a caller has them already (computed once, handed on).
-    """
+    """`planner.metrics/1`: per-step figures, per-rank summaries and the oracle bounds;
+    each rank's summary (`summary_of`, as a pool's task makes it), folded by
+    `pipeline.job_metrics`. `oracle`: the job's `oracles`, when a caller has them already
+    (computed once, handed on)."""
     if not len(job.trace.timings):
-        raise InputError(_first_source(job), "metrics need timings; input has none")
-    # per-rank figures from what each rank saw (a collective's whole span), so that a
-    # rank reads the same alone (analyze-ranks) or in its job; waits are reported apart
-    resource, dedicated = dedicated_columns(job.trace, job.graphs, transfer_only=False)
+        source = job.sources[0] if job.sources else None
+        raise InputError(source, "metrics need timings; input has none")
     oracle = oracle or oracles(job)
-    table = job.trace.table
-    steps: list[dict[str, Any]] = []
-    ranks: list[dict[str, Any]] = []
-    notes: list[str] = []
-    for rank in job.ranks:
-        graph = job.graphs[rank]
-        rows = job.trace.rows_of(rank)
-        of_rank = {k: table[k][rows] for k in ("op", "iteration", "start", "duration")}
-        of_rank.update(resource=resource[rows], dedicated=dedicated[rows])
-        device = device_ops(graph)
-        per_step = rank_step_metrics(graph, rank, of_rank, device)
-        alone = collectives_alone(job, rank)
-        if alone:  # nothing crosses a network: no transfer to order
-            per_step = [replace(s, efficiency=None, speedup_bound=None) for s in per_step]
-        partial = rank_partial_steps(job.trace, rank, graph)
-        recorded = rank_meta(job, rank).get("queued")  # TF: per step and op, ns queued
-        queued = queued_times(recorded, of_rank) if recorded is not None else {}
-        for s in per_step:
-            entry = _step_dict(s)
-            if s.iteration in queued:
-                entry["queued"] = queued[s.iteration]
-            if s.iteration in partial:
-                entry["partial"] = records.note(rank, s.iteration, partial[s.iteration])
-                notes.append(entry["partial"])
-            steps.append(entry)
-        per_step = [s for s in per_step if s.iteration not in partial] or per_step
-        times = oracle[rank].times
-        if device is not None:
-            times = {n: t for n, t in times.items() if n in device}
-        umax, lmin = bounds(times, graph)
-        applies = bool(graph.transfers) and not alone
-        if alone:
-            notes.append(
-                f"{rank}: a one-rank job (distributedInfo.world_size 1): its collectives move "
-                "nothing over a network, so nothing to order: efficiency E and speedup bound "
-                "S do not apply (null), and --min-efficiency checks nothing"
-            )
-        elif not applies:
-            notes.append(
-                f"{rank}: no transfers, so nothing to order: efficiency E and speedup bound S "
-                "do not apply (null), and --min-efficiency checks nothing"
-            )
-        elif device is not None:
-            notes.append(
-                f"{rank}: GPU rank: Umax, Lmin, E and S count the device work (GPU streams "
-                "and collectives); the CPU ops that launch it are not counted twice"
-            )
-        ranks.append(
-            {
-                "rank": rank,
-                **summarize(per_step),
-                "oracle_umax": umax,
-                "oracle_lmin": lmin,
-                "oracle_speedup_bound": speedup_bound(umax, lmin) if applies else None,
-            }
-        )
-    document: dict[str, Any] = {
-        "schema": "planner.metrics/1",
-        "framework": job.framework,
-        "steps": steps,
-        "ranks": ranks,
-        "allreduce": None,
-        "notes": notes,
-    }
-    if any(op.kind == "collective" for g in job.graphs.values() for op in g.ops.values()):
-        document["allreduce"] = allreduce_metrics(job)
-    return document
-
-
-def observed_orders(job: Job) -> list[dict[str, Any]]:
-    """Per rank, the order in which the transfers started in its median-length step.
-
-    Shown beside the plans so a reader sees what the planner would change.
-    """
-    result = []
-    for rank, graph in sorted(job.graphs.items()):
-        spans = job.trace.spans[job.trace.spans["rank"] == rank]
-        if not len(spans):
-            continue
-        lengths = (spans["end"] - spans["start"]).to_numpy()
-        iteration = int(spans["iteration"].to_numpy()[lengths.argsort()[(len(lengths) - 1) // 2]])
-        rows = job.trace.of(rank, iteration)
-        rows = rows[[n in graph.ops and graph.ops[n].is_transfer for n in rows["op"]]]
-        order = rows.sort_values(["start", "op"], kind="stable")["op"].tolist()
-        result.append({"rank": rank, "iteration": iteration, "order": order})
-    return result
+    results = [
+        summary_of(rank_view(job, rank), job.sources, oracle={rank: oracle[rank]})
+        for rank in job.ranks
+    ]
+    return pipeline.job_metrics(results)
 
 
 def analyze(
@@ -429,19 +77,19 @@ def analyze(
     step = progress or (lambda _stage: None)
     timed = bool(len(job.trace.timings))
     step("time oracle")
-    oracle = oracles(job) if timed else None
+    oracle = stages.oracles(job) if timed else None
     plans = {}
-    for name in algorithms_for(job):
+    for name in stages.algorithms_for(job):
         step(f"planning {name}")
-        plans[name] = schedule(job, name, oracle, network=network)
+        plans[name] = stages.schedule(job, name, oracle, network=network)
     step("metrics")
     report: dict[str, Any] = {
         "schema": "planner.report/1",
         "planner_version": __version__,
-        "inspect": inspect(job, oracle),
-        "plans": {name: plan_document(p, job.graphs, job.meta) for name, p in plans.items()},
+        "inspect": stages.inspect(job, oracle),
+        "plans": {name: stages.plan_document(p, job.graphs, job.meta) for name, p in plans.items()},
         "metrics": metrics(job, oracle) if timed else None,
-        "observed_orders": observed_orders(job) if timed else [],
+        "observed_orders": stages.observed_orders(job) if timed else [],
         "simulation": None,
         "exports": {},
     }
@@ -452,147 +100,18 @@ def analyze(
         report["simulation"] = simulate.simulation(
             job, plans, samples=samples, seed=seed, timelines=True
         )
-        if report["metrics"] is not None and len(job.ranks) > TIMELINE_RANKS:
-            kept = timeline_ranks(job.ranks, report["metrics"])
+        if report["metrics"] is not None and len(job.ranks) > stages.TIMELINE_RANKS:
+            kept = stages.timeline_ranks(job.ranks, report["metrics"])
             timelines = report["simulation"]["timelines"]
             report["simulation"]["timelines"] = [s for s in timelines if s["rank"] in kept]
-    report["bucket_sweep"] = (
-        bucket_sweep(job, network, untraced_step_time, reference, reference_untraced_step_time)
-        if "caramel" in plans
-        else None
-    )
+    report["bucket_sweep"] = None
+    if "caramel" in plans:
+        report["bucket_sweep"] = stages.bucket_sweep(
+            job, network, untraced_step_time, reference, reference_untraced_step_time
+        )
     if "caramel" in plans:
         report["exports"]["control_deps"] = control_deps_document(plans["caramel"])
         bucket_plan = bucket_plan_document(plans["caramel"], job.graphs, job.meta)
-        add_predictions(bucket_plan, report["simulation"])
+        stages.add_predictions(bucket_plan, report["simulation"])
         report["exports"]["bucket_plan"] = bucket_plan
     return with_verdict(report)
-
-
-def timeline_ranks(ranks: Sequence[str], metrics: Mapping[str, Any]) -> set[str]:
-    """The ranks whose schedules a report carries: all up to `TIMELINE_RANKS`; above,
-    the slowest and the fastest (mean makespan, `metrics`: the job's
-    `planner.metrics/1`) and the one most often last to arrive at a step's collectives
-    (the straggler of `planner.model.waits`). Bounds the report of a job of 1,000+ ranks."""
-    if len(ranks) <= TIMELINE_RANKS:
-        return set(ranks)
-    makespan = {
-        e["rank"]: e["makespan_mean"]
-        for e in metrics["ranks"]
-        if e.get("makespan_mean") is not None
-    }
-    chosen = set()
-    if makespan:
-        chosen.add(max(makespan, key=lambda r: (makespan[r], r)))
-        chosen.add(min(makespan, key=lambda r: (makespan[r], r)))
-    last = Counter(
-        s["slowest_rank"]
-        for s in (metrics.get("allreduce") or {}).get("stragglers", [])
-        if s.get("slowest_rank") is not None
-    )
-    if last:
-        chosen.add(min(last, key=lambda r: (-last[r], r)))
-    return chosen or {ranks[0]}
-
-
-def bucket_sweep(
-    job: Job,
-    network: NetworkModel | None = None,
-    untraced_step_time: float | None = None,
-    reference: Job | None = None,
-    reference_untraced_step_time: float | None = None,
-) -> dict[str, Any] | None:
-    """DDP bucket advice (`planner.planning.buckets.sweep`) with the benchmark model when given,
-    else the trace's fit (a note says when that fit does not hold); with the job's step
-    time without the profiler, the profiler's cost taken out of the traced steps; with a
-    `reference` trace of the job at one bucket (and its untraced step time), the backward
-    pass's own contention factor measured from it (`buckets.backward_factor`)."""
-    ranks = sorted(r for r, g in job.graphs.items() if has_collectives(g))
-    if not ranks:
-        return None
-    fitted = caramel.trace_network_model(job.graphs[ranks[0]], job.trace.timings)
-    model = network or fitted
-    profile = buckets.profile(job)
-    if model is None:
-        return None if profile is None else no_network_sweep()
-    if profile is None:
-        return None
-    ref = reference_profile(reference)
-    return profile_sweep(profile, model, fitted, network, untraced_step_time, ref,
-                         reference_untraced_step_time)  # fmt: skip
-
-
-def reference_profile(reference: Job | None) -> buckets.Profile | None:
-    """The bucket profile of a reference trace (`buckets.backward_factor`); `InputError`
-    when it has no gradient-ready times."""
-    if reference is None:
-        return None
-    found = buckets.profile(reference)
-    if found is None:
-        raise InputError(None, "--bucket-reference: the trace has no gradient-ready times")
-    return found
-
-
-def profile_sweep(
-    profile: buckets.Profile,
-    model: NetworkModel,
-    fitted: NetworkModel | None,
-    network: NetworkModel | None,
-    untraced_step_time: float | None,
-    reference: buckets.Profile | None = None,
-    reference_untraced_step_time: float | None = None,
-) -> dict[str, Any]:
-    """`buckets.sweep_profile` with `model` and the notes on it (`sweep_notes`);
-    `InputError` when an untraced step time cannot be its traced configuration's or the
-    reference trace cannot be one."""
-    try:
-        document = buckets.sweep_profile(
-            profile, model, untraced_step_time=untraced_step_time, reference=reference,
-            reference_untraced_step_time=reference_untraced_step_time,
-        )  # fmt: skip
-    except buckets.BadReference as err:
-        raise InputError(None, f"--bucket-reference: {err}") from err
-    except ValueError as err:
-        raise InputError(None, f"--untraced-step-time: {err}") from err
-    return sweep_notes(document, fitted, network)
-
-
-def no_network_sweep() -> dict[str, Any]:
-    """The bucket advice of a job whose transfers cannot be fitted and no benchmark given."""
-    return {
-        "schema": "planner.bucket_sweep/1",
-        "caps": [],
-        "replay_error": None,
-        "recommended_cap_mb": None,
-        "reason": "no network model: the trace's transfers cannot be fitted (fewer than "
-        "2 sizes); give a benchmark model (--network) for bucket advice",
-    }
-
-
-def sweep_notes(
-    document: dict[str, Any], fitted: NetworkModel | None, network: NetworkModel | None
-) -> dict[str, Any]:
-    """A `buckets.sweep` `document` with the model it used (the benchmark `network` or
-    the trace's `fitted` one) and, when that fit does not hold, no recommendation."""
-    problem = caramel.network_problem(fitted) if network is None else None
-    document["network_source"] = "benchmark" if network is not None else "trace"
-    document["network_note"] = None
-    if problem:
-        document["network_note"] = (
-            f"the trace's network fit does not hold ({problem}): the predictions are "
-            "rough; give a benchmark model (--network)"
-        )
-        document["recommended_cap_mb"] = None
-        document["reason"] = "no recommendation without a network model that holds"
-    return document
-
-
-def add_predictions(bucket_plan: dict[str, Any], simulation: Mapping[str, Any] | None) -> None:
-    """Each rank's predicted iteration time of the Caramel plan, the simulator's (the
-    figure `planner simulate` prints), with the replay error of the observed order."""
-    by_rank = {r["rank"]: r for r in (simulation or {}).get("comparison", {}).get("ranks", [])}
-    for entry in bucket_plan["ranks"]:
-        rank = by_rank.get(entry["rank"], {})
-        planned = next((p for p in rank.get("plans", []) if p["plan"] == "caramel"), None)
-        entry["predicted_iteration_time"] = planned["predicted"] if planned else None
-        entry["replay_error"] = rank.get("replay_error_median")

@@ -44,12 +44,12 @@ def analyze_rank(paths: RankInput) -> dict[str, Any]:
     Errors are returned as ``{"error": [path, problem]}`` rather than raised, so they
     cross process and network boundaries intact.
     """
-    from planner.job import analysis
+    from planner.job import stages
     from planner.job.summaries import load_one_rank
 
     try:
         job = load_one_rank(paths)
-        document = analysis.metrics(job)
+        document = stages.rank_metrics(job)
     except InputError as exc:
         return {"error": [exc.path, exc.problem]}
     spans = job.trace.spans
@@ -239,7 +239,7 @@ def metrics_ranks(
     dask_address: str | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """`planner.metrics/1` of a job, one rank per task (`planner.job.pipeline`); the same
-    document, byte for byte, as `analysis.metrics` on the whole job in one process.
+    document, byte for byte, as `stages.metrics` on the whole job in one process.
 
     Arguments as `analyze_ranks`; returns (document, per-worker resource records).
     """
@@ -257,7 +257,7 @@ def schedule_ranks(
     network: NetworkModel | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The job's Caramel `planner.priorities/1`, one rank per task (`planner.job.pipeline`):
-    the same document, byte for byte, as `analysis.schedule` on the whole job.
+    the same document, byte for byte, as `stages.schedule` on the whole job.
 
     Each rank is read once; the parent folds the summaries into the job's op times and
     network rows, and one more task plans on the reference rank's DAG. Arguments as
@@ -298,7 +298,7 @@ def simulate_ranks(
     computes the waits, the peers' ready times and the Caramel plan.
     Returns (document, per-worker resource records of both passes).
     """
-    from planner.job import analysis, pipeline, rank_replay, summaries
+    from planner.job import pipeline, rank_replay, stages, summaries
 
     if plan not in ("all", "caramel", "baseline", "observed"):
         raise InputError(None, f"plan {plan!r}: one process plans it (TIC/TAC)")
@@ -329,7 +329,7 @@ def simulate_ranks(
         }
         plan_of = None
         if reference is not None:  # the plan every rank runs, as the joint path's
-            plan_of = analysis.job_plan(reference["plan"], folded.holds())
+            plan_of = stages.job_plan(reference["plan"], folded.holds())
         args = [
             (
                 waited.get(r["rank"], {}),

@@ -90,9 +90,14 @@ def job_metrics(results: Sequence[dict[str, Any]], waits: Waits | None = None) -
                 entry["oracle_speedup_bound"] = speedup_bound(umax, lmin)
         entries.append(entry)
     kinds = {r["document"]["allreduce"] is None for r in ranks}
-    if len(kinds) > 1:
-        problem = "some ranks have collectives and some none: give them to one process (-j 1)"
-        raise InputError(ranks[0]["sources"][0], problem)
+    if len(kinds) > 1:  # a rank of an all-reduce job that all-reduces nothing: a cut trace
+        lacking = next(r for r in ranks if r["document"]["allreduce"] is None)
+        having = next(r for r in ranks if r["document"]["allreduce"] is not None)
+        problem = (
+            f"{lacking['rank']} has no collectives while {having['rank']} has: "
+            "not the ranks of one all-reduce job (a trace cut before its collectives?)"
+        )
+        raise InputError(lacking["sources"][0], problem)
     return {
         "schema": "planner.metrics/1",
         "framework": ranks[0]["framework"],
@@ -291,7 +296,7 @@ def caramel_inputs(
     """(the summaries of the ranks Caramel plans, the inputs of `reference_plan`) of a job
     from its summaries (`rank_summary`, folded by `fold` into `fixed`: `Folded.times`).
 
-    As `analysis.caramel_job_plan` on the whole job: the ranks with collectives, the
+    As `stages.caramel_job_plan` on the whole job: the ranks with collectives, the
     first of them the reference, each op's time the largest over them (the waits for
     peers cut out), the network fitted to all their transfers' rows less the waits.
     InputError when no rank has collectives (Caramel does not apply). `waits`: the
@@ -339,11 +344,11 @@ def reference_plan(
     benchmark: Any = None,
 ) -> dict[str, Any]:
     """One task: the job's Caramel plan on the DAG of the reference rank at `paths`
-    (`analysis.caramel_reference_plan`), from the job-level inputs of `caramel_inputs`;
+    (`stages.caramel_reference_plan`), from the job-level inputs of `caramel_inputs`;
     ``{"plan": Plan, "network": the fit of the transfers' rows}`` or an error record."""
     import pandas as pd
 
-    from planner.job import analysis
+    from planner.job import stages
     from planner.planning import caramel
 
     try:
@@ -363,7 +368,7 @@ def reference_plan(
         }
     )
     own = {name: times[name] for name in graph.ops}
-    plan = analysis.caramel_reference_plan(graph, rank, own, frame, channels, benchmark)
+    plan = stages.caramel_reference_plan(graph, rank, own, frame, channels, benchmark)
     return {"rank": rank, "plan": plan, "network": caramel.trace_network_model(graph, frame)}
 
 
@@ -371,8 +376,8 @@ def job_priorities(planned: Sequence[dict[str, Any]], plan: Any, folded: Folded)
     """The job's `planner.priorities/1` for Caramel: the reference `plan` on every rank
     of `planned` (`caramel_inputs`), from their `plan_material`, its control edges kept
     where every rank holds both ends (`folded`)."""
-    from planner.job import analysis
+    from planner.job import stages
 
     ops_of = {r["rank"]: r["caramel"]["material"]["ops"] for r in planned}
-    plans = analysis.caramel_rank_plans(plan, ops_of, planned[0]["sources"][0], folded.holds())
-    return analysis.plans_document(plans, {r["rank"]: r["caramel"]["material"] for r in planned})
+    plans = stages.caramel_rank_plans(plan, ops_of, planned[0]["sources"][0], folded.holds())
+    return stages.plans_document(plans, {r["rank"]: r["caramel"]["material"] for r in planned})

@@ -9,7 +9,7 @@ collective spans, lanes). The parent joins the summaries: the waits and the metr
 (`pipeline.job_metrics`), the job's Caramel plan (one task on the reference rank), the
 transfers' oracle times less the waits for `inspect`, the bucket sweep on the joined
 profile. A second pass replays and compares each rank (`rank_replay.simulation_of`),
-with its bucket-plan entry and, for a bounded set of ranks (`analysis.timeline_ranks`), its
+with its bucket-plan entry and, for a bounded set of ranks (`stages.timeline_ranks`), its
 schedules for the report's timelines. The first pass keeps each loaded rank on disk as
 numpy columns (`rank_store`) and the second reads it from there, not from its trace: a
 worker that kept its ranks in memory across the barrier would hold all of them, and the
@@ -50,24 +50,24 @@ def analysis_summary(paths: Sequence[str], store: str | None = None) -> dict[str
     inspection entry, observed transfer order and bucket profile; its oracle computed
     once. An error record (``{"error": [path, problem]}``) for bad input. `store`: a
     folder where the loaded rank is kept for the second pass (`rank_store`)."""
-    from planner.job import analysis, rank_store
+    from planner.job import rank_store, stages
     from planner.job.rank_replay import ready_summary
     from planner.model.trace import rank_meta
     from planner.planning import buckets
 
     try:
         job = load_one_rank(paths)
-        oracle = analysis.oracles(job) if len(job.trace.timings) else {}
+        oracle = stages.oracles(job) if len(job.trace.timings) else {}
         summary = summary_of(job, paths, plans=True, oracle=oracle)
         summary = ready_summary(job, paths, summary)
     except InputError as exc:
         return {"error": [exc.path, exc.problem]}
     (rank,) = job.ranks
     graph = job.graphs[rank]
-    inspected = analysis.inspect(job, oracle)
+    inspected = stages.inspect(job, oracle)
     summary["inspect"] = inspected["ranks"][0]
     summary["notes"] = [n for n in inspected["notes"] if not n.startswith(ONE_RANK_NOTE)]
-    summary["observed_orders"] = analysis.observed_orders(job)
+    summary["observed_orders"] = stages.observed_orders(job)
     summary["recvs"] = bool(graph.recvs)
     summary["profile"] = buckets.rank_profile(job, rank)
     summary["gradient_ready"] = bool(rank_meta(job, rank).get("gradient_ready"))
@@ -149,7 +149,7 @@ def report_ranks(
     notes on skipped files (`parallel.split_ranks`); `untraced_step_time`: the job's
     step time without the profiler, for the bucket advice, as are `reference` (the job
     traced with one bucket) and its untraced step time."""
-    from planner.job import analysis, pipeline, summaries
+    from planner.job import pipeline, stages, summaries
     from planner.job.parallel import usage_of
 
     folded = summaries.Folded()
@@ -174,7 +174,7 @@ def report_ranks(
         if "error" in planned_reference:
             raise InputError(*planned_reference["error"])
         holds = folded.holds()  # the plan every rank runs, as the joint path's
-        plan = analysis.job_plan(planned_reference["plan"], holds)
+        plan = stages.job_plan(planned_reference["plan"], holds)
         options = {"samples": samples, "seed": seed, "sweep_knob": None, "sweep_values": [],
                    "knobs": {}}  # fmt: skip
         # the second pass runs while this process joins what needs the summaries
@@ -247,13 +247,13 @@ def _second_pass(
 ) -> Iterable[dict[str, Any]]:
     """The second pass's records (`rank_report`), sent to the workers at once: each rank
     with its waits, its peers' ready times, the job's plan and whether its schedules go
-    in the report (`analysis.timeline_ranks`)."""
-    from planner.job import analysis
+    in the report (`stages.timeline_ranks`)."""
+    from planner.job import stages
     from planner.job.rank_replay import releases
 
     _, waited, _ = waits
     ready = releases(ranks)
-    chosen = analysis.timeline_ranks([r["rank"] for r in ranks], metrics)
+    chosen = stages.timeline_ranks([r["rank"] for r in ranks], metrics)
     args = [
         (waited.get(r["rank"], {}), ready.get(r["rank"], {}), plan, options,
          r["rank"] in chosen, store)
@@ -276,13 +276,13 @@ def _joined(
     framework, the inspection, the observed orders, the bucket advice (`advice`: the
     benchmark network, the untraced step time, the reference trace and its untraced
     step time), the plan of every rank and its priority document."""
-    from planner.job import analysis, pipeline
+    from planner.job import pipeline, stages
 
     frame, waited, alignment = waits
     sources = pipeline.joint_sources(ranks)
     network, untraced_step_time, reference, reference_untraced_step_time = advice
     ops_of = {r["rank"]: r["caramel"]["material"]["ops"] for r in planned}
-    plans = analysis.caramel_rank_plans(
+    plans = stages.caramel_rank_plans(
         planned_reference["plan"], ops_of, planned[0]["sources"][0], holds
     )
     material = {r["rank"]: r["caramel"]["material"] for r in planned}
@@ -299,7 +299,7 @@ def _joined(
             (reference, reference_untraced_step_time),
         ),  # fmt: skip
         "plans": plans,
-        "priorities": analysis.plans_document(plans, material),
+        "priorities": stages.plans_document(plans, material),
     }
 
 
@@ -309,7 +309,7 @@ def _report(
     """(`planner.report/1`, the replayed ranks' records in rank order) from the second
     pass's records, the job's metrics and what was `_joined` of the summaries."""
     from planner.export.caramel_files import control_deps_document
-    from planner.job import analysis
+    from planner.job import stages
     from planner.job.rank_replay import job_simulation
     from planner.job.verdict import with_verdict
     from planner.version import __version__
@@ -330,7 +330,7 @@ def _report(
     report["bucket_sweep"] = joined["bucket_sweep"]
     report["exports"]["control_deps"] = control_deps_document(joined["plans"])
     bucket_plan = {"schema": "planner.bucket_plan/1", "ranks": [r["bucket_plan"] for r in done]}
-    analysis.add_predictions(bucket_plan, simulation)
+    stages.add_predictions(bucket_plan, simulation)
     report["exports"]["bucket_plan"] = bucket_plan
     return with_verdict(report), done
 
@@ -430,17 +430,17 @@ def _bucket_sweep(
     untraced_step_time: float | None,
     reference: tuple[Job | None, float | None] = (None, None),
 ) -> dict[str, Any] | None:
-    """`analysis.bucket_sweep` on the joined profile (`joined_profile`) with the
+    """`stages.bucket_sweep` on the joined profile (`joined_profile`) with the
     benchmark model when given, else the trace's fit of every rank's transfers; with
     the reference trace and its untraced step time (`buckets.backward_factor`)."""
-    from planner.job import analysis
+    from planner.job import stages
 
     profile = joined_profile(ranks)
     model = network or fitted
     if model is None:
-        return None if profile is None else analysis.no_network_sweep()
+        return None if profile is None else stages.no_network_sweep()
     if profile is None:
         return None
-    ref = analysis.reference_profile(reference[0])
-    return analysis.profile_sweep(profile, model, fitted, network, untraced_step_time, ref,
+    ref = stages.reference_profile(reference[0])
+    return stages.profile_sweep(profile, model, fitted, network, untraced_step_time, ref,
                                   reference[1])  # fmt: skip

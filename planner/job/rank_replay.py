@@ -126,7 +126,7 @@ def rank_simulation(
     """One task of the second pass: replay and compare one rank as
         `simulate.simulation` does on the whole job, with the job's `waits` for this rank,
         its peers' `ready` times (`releases`) and the job's Caramel `plan` as every rank runs
-    it (`analysis.job_plan`; None: no plan).
+    it (`stages.job_plan`; None: no plan).
         `options`: samples, seed, sweep_knob, sweep_values and the knobs. The rank comes
         from `store` when the first pass kept it there, else from `paths`."""
     from planner.job import rank_store

@@ -72,14 +72,14 @@ def summary_of(
 ) -> dict[str, Any]:
     """The summary of one rank's `job` (read from `paths`): its metrics, collectives, the
     terms of its oracle bounds and, with `plans` and collectives, of the job's Caramel
-    plan (else ``"caramel"`` is None). `oracle`: the rank's `analysis.oracles`, when the
+    plan (else ``"caramel"`` is None). `oracle`: the rank's `stages.oracles`, when the
     caller has it (computed once, handed on)."""
-    from planner.job import analysis
+    from planner.job import stages
     from planner.model.trace import rank_meta
 
     if oracle is None:
-        oracle = analysis.oracles(job) if len(job.trace.timings) else {}
-    document = analysis.metrics(job, oracle)
+        oracle = stages.oracles(job) if len(job.trace.timings) else {}
+    document = stages.rank_metrics(job, oracle)
     (rank,) = job.ranks
     graph = job.graphs[rank]
     collective = [n for n, op in graph.ops.items() if op.kind == "collective"]
@@ -199,7 +199,7 @@ def _caramel_terms(job: Job, rank: str, times: Mapping[str, float]) -> dict[str,
     into the job's maximum as they arrive, `fold`), the ops on those resources
     (their times wait for the waits, `_open_times`), its transfers' rows (the network
     fit) and the priority document's `plan_material` of its transfers."""
-    from planner.job import analysis
+    from planner.job import stages
 
     graph = job.graphs[rank]
     open_resources = {graph.ops[n].resource for n in graph.transfers}
@@ -212,7 +212,7 @@ def _caramel_terms(job: Job, rank: str, times: Mapping[str, float]) -> dict[str,
             if op.resource in open_resources
         ],
         "transfer_rows": rows,
-        "material": analysis.plan_material(graph, rank, graph.transfers, job.meta),
+        "material": stages.plan_material(graph, rank, graph.transfers, job.meta),
         "op_keys": op_keys(graph.ops),
     }
 
@@ -243,7 +243,7 @@ class Folded:
 
     def holds(self) -> Callable[[str], bool]:
         """Whether every rank with collectives holds an op, by name (as the joint path's
-        intersection of the ranks' op names, `analysis.caramel_rank_plans`)."""
+        intersection of the ranks' op names, `stages.caramel_rank_plans`)."""
         common = frozenset(self.common.tolist()) if self.common is not None else frozenset()
         return lambda name: _key(name) in common
 

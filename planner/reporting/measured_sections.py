@@ -86,12 +86,12 @@ def _plotted(
     report: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]
 ) -> tuple[list[Mapping[str, Any]], str]:
     """The per-step rows a plot draws, and what its caption adds: every rank's up to
-    `analysis.TIMELINE_RANKS` ranks; above, those of the ranks the timelines show (the
-    slowest, the fastest, the most often last: `analysis.timeline_ranks`), so that the
+    `stages.TIMELINE_RANKS` ranks; above, those of the ranks the timelines show (the
+    slowest, the fastest, the most often last: `stages.timeline_ranks`), so that the
     plot of a job of 1,000 ranks stays readable and costs what a small job's does. The
     tables (up to `MAX_ROWS` rows) and report.json hold every rank."""
     ranks = list(dict.fromkeys(r["rank"] for r in rows))
-    from planner.job.analysis import TIMELINE_RANKS, timeline_ranks
+    from planner.job.stages import TIMELINE_RANKS, timeline_ranks
 
     if len(ranks) <= TIMELINE_RANKS:
         return list(rows), ""
