@@ -310,11 +310,11 @@ def load(paths: str | Path | Iterable[str | Path], rank: str | None = None) -> J
 
 def select_rank(job: Job, rank: str) -> Job:
     """The job restricted to one rank; an unknown rank names the ones there are."""
-    from planner.model.trace import Job
+    from planner.job.analysis import rank_view
 
     if rank not in job.graphs:
         raise InputError(None, f"no rank {rank!r} in the input (ranks: {', '.join(job.ranks)})")
-    return Job(job.framework, {rank: job.graphs[rank]}, job.trace, job.sources, job.notes, job.meta)
+    return rank_view(job, rank)
 
 
 def inspect(job: Job) -> Inspection:

@@ -11,46 +11,109 @@ sizes bytes. The CLI only renders these.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from planner.errors import InputError
 from planner.export.caramel_files import bucket_plan_document, control_deps_document
-from planner.job import pipeline, stages
+from planner.job import pipeline, stages, summaries
 from planner.job.stages import (  # noqa: F401 (the stages the API and the CLI call by this name)
     ALGORITHMS,
     algorithms_for,
     inspect,
     oracles,
     plan_document,
-    schedule,
 )
-from planner.job.summaries import summary_of
 from planner.job.verdict import with_verdict
 from planner.model.oracle import NetworkModel, TimeOracle
+from planner.model.plan import Plan
 from planner.model.trace import Job
 from planner.version import __version__
 
 
 def rank_view(job: Job, rank: str) -> Job:
-    """`job` seen by one of its ranks: its graph, the trace rows of it (the shared
-    table; each stage reads its rank's rows), the job's sources and meta."""
-    return Job(job.framework, {rank: job.graphs[rank]}, job.trace, job.sources, job.notes, job.meta)
+    """`job` seen by one of its ranks, as a pool's task reads that rank alone: its graph,
+    its rows of the trace (`Trace.of_rank`), the job's sources, notes and meta. A job of
+    one rank is its own view."""
+    if list(job.graphs) == [rank]:
+        return job
+    trace = job.trace.of_rank(rank)
+    return Job(job.framework, {rank: job.graphs[rank]}, trace, job.sources, job.notes, job.meta)
 
 
-def metrics(job: Job, oracle: Mapping[str, TimeOracle] | None = None) -> dict[str, Any]:
-    """`planner.metrics/1`: per-step figures, per-rank summaries and the oracle bounds;
-    each rank's summary (`summary_of`, as a pool's task makes it), folded by
-    `pipeline.job_metrics`. `oracle`: the job's `oracles`, when a caller has them already
-    (computed once, handed on)."""
+@dataclass
+class RankResults:
+    """Every rank's summary (`summaries.summary_of`, what a pool's task returns), what the
+    job level folds of them (`summaries.fold`) and the waits for peers the load found
+    (`pipeline.loaded_waits`): the input of every job-level join."""
+
+    summaries: list[dict[str, Any]]
+    folded: summaries.Folded
+    waits: pipeline.Waits
+
+
+def rank_results(
+    job: Job, oracle: Mapping[str, TimeOracle] | None = None, plans: bool = False
+) -> RankResults:
+    """Each rank of `job` through the rank stage (`summary_of`, with the terms of the
+    job's Caramel plan when `plans`), in this process, folded as a pool's parent folds
+    them. `oracle`: the job's `oracles`, when a caller has them (computed once)."""
+    oracle = oracle or oracles(job)
+    folded = summaries.Folded()
+    fold = summaries.fold(folded)
+    found = [
+        fold(summaries.summary_of(rank_view(job, rank), job.sources, plans, {rank: oracle[rank]}))
+        for rank in job.ranks
+    ]
+    alignment = job.meta.get("clock_alignment")
+    return RankResults(found, folded, pipeline.loaded_waits(found, alignment))  # type: ignore[arg-type]
+
+
+def metrics(
+    job: Job, oracle: Mapping[str, TimeOracle] | None = None, ranks: RankResults | None = None
+) -> dict[str, Any]:
+    """`planner.metrics/1`: per-step figures, per-rank summaries and the oracle bounds,
+    joined from the ranks' summaries by `pipeline.job_metrics`. `oracle`: the job's
+    `oracles`, `ranks`: its `rank_results`, when a caller has them (computed once)."""
     if not len(job.trace.timings):
         source = job.sources[0] if job.sources else None
         raise InputError(source, "metrics need timings; input has none")
-    oracle = oracle or oracles(job)
-    results = [
-        summary_of(rank_view(job, rank), job.sources, oracle={rank: oracle[rank]})
-        for rank in job.ranks
-    ]
-    return pipeline.job_metrics(results)
+    ranks = ranks or rank_results(job, oracle)
+    return pipeline.job_metrics(ranks.summaries, ranks.waits)
+
+
+def schedule(
+    job: Job,
+    algorithm: str,
+    oracle: Mapping[str, TimeOracle] | None = None,
+    channels: int = 1,
+    network: NetworkModel | None = None,
+    ranks: RankResults | None = None,
+) -> dict[str, Plan]:
+    """One plan per rank: TIC (graph only) or TAC per rank (`stages.ps_plans`), or
+    Caramel's one plan for the job (`caramel_plans`). `network`: a benchmark model for
+    Caramel where the trace's fit does not hold."""
+    stages.check_applies(job, algorithm)
+    if algorithm != "caramel":
+        return stages.ps_plans(job, algorithm, oracle)
+    return caramel_plans(job, ranks or rank_results(job, oracle, plans=True), channels, network)
+
+
+def caramel_plans(
+    job: Job, ranks: RankResults, channels: int = 1, network: NetworkModel | None = None
+) -> dict[str, Plan]:
+    """Caramel's one plan for the job, on every rank with collectives: the ranks' terms
+    joined (`pipeline.caramel_inputs`: each op's time the largest over the ranks, the
+    waits for peers cut out, the network fitted to every rank's transfers), planned on
+    the reference rank's DAG (`pipeline.plan_on`) and given to every rank with the
+    control edges every rank holds (`stages.caramel_rank_plans`): as a pool plans it."""
+    planned, inputs = pipeline.caramel_inputs(ranks.summaries, ranks.folded.times, ranks.waits)
+    reference = planned[0]["rank"]
+    found = pipeline.plan_on(job.graphs[reference], reference, **inputs, channels=channels,
+                             benchmark=network)  # fmt: skip
+    ops_of = {r["rank"]: job.graphs[r["rank"]].ops for r in planned}
+    source = job.sources[0] if job.sources else None
+    return stages.caramel_rank_plans(found["plan"], ops_of, source, ranks.folded.holds())
 
 
 def analyze(
@@ -77,18 +140,22 @@ def analyze(
     step = progress or (lambda _stage: None)
     timed = bool(len(job.trace.timings))
     step("time oracle")
-    oracle = stages.oracles(job) if timed else None
+    oracle = oracles(job) if timed else None
+    ranks = None
+    if timed:
+        step("ranks")
+        ranks = rank_results(job, oracle, plans="caramel" in stages.algorithms_for(job))
     plans = {}
     for name in stages.algorithms_for(job):
         step(f"planning {name}")
-        plans[name] = stages.schedule(job, name, oracle, network=network)
+        plans[name] = schedule(job, name, oracle, network=network, ranks=ranks)
     step("metrics")
     report: dict[str, Any] = {
         "schema": "planner.report/1",
         "planner_version": __version__,
         "inspect": stages.inspect(job, oracle),
         "plans": {name: stages.plan_document(p, job.graphs, job.meta) for name, p in plans.items()},
-        "metrics": metrics(job, oracle) if timed else None,
+        "metrics": metrics(job, oracle, ranks) if timed else None,
         "observed_orders": stages.observed_orders(job) if timed else [],
         "simulation": None,
         "exports": {},

@@ -60,9 +60,9 @@ def checked(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return ranks
 
 
-Waits = tuple[Any, dict[str, dict[tuple[int, str], int]], Any]
+Waits = tuple[Any, dict[str, dict[tuple[int, str], int]], dict[str, Any] | None]
 """What `job_waits` gives: (collective rows with their wait, rank -> (step, op) -> wait
-ns, the clock alignment)."""
+ns, the clock alignment as `ClockAlignment.to_dict`)."""
 
 
 def job_metrics(results: Sequence[dict[str, Any]], waits: Waits | None = None) -> dict[str, Any]:
@@ -111,20 +111,40 @@ def job_metrics(results: Sequence[dict[str, Any]], waits: Waits | None = None) -
 def job_waits(ranks: Sequence[dict[str, Any]]) -> Waits:
     """(collective rows of every rank with their ``wait``, rank -> (step, op) -> wait ns,
     the clock alignment): `waits.split_waits`, as the joint ingest computes them."""
-    import pandas as pd
-
     from planner.model import waits
+
+    frame = _collective_frame(ranks)
+    frame["wait"], alignment = waits.split_waits(frame)
+    return frame, _waited(frame), alignment.to_dict() if alignment is not None else None
+
+
+def loaded_waits(ranks: Sequence[dict[str, Any]], alignment: dict[str, Any] | None) -> Waits:
+    """`job_waits` as the load of a whole job found them (its ingest read every rank's
+    collectives together: each row's ``wait`` in the summaries, the job's `alignment`,
+    ``meta["clock_alignment"]``): not computed twice; and a rank selected from a loaded
+    job (``--rank``) keeps its waits for the peers it was read with."""
+    frame = _collective_frame(ranks)
+    return frame, _waited(frame), alignment
+
+
+def _collective_frame(ranks: Sequence[dict[str, Any]]) -> Any:
+    """Every rank's collective rows (``rank`` last), in rank and table order."""
+    import pandas as pd
 
     frame = pd.concat(
         [pd.DataFrame(r["collectives"]).assign(rank=r["rank"]) for r in ranks], ignore_index=True
     )
-    frame = frame.astype({"iteration": "int64", "start": "int64", "duration": "int64"})
-    frame["wait"], alignment = waits.split_waits(frame)
+    typed = {k: "int64" for k in ("iteration", "start", "duration", "wait") if k in frame}
+    return frame.astype(typed)
+
+
+def _waited(frame: Any) -> dict[str, dict[tuple[int, str], int]]:
+    """Rank -> (step, op) -> wait ns of `frame`'s collective rows."""
     waited: dict[str, dict[tuple[int, str], int]] = {}
     columns = (frame["rank"], frame["iteration"], frame["op"], frame["wait"])
     for rank, it, op, wait in zip(*columns, strict=True):
         waited.setdefault(rank, {})[(int(it), op)] = int(wait)
-    return frame, waited, alignment
+    return waited
 
 
 def check_same_job(ranks: Sequence[dict[str, Any]]) -> None:
@@ -283,7 +303,7 @@ def _allreduce(
         "transfers": transfers,
         "stragglers": straggler_list,
         "job": job_summary(len(ranks), steps, straggler_list),
-        "clock_alignment": alignment.to_dict() if alignment is not None else None,
+        "clock_alignment": alignment,
     }
 
 
@@ -296,9 +316,9 @@ def caramel_inputs(
     """(the summaries of the ranks Caramel plans, the inputs of `reference_plan`) of a job
     from its summaries (`rank_summary`, folded by `fold` into `fixed`: `Folded.times`).
 
-    As `stages.caramel_job_plan` on the whole job: the ranks with collectives, the
-    first of them the reference, each op's time the largest over them (the waits for
-    peers cut out), the network fitted to all their transfers' rows less the waits.
+    The ranks with collectives, the first of them the reference, each op's time the
+    largest over them (the waits for peers cut out), the network fitted to all their
+    transfers' rows less the waits.
     InputError when no rank has collectives (Caramel does not apply). `waits`: the
     ranks' `job_waits` when the caller has them; `opened`, when given, receives each
     planned rank's `_open_times` (for `inspect`, not computed twice).
@@ -344,19 +364,32 @@ def reference_plan(
     benchmark: Any = None,
 ) -> dict[str, Any]:
     """One task: the job's Caramel plan on the DAG of the reference rank at `paths`
-    (`stages.caramel_reference_plan`), from the job-level inputs of `caramel_inputs`;
-    ``{"plan": Plan, "network": the fit of the transfers' rows}`` or an error record."""
-    import pandas as pd
-
-    from planner.job import stages
-    from planner.planning import caramel
-
+    (`plan_on`), from the job-level inputs of `caramel_inputs`; ``{"plan": Plan,
+    "network": the fit of the transfers' rows}`` or an error record."""
     try:
         job = load_one_rank(paths)
     except InputError as exc:
         return {"error": [exc.path, exc.problem]}
     (rank,) = job.ranks
-    graph = job.graphs[rank]
+    return plan_on(job.graphs[rank], rank, times, rows, channels, benchmark)
+
+
+def plan_on(
+    graph: Any,
+    rank: str,
+    times: Mapping[str, float],
+    rows: Mapping[str, list[Any]],
+    channels: int = 1,
+    benchmark: Any = None,
+) -> dict[str, Any]:
+    """The job's Caramel plan on the reference rank's `graph`
+    (`stages.caramel_reference_plan`) from the inputs of `caramel_inputs`:
+    ``{"rank", "plan": Plan, "network": the fit of the transfers' rows}``."""
+    import pandas as pd
+
+    from planner.job import stages
+    from planner.planning import caramel
+
     frame = pd.DataFrame(
         {
             "rank": pd.array(rows["rank"], dtype="str"),

@@ -419,7 +419,7 @@ def _inspect(
         "sources": sources,
         "notes": [n for r in ranks for n in r["notes"]] + list(notes),
         "ranks": entries,
-        "clock_alignment": alignment.to_dict() if alignment is not None else None,
+        "clock_alignment": alignment,
     }
 
 

@@ -80,67 +80,32 @@ def _not_applicable(job: Job, algorithm: str, applicable: list[str]) -> str:
     return f"{why}: use {names}" if applicable else f"{why}, and no scheduler applies"
 
 
-def schedule(
-    job: Job,
-    algorithm: str,
-    oracle: Mapping[str, TimeOracle] | None = None,
-    channels: int = 1,
-    network: NetworkModel | None = None,
-) -> dict[str, Plan]:
-    """One plan per rank: TIC (graph only), TAC or Caramel (need timings).
-
-    TIC and TAC use the min-of-runs oracle (TicTac §5); Caramel plans the ranks with
-    collectives, one order for the job (`caramel_job_plan`).
-    """
+def check_applies(job: Job, algorithm: str) -> None:
+    """InputError unless `algorithm` plans this job: one of `ALGORITHMS` that applies
+    (`algorithms_for`), with the timings TAC and Caramel need."""
     if algorithm not in ALGORITHMS:
         raise InputError(None, f"unknown algorithm {algorithm!r} (choose from {ALGORITHMS})")
     applicable = algorithms_for(job)
     if algorithm not in applicable:
         raise InputError(_first_source(job), _not_applicable(job, algorithm, applicable))
-    if algorithm == "tic":
-        return {rank: tictac.tic(graph, rank=rank) for rank, graph in job.graphs.items()}
-    if not len(job.trace.timings):
+    if algorithm != "tic" and not len(job.trace.timings):
         problem = f"{algorithm.upper()} needs timings; input has none"
         raise InputError(_first_source(job), problem)
-    oracle = oracle or oracles(job)
-    if algorithm == "tac":
-        try:
-            return {
-                rank: tictac.tac(g, oracle[rank].times, rank=rank) for rank, g in job.graphs.items()
-            }
-        except ValueError as exc:  # op times no real trace holds (e.g. years): bad input
-            raise InputError(_first_source(job), f"cannot plan with TAC: {exc}") from None
-    ranks = sorted(rank for rank, g in job.graphs.items() if has_collectives(g))
-    if not ranks:
-        problem = "Caramel plans all-reduce collectives; input has none"
-        raise InputError(_first_source(job), problem)
-    return caramel_job_plan(job, ranks, oracle, channels, network)
 
 
-def caramel_job_plan(
-    job: Job,
-    ranks: list[str],
-    oracle: Mapping[str, TimeOracle],
-    channels: int = 1,
-    benchmark: NetworkModel | None = None,
+def ps_plans(
+    job: Job, algorithm: str, oracle: Mapping[str, TimeOracle] | None = None
 ) -> dict[str, Plan]:
-    """One Caramel plan for all ranks of a job.
-
-    Collectives must be issued in the same order on every rank (gloo and NCCL match
-    them by order), so the plan is made once, on the first rank's DAG, with each op's
-    time the largest over the ranks (a collective starts when its slowest rank is
-    ready) and the network model fitted to the collectives of every rank
-    (`caramel_reference_plan`); every rank gets it (`caramel_rank_plans`).
-    """
-    reference = job.graphs[ranks[0]]
-    times = {
-        name: max(oracle[r].times.get(name, 0.0) for r in ranks if name in job.graphs[r].ops)
-        for name in reference.ops
-    }
-    timings = job.trace.timings[job.trace.timings["rank"].isin(ranks)]
-    plan = caramel_reference_plan(reference, ranks[0], times, timings, channels, benchmark)
-    ops_of = {rank: job.graphs[rank].ops for rank in ranks}
-    return caramel_rank_plans(plan, ops_of, _first_source(job))
+    """One plan per rank of a parameter-server job: TIC (graph only) or TAC on the
+    min-of-runs oracle (TicTac §5); `check_applies` first."""
+    if algorithm == "tic":
+        return {rank: tictac.tic(graph, rank=rank) for rank, graph in job.graphs.items()}
+    oracle = oracle or oracles(job)
+    graphs = job.graphs.items()
+    try:
+        return {rank: tictac.tac(g, oracle[rank].times, rank=rank) for rank, g in graphs}
+    except ValueError as exc:  # op times no real trace holds (e.g. years): bad input
+        raise InputError(_first_source(job), f"cannot plan with TAC: {exc}") from None
 
 
 def caramel_reference_plan(
@@ -151,11 +116,13 @@ def caramel_reference_plan(
     channels: int = 1,
     benchmark: NetworkModel | None = None,
 ) -> Plan:
-    """Caramel's plan on the reference rank's DAG with the job's op `times` (largest over
-    the ranks) and the network model fitted to `timings` (``op``, ``duration``, ``wait``
-    rows of every rank's transfers). A fit that does not hold (`caramel.network_problem`)
-    gives way to `benchmark` when given, else the plan batches nothing;
-    ``inputs["network_note"]`` says which and why.
+    """Caramel's one plan for the job, made on the reference rank's DAG (gloo and NCCL
+    match collectives by their order, so every rank must issue them in the same order),
+    with the job's op `times` (each the largest over the ranks: a collective starts when
+    its slowest rank is ready) and the network model fitted to `timings` (``op``,
+    ``duration``, ``wait`` rows of every rank's transfers). A fit that does not hold
+    (`caramel.network_problem`) gives way to `benchmark` when given, else the plan
+    batches nothing; ``inputs["network_note"]`` says which and why.
     """
     network = caramel.trace_network_model(reference, timings)
     problem = caramel.network_problem(network)

@@ -83,14 +83,14 @@ def summary_of(
     (rank,) = job.ranks
     graph = job.graphs[rank]
     collective = [n for n, op in graph.ops.items() if op.kind == "collective"]
-    coll = _rows_of_ops(job, rank, collective)
+    coll = _rows_of_ops(job, rank, collective, with_wait=True)
     return {
         "rank": rank,
         "framework": job.framework,
         "inputs": [str(p) for p in paths],
         "sources": list(job.sources),
         "document": document,
-        "collectives": _columns(coll),
+        "collectives": coll,
         "bounds": _bound_terms(job, rank, oracle[rank].times),
         "caramel": _caramel_terms(job, rank, oracle[rank].times) if plans and collective else None,
         "job_signature": {
@@ -116,22 +116,18 @@ def _signature_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _columns(rows: Any) -> dict[str, list[Any]]:
-    """(iteration, op, start, duration) of timing rows as plain lists (cheap to pickle)."""
-    return {
-        "iteration": [int(v) for v in rows["iteration"]],
-        "op": [str(v) for v in rows["op"]],
-        "start": [int(v) for v in rows["start"]],
-        "duration": [int(v) for v in rows["duration"]],
-    }
-
-
 def _rows_of_ops(
-    job: Job, rank: str, ops: Collection[str], leave_out: Collection[int] = ()
+    job: Job,
+    rank: str,
+    ops: Collection[str],
+    leave_out: Collection[int] = (),
+    with_wait: bool = False,
 ) -> dict[str, list[Any]]:
-    """`_columns` of one rank's timing rows whose op is one of `ops` (and whose step is
-    not in `leave_out`), in table order. (speed) From the trace's numpy columns and op
-    codes (`Trace.op_codes`): no DataFrame filtered per call."""
+    """(iteration, op, start, duration) as plain lists (cheap to pickle) of one rank's
+    timing rows whose op is one of `ops` (and whose step is
+    not in `leave_out`), in table order; `with_wait`: with the ``wait`` the load found
+    (0 where it read the rank alone: `pipeline.loaded_waits`). (speed) From the trace's
+    numpy columns and op codes (`Trace.op_codes`): no DataFrame filtered per call."""
     import numpy as np
 
     table = job.trace.table
@@ -143,12 +139,15 @@ def _rows_of_ops(
     if leave_out:
         keep &= ~np.isin(table["iteration"][rows], list(leave_out))
     rows = rows[keep]
-    return {
+    found = {
         "iteration": table["iteration"][rows].tolist(),
         "op": [str(v) for v in table["op"][rows].tolist()],
         "start": table["start"][rows].tolist(),
         "duration": table["duration"][rows].tolist(),
     }
+    if with_wait:
+        found["wait"] = table["wait"][rows].tolist() if "wait" in table else [0] * len(rows)
+    return found
 
 
 def _bound_terms(job: Job, rank: str, times: Mapping[str, float]) -> dict[str, Any]:
@@ -194,7 +193,7 @@ def _bound_terms(job: Job, rank: str, times: Mapping[str, float]) -> dict[str, A
 
 
 def _caramel_terms(job: Job, rank: str, times: Mapping[str, float]) -> dict[str, Any]:
-    """What the job's Caramel plan needs of a rank with collectives (`caramel_job_plan`):
+    """What the job's Caramel plan needs of a rank with collectives (`analysis.caramel_plans`):
     the oracle times of the ops off its transfer resources ("fixed": final here, folded
     into the job's maximum as they arrive, `fold`), the ops on those resources
     (their times wait for the waits, `_open_times`), its transfers' rows (the network

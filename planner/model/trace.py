@@ -105,14 +105,25 @@ class Trace:
 
     @cached_property
     def _rank_rows(self) -> dict[str, np.ndarray]:
-        names, codes = self.codes_of("rank")
-        order = np.argsort(codes, kind="stable")
-        cuts = np.flatnonzero(np.diff(codes[order])) + 1
-        return dict(zip(names, np.split(order, cuts), strict=True)) if len(order) else {}
+        return _rows_by_value(*self.codes_of("rank"))
+
+    @cached_property
+    def _rank_spans(self) -> dict[str, np.ndarray]:
+        return _rows_by_value(*text_codes(self.span_table["rank"]))
 
     def rows_of(self, rank: str) -> np.ndarray:
         """The indices of one rank's rows in `table`, in table order."""
         return self._rank_rows.get(rank, np.zeros(0, dtype=np.int64))
+
+    def of_rank(self, rank: str) -> Trace:
+        """The trace of one rank alone: its rows of both tables, in table order (what
+        reading that rank's files alone gives, with the job's ``wait`` column)."""
+        rows = self.rows_of(rank)
+        spans = self._rank_spans.get(rank, np.zeros(0, dtype=np.int64))
+        return Trace(
+            table={k: v[rows] for k, v in self.table.items()},
+            span_table={k: v[spans] for k, v in self.span_table.items()},
+        )
 
     def of(self, rank: str, iteration: int | None = None) -> pd.DataFrame:
         """The timings of one rank (and one iteration)."""
@@ -120,6 +131,13 @@ class Trace:
         if iteration is not None:
             mask &= self.timings["iteration"] == iteration
         return self.timings.loc[mask]
+
+
+def _rows_by_value(names: list[str], codes: np.ndarray) -> dict[str, np.ndarray]:
+    """Value -> the indices of its rows, in table order (`text_codes`' output grouped)."""
+    order = np.argsort(codes, kind="stable")
+    cuts = np.flatnonzero(np.diff(codes[order])) + 1
+    return dict(zip(names, np.split(order, cuts), strict=True)) if len(order) else {}
 
 
 def text_codes(values: np.ndarray) -> tuple[list[str], np.ndarray]:
