@@ -157,7 +157,7 @@ def _bound_terms(job: Job, rank: str, times: Mapping[str, float]) -> dict[str, A
     (steps the oracle uses) and op order travel; every other resource's sum of oracle
     times is final here, taken in the order `metrics.bounds` adds them.
     """
-    from planner.measure.metrics import device_ops
+    from planner.measure.metrics import collectives_alone, device_ops
     from planner.model.trace import rank_partial_steps
 
     graph = job.graphs[rank]
@@ -188,7 +188,7 @@ def _bound_terms(job: Job, rank: str, times: Mapping[str, float]) -> dict[str, A
         "ops": ops,
         "rows": _rows_of_ops(job, rank, on_open, left_out),
         "transfers": [[n, int(graph.ops[n].nbytes)] for n in graph.transfers],
-        "applies": bool(graph.transfers),
+        "applies": bool(graph.transfers) and not collectives_alone(job, rank),
     }
 
 
