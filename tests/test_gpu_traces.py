@@ -213,6 +213,8 @@ def test_a_one_rank_jobs_collectives_are_nothing_to_order():
     doc = metrics(job)
     assert len(doc["steps"]) == 5
     assert all(s["efficiency"] is None and s["speedup_bound"] is None for s in doc["steps"])
+    # the oracle's bound too: the job level joins the rank's figures without reviving it
+    assert doc["ranks"][0]["oracle_speedup_bound"] is None
     assert all(0 < s["umax"] - s["lmin"] < 0.0002 for s in doc["steps"])
     assert doc["ranks"][0]["efficiency_mean"] is None
     assert doc["ranks"][0]["oracle_speedup_bound"] is None
