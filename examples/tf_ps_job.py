@@ -27,6 +27,8 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from planner.enforce.needs import missing
+
 SCRIPT = Path(__file__).resolve()
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
 # the generated cnn job: train op, loss and the global step's value (a training loop reads
@@ -145,6 +147,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--fetch", action="append", help=f"default: {' '.join(FETCHES)}")
     opts = parser.parse_args(args)
+    line = missing("tensorflow", "examples/tf_ps_job.py")
+    if line is not None:  # one line, not a traceback from the cluster's servers
+        print(f"error: {line}", file=sys.stderr)
+        sys.exit(2)
     with cluster() as target:
         for spec in opts.graph:
             label, _, path = spec.partition("=")

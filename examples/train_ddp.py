@@ -43,12 +43,18 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-from torch import nn
+from planner.enforce.needs import missing
 
-from planner.enforce import load_plan
-from planner.enforce.torch_ddp import GradSync, groups_of_model, register_plan_hook
+if missing("torch", "examples/train_ddp.py"):  # one line, not a traceback
+    print(f"error: {missing('torch', 'examples/train_ddp.py')}", file=sys.stderr)
+    sys.exit(2)
+
+import torch  # noqa: E402 (after the check above)
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+
+from planner.enforce import load_plan  # noqa: E402
+from planner.enforce.torch_ddp import GradSync, groups_of_model, register_plan_hook  # noqa: E402
 
 
 def make_model(width: int = 512, layers: int = 6) -> nn.Module:

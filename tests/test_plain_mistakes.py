@@ -6,6 +6,8 @@ is named by what it is (a PNG renamed .json read as "not a TensorFlow GraphDef")
 from __future__ import annotations
 
 import gzip
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,3 +49,57 @@ def test_a_file_of_another_kind_is_named(
         + (" (unpack it and give the trace inside)" if "ZIP" in kind else "")
         + ", not a trace this planner reads"
     )
+
+
+@pytest.mark.parametrize("order", ["tf-first", "torch-first"])
+def test_mixed_formats_say_what_each_is_and_how_to_split(
+    order: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A TF run and a PyTorch run given together: one line naming a file of the odd
+    format and what it is, an input of the other, and that they go to two commands."""
+    tf, torch = REPO / "traces" / "demo", REPO / "traces" / "torch" / "resnet_ddp"
+    inputs = [tf, torch] if order == "tf-first" else [torch, tf]
+    code, _, err = run_cli(["metrics", *inputs], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "rank0.json.gz: is a PyTorch profiler (Kineto) trace" in err  # not its ET file
+    assert "the other inputs a TensorFlow RunMetadata (e.g. " in err
+    assert "two planner commands" in err
+
+
+BLOCKED = "import runpy, sys; sys.modules['torch'] = sys.modules['tensorflow'] = None; "
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "needs"),
+    [
+        ("train_ddp.py", ["--write-plans", "plans"], "PyTorch"),
+        ("tf_ps_job.py", ["--graph", "base=g.pb", "--out", "runs"], "TensorFlow"),
+    ],
+)
+def test_an_enforcement_example_says_what_to_install(
+    script: str, args: list[str], needs: str, tmp_path: Path
+) -> None:
+    """docs/enforcement.md's examples where their framework is not installed: one line
+    saying what to install, exit 2, no traceback."""
+    path = REPO / "examples" / script
+    code = (
+        BLOCKED
+        + f"sys.argv = {[str(path), *args]!r}; runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert f"examples/{script} needs {needs}, which is not installed: pip install" in done.stderr
+
+
+def test_the_torch_enforcement_module_says_what_to_install() -> None:
+    """`from planner.enforce.torch_ddp import ...` in a job without PyTorch: an ImportError
+    that names what to install (the one a training script sees at its first line)."""
+    code = BLOCKED + "import planner.enforce.torch_ddp"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: planner.enforce.torch_ddp needs PyTorch"), last
+    assert "pip install torch" in last

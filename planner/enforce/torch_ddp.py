@@ -41,12 +41,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from torch import nn
+from planner.enforce.needs import require
 
-from planner.enforce.ddp_hook import PlanCommHook, register_plan_hook
-from planner.enforce.grad_sync import GradSync
-from planner.enforce.plan_file import TransferPlan
-from planner.enforce.torch_transfers import TransferFailed
+require("torch", "planner.enforce.torch_ddp")  # what to install, not "No module named torch"
+
+from torch import nn  # noqa: E402 (after the check above)
+
+from planner.enforce.ddp_hook import PlanCommHook, register_plan_hook  # noqa: E402
+from planner.enforce.grad_sync import GradSync  # noqa: E402
+from planner.enforce.plan_file import TransferPlan  # noqa: E402
+from planner.enforce.torch_transfers import TransferFailed  # noqa: E402
 
 __all__ = [
     "GradSync",

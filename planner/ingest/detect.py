@@ -264,7 +264,29 @@ def _load_formats(by_format: dict[str, list[Sniffed]], notes: list[str], files: 
     raise InputError(where, "no readable trace among the inputs")
 
 
+FORMAT_NAMES = {
+    "run_metadata": "a TensorFlow RunMetadata",
+    "kineto": "a PyTorch profiler (Kineto) trace",
+    "execution_trace": "a PyTorch Execution Trace",
+    "tf_timeline": "a TensorFlow timeline",
+    "tf_profiler": "a TensorFlow 2 profiler trace",
+    "planner_json": "a planner trace",
+    "graphdef": "a TensorFlow GraphDef",
+    "graphdef_text": "a TensorFlow GraphDef (text)",
+}
+"""What a user calls each input format, for the line that refuses a mix of them."""
+
+
 def _only(by_format: dict[str, list[Sniffed]], wanted: str) -> None:
-    others = [items[0].path for fmt, items in by_format.items() if fmt != wanted and items]
-    if others:
-        raise InputError(others[0], f"cannot be analysed together with {wanted} inputs")
+    """InputError naming the first input of another format than `wanted`: what it is,
+    what the others are, and how to split them (one job, one format, per command)."""
+    # an Execution Trace is named last: its Kineto traces say more of what the input is
+    for fmt, items in sorted(by_format.items(), key=lambda kv: kv[0] == "execution_trace"):
+        if fmt != wanted and items:
+            first = by_format[wanted][0].path
+            problem = (
+                f"is {FORMAT_NAMES.get(fmt, fmt)}, the other inputs {FORMAT_NAMES[wanted]} "
+                f"(e.g. {first}): one job's traces of one format per command; give them to "
+                "two planner commands"
+            )
+            raise InputError(items[0].path, problem)
