@@ -1,5 +1,6 @@
 """One verdict, the same in every output (issue #46): the CLI's first line, report.json's
-``verdict``, the HTML headline and the summary card say the same thing, on a TF
+``verdict``, the HTML headline, the summary card and the CI files (summary.md, junit.xml)
+say the same thing, on a TF
 parameter-server trace and a DDP trace, and every figure the verdict cites appears in a
 table of the same output."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -33,9 +35,20 @@ def test_every_output_says_the_same_verdict(
     code, out, err = run_cli(["analyze", trace, "--json"], capsys)
     assert code == 0 and json.loads(out)["verdict"] == found
     body = page.replace(headlines[0], "")
+    # the CI files: summary.md opens with it, junit.xml carries it
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    first_md, table = summary.split("\n", 1)
+    assert first_md == found["text"]
+    suite = ET.parse(tmp_path / "out" / "junit.xml").getroot().find("testsuite")
+    assert suite is not None and suite.findtext("system-out") == found["text"]
+    props = {p.get("name"): p.get("value") for p in suite.findall("properties/property")}
+    assert props["verdict"] == found["text"] and props["action"] == found["action"]
+    cases = suite.findall("testcase")
+    assert [c.get("name").split(":")[0] for c in cases] == [r["rank"] for r in found["ranks"]]
     for figure in FIGURE.findall(found["text"]):
         assert figure in rest, f"{figure} is in no table of the CLI output"
         assert figure in body, f"{figure} is in no table of the HTML report"
+        assert figure in table, f"{figure} is in no table of summary.md"
 
 
 def test_the_demo_verdict_names_why_it_keeps_the_observed_order(tmp_path: Path) -> None:

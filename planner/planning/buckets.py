@@ -374,6 +374,7 @@ def _sweep(
                                       kappas[0], kb),
         "best_cap_mb": best["bucket_cap_mb"],
         "best_gain": gain,
+        "gain_margin": margin,
         "recommended_cap_mb": best["bucket_cap_mb"] if wins else None,
         "reason": reason,
     })  # fmt: skip
@@ -390,7 +391,7 @@ def _document(
              "replay_error": None, "replay_error_worst": None, "kappa": None,
              "kappa_source": "", "uncalibrated_replay_error": None,
              "default_configuration": None, "best_cap_mb": None, "best_gain": None,
-             "recommended_cap_mb": None}  # fmt: skip
+             "gain_margin": None, "recommended_cap_mb": None}  # fmt: skip
     return {
         "schema": "planner.bucket_sweep/1",
         "gradients": len(p.sizes),

@@ -30,10 +30,11 @@ def recommends(report: Mapping[str, Any], plan: str) -> bool:
 def analysis_files(
     report: dict[str, Any], graphs: Mapping[str, OpGraph], output: Path, workers: int | None = 1
 ) -> dict[Path, str]:
-    """Path -> text of every file: report.json and report.html, the priority files of
-    every plan, Caramel's exports where the verdict recommends its plan, and
-    timeline.json (the traced step and the best plan's predicted schedule, per rank;
-    `graphs`: rank -> its DAG, for the events' labels).
+    """Path -> text of every file: report.json and report.html, the verdict for CI
+    (summary.md, junit.xml: `verdict_files`), the priority files of every plan,
+    Caramel's exports where the verdict recommends its plan, and timeline.json (the
+    traced step and the best plan's predicted schedule, per rank; `graphs`: rank -> its
+    DAG, for the events' labels).
 
     `workers`: processes that draw report.html's sections (`render_html`).
 
@@ -45,11 +46,15 @@ def analysis_files(
     from planner.export.files import file_names
     from planner.job.verdict import recommendation
     from planner.reporting.html import render_html
+    from planner.reporting.verdict_files import verdict_junit, verdict_markdown
 
     ranks = [entry["rank"] for doc in report["plans"].values() for entry in doc["ranks"]]
     parts = file_names(ranks)
     report["file_names"] = {"ranks": parts}
     files = {output / "report.json": dumps(report)}
+    if report.get("verdict"):  # the verdict for a CI job's page and its test tab
+        files[output / "summary.md"] = verdict_markdown(report)
+        files[output / "junit.xml"] = verdict_junit(report)
     for name, document in report["plans"].items():
         files[output / f"priorities_{name}.json"] = dumps(document)
         if name in ("tic", "tac"):
