@@ -1,8 +1,10 @@
-"""A job's analyses end to end, one way: each rank through the stage functions
-(`planner.job.stages`, `planner.job.summaries.summary_of`), then the job level folds the
-ranks' results (`planner.job.pipeline`). A job loaded whole in this process runs its ranks
-here; `planner.job.parallel` maps the same rank stage over a pool or Dask, one rank's
-input per task, and folds the same way: one answer, byte for byte, whatever the mapper.
+"""A job's analyses end to end. `metrics` and Caramel's plan (`schedule`) run one way:
+each rank through the rank stage (`planner.job.summaries.summary_of`), then the job
+level folds the ranks' results (`planner.job.pipeline`). A job loaded whole in this
+process runs its ranks here (`rank_results`); `planner.job.parallel` maps the same rank
+stage over a pool or Dask, one rank's input per task, and folds the same way: one
+answer, byte for byte, whatever the mapper. `analyze` joins them with the replay of the
+whole job (`planner.prediction.simulate`; per rank: `planner.job.rank_analysis`).
 
 Every document carries ``"schema": "planner.<kind>/<version>"``; times are seconds,
 sizes bytes. The CLI only renders these.
@@ -66,7 +68,8 @@ def rank_results(
         for rank in job.ranks
     ]
     alignment = job.meta.get("clock_alignment")
-    return RankResults(found, folded, pipeline.loaded_waits(found, alignment))  # type: ignore[arg-type]
+    aligned = alignment if isinstance(alignment, dict) else None
+    return RankResults(found, folded, pipeline.loaded_waits(found, aligned))
 
 
 def metrics(
