@@ -103,7 +103,9 @@ def test_odd_values_fall_back_to_the_whole_document(tmp_path):
 @pytest.mark.parametrize(
     ("text", "problem"),
     [
-        (b'{"traceEvents": [{"ph": "X", "ts": 1, "dur": 1}, ', "invalid JSON"),
+        (b'{"traceEvents": [{"ph": "X", "ts": 1, "du', "invalid JSON"),
+        # left unterminated (issue #45): read as closed, so the closed text's fault
+        (b'{"traceEvents": [{"ph": "X", "ts": "abc", "dur": 1}, ', "malformed event"),
         (b'{"traceEvents": [{"ph": "X", "ts": 1, "dur": 1}]} trailing', "invalid JSON"),
         (b'{"traceEvents": [1, 2]}', "not an event"),
         (b'{"traceEvents": [{"ph": "X", "ts": "abc", "dur": 1}]}', "malformed event"),

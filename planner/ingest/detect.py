@@ -50,6 +50,8 @@ def sniff(path: Path) -> Sniffed:
         raise InputError(path, f"{kind}, not a trace this planner reads")
     first = head.lstrip()[:1]
     if first in (b"{", b"["):
+        if sniffers.is_horovod(head):
+            return _sniff_json(path, "horovod")
         if sniffers.is_tf_profiler(head):
             return _sniff_json(path, "tf_profiler")
         if sniffers.is_execution_trace(head):
@@ -121,6 +123,8 @@ def _json_format(document: Any) -> str:
             return "tf_timeline" if sniffers.is_timeline(document) else "kineto"
         if "nodes" in document and "schema" in document:
             return "execution_trace"
+    if sniffers.is_horovod_events(document):
+        return "horovod"
     return "unknown_json"
 
 
@@ -244,6 +248,14 @@ def _load_formats(by_format: dict[str, list[Sniffed]], notes: list[str], files: 
         from planner.ingest import tf_profiler
 
         return tf_profiler.load_profiler_trace(items[0].path, items[0].document)
+    if "horovod" in by_format:
+        _only(by_format, "horovod")
+        items = by_format["horovod"]
+        if len(items) > 1:
+            raise InputError(items[1].path, "give one Horovod timeline at a time")
+        from planner.ingest import horovod
+
+        return horovod.load_horovod(items[0].path, items[0].document)
     if "planner_json" in by_format:
         _only(by_format, "planner_json")
         items = by_format["planner_json"]
@@ -271,6 +283,7 @@ FORMAT_NAMES = {
     "tf_timeline": "a TensorFlow timeline",
     "tf_profiler": "a TensorFlow 2 profiler trace",
     "planner_json": "a planner trace",
+    "horovod": "a Horovod timeline",
     "graphdef": "a TensorFlow GraphDef",
     "graphdef_text": "a TensorFlow GraphDef (text)",
 }

@@ -24,7 +24,7 @@ import os
 import re
 import stat
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -306,10 +306,10 @@ def parse_json_escaped(path: Path, data: bytes) -> tuple[Any, int]:
     count = 0
     try:
         try:
-            document = json.loads(data)
+            document = loads_unterminated(json.loads, data, json.JSONDecodeError)
         except UnicodeDecodeError:
             data, count = escape_invalid_utf8(data)
-            document = json.loads(data)
+            document = loads_unterminated(json.loads, data, json.JSONDecodeError)
     except json.JSONDecodeError as exc:
         raise InputError(path, f"invalid JSON ({exc})") from None
     except RecursionError:
@@ -321,6 +321,50 @@ def parse_json_escaped(path: Path, data: bytes) -> tuple[Any, int]:
         if lone is not None:
             raise InputError(path, f"a string holds a lone surrogate, not Unicode text: {lone!a}")
     return document, count
+
+
+_CLOSERS = {b"[": (b"]",), b"{": (b"}", b"]}")}
+"""What an unterminated chrome trace may lack, by its first byte: a JSON array its ``]``
+(the Trace Event Format allows it; Horovod never writes it), the object form its ``}``
+or the ``]}`` that close its ``traceEvents`` array last."""
+
+
+def unterminated_closings(data: bytes) -> Iterator[bytes]:
+    """`data` closed each way of `_CLOSERS` (a trailing comma dropped), when it is a JSON
+    array that does not end with its ``]``, or a chrome-trace object (``traceEvents`` in
+    its first 64 KiB; its last event may end it with a ``}``); nothing else: any other
+    JSON document (a planner trace) cut short stays invalid."""
+    body = data.rstrip()
+    first = body.lstrip()[:1]
+    closers = _CLOSERS.get(first, ())
+    if first == b"[" and body.endswith(b"]"):
+        return
+    if first == b"{" and b'"traceEvents"' not in body[:65536]:
+        return
+    if body.endswith(b","):
+        body = body[:-1].rstrip()
+    for closer in closers:
+        yield body + closer
+
+
+def loads_unterminated(
+    loads: Callable[[bytes], Any],
+    data: bytes,
+    errors: type[Exception] | tuple[type[Exception], ...],
+) -> Any:
+    """``loads(data)``; when that fails on a text left unterminated (`unterminated_closings`),
+    once more per way of closing it. The first error stands when none parses: the normal
+    path costs nothing more, a failing one a parse or two."""
+    try:
+        return loads(data)
+    except errors as exc:
+        first = exc
+    for closed in unterminated_closings(data):
+        try:
+            return loads(closed)
+        except errors:
+            continue
+    raise first
 
 
 def first_lone_surrogate(document: Any) -> str | None:

@@ -21,7 +21,13 @@ from typing import Any
 import numpy as np
 
 from planner.errors import InputError
-from planner.ingest.files import MAX_SPAN_S, MAX_TIME_NS, escape_invalid_utf8, read_bytes
+from planner.ingest.files import (
+    MAX_SPAN_S,
+    MAX_TIME_NS,
+    escape_invalid_utf8,
+    loads_unterminated,
+    read_bytes,
+)
 from planner.ingest.sniffers import is_execution_trace, is_kineto  # noqa: F401 (re-exported)
 
 try:  # orjson parses Kineto JSON ~2-3x faster with less peak memory than json
@@ -58,13 +64,13 @@ def read_document_escaped(path: Path) -> tuple[Any, int]:
     if not raw.strip():
         raise InputError(path, "file is empty")
     try:
-        return _json.loads(raw), 0
+        return loads_unterminated(_json.loads, raw, _JSONError), 0
     except _JSONError as exc:
         escaped, count = escape_invalid_utf8(raw)
         if not count:
             raise InputError(path, f"invalid JSON ({exc})") from None
     try:
-        return _json.loads(escaped), count
+        return loads_unterminated(_json.loads, escaped, _JSONError), count
     except _JSONError as exc:
         raise InputError(path, f"invalid JSON ({exc})") from None
 

@@ -32,6 +32,31 @@ def is_kineto(head: bytes) -> bool:
     return any(m in head for m in markers)
 
 
+HOROVOD_ACTIVITIES = (
+    b'"NEGOTIATE_ALLREDUCE"', b'"NEGOTIATE_BROADCAST"', b'"NEGOTIATE_ALLGATHER"',
+    b'"MPI_ALLREDUCE"', b'"NCCL_ALLREDUCE"', b'"MEMCPY_IN_FUSION_BUFFER"',
+)  # fmt: skip
+"""Activity names only a Horovod timeline writes."""
+
+
+def is_horovod(head: bytes) -> bool:
+    """True when the first bytes look like a Horovod timeline: a JSON array (Horovod
+    never closes it) of ``CYCLE_START`` marks or per-tensor negotiation activities."""
+    if not head.lstrip().startswith(b"["):
+        return False
+    return any(m in head for m in HOROVOD_ACTIVITIES) or (
+        b'"CYCLE_START"' in head and b'"ph"' in head
+    )
+
+
+def is_horovod_events(document: Any) -> bool:
+    """True when a parsed JSON array holds a Horovod timeline's activities."""
+    if not isinstance(document, list):
+        return False
+    names = {m.strip(b'"').decode() for m in HOROVOD_ACTIVITIES} | {"CYCLE_START"}
+    return any(isinstance(e, dict) and e.get("name") in names for e in document[:2000])
+
+
 def is_execution_trace(head: bytes) -> bool:
     """True when the first bytes look like an ExecutionTraceObserver JSON document."""
     text = head.lstrip()

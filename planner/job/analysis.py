@@ -82,7 +82,10 @@ def metrics(
         source = job.sources[0] if job.sources else None
         raise InputError(source, "metrics need timings; input has none")
     ranks = ranks or rank_results(job, oracle)
-    return pipeline.job_metrics(ranks.summaries, ranks.waits)
+    document = pipeline.job_metrics(ranks.summaries, ranks.waits)
+    if "horovod" in job.meta:  # a Horovod timeline's negotiation wait vs transfer per step
+        document["horovod"] = job.meta["horovod"]
+    return document
 
 
 def schedule(

@@ -117,7 +117,7 @@ def inspect(job: Job, oracle: Mapping[str, TimeOracle] | None = None) -> dict[st
                 "queued_before": queued_offsets(job, rank),
             }
         )
-    return {
+    document = {
         "schema": "planner.inspect/1",
         "framework": job.framework,
         "sources": list(job.sources),
@@ -125,6 +125,9 @@ def inspect(job: Job, oracle: Mapping[str, TimeOracle] | None = None) -> dict[st
         "ranks": ranks,
         "clock_alignment": job.meta.get("clock_alignment"),
     }
+    if "horovod" in job.meta:  # per tensor: all-reduces, negotiation, transfer; fused groups
+        document["horovod"] = job.meta["horovod"]
+    return document
 
 
 def queued_offsets(job: Job, rank: str) -> dict[str, float]:
