@@ -120,10 +120,18 @@ class Trace:
         reading that rank's files alone gives, with the job's ``wait`` column)."""
         rows = self.rows_of(rank)
         spans = self._rank_spans.get(rank, np.zeros(0, dtype=np.int64))
-        return Trace(
+        trace = Trace(
             table={k: v[rows] for k, v in self.table.items()},
             span_table={k: v[spans] for k, v in self.span_table.items()},
         )
+        # (speed) its text codes from this trace's, renumbered in its own order of first
+        # row (as `text_codes` would number them): no string hashed again per rank
+        names, codes = self.op_codes
+        trace.__dict__["_codes"] = {
+            "op": _renumbered(names, codes[rows]),
+            "rank": ([rank], np.zeros(len(rows), dtype=np.int64)) if len(rows) else ([], rows),
+        }
+        return trace
 
     def of(self, rank: str, iteration: int | None = None) -> pd.DataFrame:
         """The timings of one rank (and one iteration)."""
@@ -131,6 +139,16 @@ class Trace:
         if iteration is not None:
             mask &= self.timings["iteration"] == iteration
         return self.timings.loc[mask]
+
+
+def _renumbered(names: list[str], codes: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """(`names` that `codes` use, in order of first use; `codes` renumbered to them):
+    what `text_codes` gives of the rows' values, from their codes."""
+    used, first = np.unique(codes, return_index=True)
+    order = used[np.argsort(first, kind="stable")]
+    number = np.zeros(len(names), dtype=np.int64)
+    number[order] = np.arange(len(order), dtype=np.int64)
+    return [names[c] for c in order.tolist()], number[codes]
 
 
 def _rows_by_value(names: list[str], codes: np.ndarray) -> dict[str, np.ndarray]:
