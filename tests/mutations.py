@@ -158,34 +158,12 @@ class Corpus:
 #: Case name -> why it fails today (a strict xfail); empty: every known Kineto gap is fixed.
 KNOWN_KINETO_BUGS: dict[str, str] = {}
 
-_BEYOND_INT64 = "issue 47: an id, size or rank beyond int64 accepted, not refused"
-_DIGITS_5000 = "issue 47: traceback on an integer of 5000 digits"
-_OVERFLOW = "issue 47: OverflowError converting to int64"
-_NUMBER_GAPS: dict[str, str] = {
-    "k-kernel-correlation-1e30": _BEYOND_INT64,
-    "k-kernel-correlation-neg-2p63": _BEYOND_INT64,
-    "k-launch-correlation-1e30": _BEYOND_INT64,
-    "k-launch-correlation-neg-2p63": _BEYOND_INT64,
-    "k-memcpy-bytes-5000-digits": _DIGITS_5000,
-    "k-memcpy-correlation-1e30": _BEYOND_INT64,
-    "k-memcpy-correlation-neg-2p63": _BEYOND_INT64,
-    "k-nccl-external-id-1e30": _BEYOND_INT64,
-    "k-nccl-external-id-2p63": _BEYOND_INT64,
-    "k-nccl-external-id-neg-2p63": _BEYOND_INT64,
-    "k-nccl-group-size-5000-digits": _DIGITS_5000,
-    "k-nccl-in-msg-nelems-1e30": _OVERFLOW,
-    "k-nccl-in-msg-nelems-neg-2p63": _BEYOND_INT64,
-    "k-op-record-function-id-1e30": _BEYOND_INT64,
-    "k-op-record-function-id-neg-2p63": _BEYOND_INT64,
-    "k-rank-1e30": _BEYOND_INT64,
-    "k-rank-2p63": _BEYOND_INT64,
-    "k-rank-neg-2p63": _BEYOND_INT64,
-    "k-step-external-id-5000-digits": _DIGITS_5000,
-    "k-world-size-2p63": _BEYOND_INT64,
-}
-"""The numbers class's gaps left after issue 47's fixes (`planner inspect`; the fixes lie
-in the Kineto readers' id columns): strict xfails in tests/test_corpus_classes.py. The
-encoding class has none left: every name that is not UTF-8 is read escaped."""
+_NUMBER_GAPS: dict[str, str] = {}
+"""The numbers class's gaps (`planner inspect`), strict xfails in
+tests/test_corpus_classes.py; empty: every id, size and rank past int64 is refused in one
+line and an integer of 5000 digits in a field that is a name or unused is read
+(`planner.ingest.exact_json`). The encoding class has none left either: every name that
+is not UTF-8 is read escaped."""
 
 
 def known_gap(name: str, group: str) -> str | None:

@@ -63,6 +63,21 @@ def _set(index: int, key: str, value: Any) -> Callable[[Doc], None]:
     return edit
 
 
+def _set_arg(index: int, key: str, value: Any) -> Callable[[Doc], None]:
+    def edit(doc: Doc) -> None:
+        event = doc["traceEvents"][index]
+        event["args"] = {**event.get("args", {}), key: value}  # _doc's ops share one args
+
+    return edit
+
+
+def _set_info(key: str, value: Any) -> Callable[[Doc], None]:
+    def edit(doc: Doc) -> None:
+        doc["distributedInfo"][key] = value
+
+    return edit
+
+
 def _drop(index: int, key: str) -> Callable[[Doc], None]:
     def edit(doc: Doc) -> None:
         del doc["traceEvents"][index][key]
@@ -96,6 +111,15 @@ BROKEN: list[tuple[str, Callable[[Doc], None], str]] = [
      "event 2 ('a\\nb') has a negative duration"),
     ("pid-list", _set(2, "pid", [7]), "malformed event 2 (aten::mm): 'pid' is a list"),
     ("meta-tid-dict", _set(0, "tid", {"a": 1}), "malformed event 0 (thread_name): pid/tid"),
+    ("correlation-1e30", _set_arg(6, "correlation", 10**30), "malformed event 6 (gemm): "
+     "'correlation' is 1000000000000000000000000000000, out of range (-2**62, 2**62)"),
+    ("correlation-2p62", _set_arg(6, "correlation", 2**62), "'correlation' is 4611686018427387904"),
+    ("record-id-neg-2p63", _set_arg(4, "Record function id", -(2**63) - 1),
+     "malformed event 4 (aten::mm): 'Record function id' is -9223372036854775809, out of range"),
+    ("rank-2p64", _set_info("rank", 2**64), "distributedInfo.rank 18446744073709551616 is "
+     "beyond int64"),
+    ("world-size-neg-2p63", _set_info("world_size", -(2**63) - 1),
+     "distributedInfo.world_size -9223372036854775809 is beyond int64"),
 ]  # fmt: skip
 
 
@@ -163,6 +187,48 @@ def test_a_float_id_is_no_id_and_an_integer_past_int64_is_refused(tmp_path: Path
     path = _write(tmp_path, doc, gz=False)
     with pytest.raises(InputError, match=r"'correlation' is 9223372036854775813, out of range"):
         read_rank(path)
+
+
+def _with_record(args: dict[str, Any], marked: str = "") -> bytes:
+    """`_doc` with an NCCL all-reduce record holding `args` in step 1, as JSON text; the
+    string `marked` stands for an integer literal of 5000 digits (no JSON writer makes one)."""
+    doc = _doc()
+    doc["traceEvents"].append({"ph": "X", "cat": "user_annotation", "name": "nccl:all_reduce",
+                               "pid": 7, "tid": 7, "ts": 1040, "dur": 5, "args": args})  # fmt: skip
+    return json.dumps(doc).replace(f'"{marked}"', "9" * 5000).encode()
+
+
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        ({"External id": 2**63}, "malformed nccl:all_reduce event: 'External id' is "
+         "9223372036854775808, out of range (-2**62, 2**62)"),
+        ({"External id": "@N"}, "'External id' is 99999999999999999999...(5000 digits), out"),
+        ({"In msg nelems": 1e30}, "'In msg nelems' of a nccl:all_reduce event is 1e+30, out"),
+        ({"In msg nelems": -(2**63) - 1}, "is -9223372036854775809, out of range [0, "),
+    ],
+    ids=["external-id-2p63", "external-id-5000-digits", "nelems-float-1e30", "nelems-neg-2p63"],
+)  # fmt: skip
+def test_a_records_id_or_size_out_of_range_is_refused(
+    tmp_path: Path, args: dict[str, Any], problem: str
+) -> None:
+    """The External id joining a record to its GPU side and its element count are refused
+    in one line where they are used (issue #47): no OverflowError, no join on a bad id."""
+    path = tmp_path / "rank0.pt.trace.json"
+    path.write_bytes(_with_record(args, "@N"))
+    with pytest.raises(InputError) as refused:
+        load_kineto([path])
+    assert problem in str(refused.value) and str(refused.value).startswith(f"{path}: ")
+
+
+def test_an_integer_of_5000_digits_where_nothing_reads_it_is_read(tmp_path: Path) -> None:
+    """Past Python's 4300-digit limit and every JSON parser's: an unused arg of a kept event
+    (a step's External id, a record's Group size) is read as a `LongInt`, not refused."""
+    path = tmp_path / "rank0.pt.trace.json"
+    path.write_bytes(_with_record({"Group size": "@N", "External id": 3}, "@N"))
+    sizes = [a["Group size"] for a in read_rank(path).args.values() if "Group size" in a]
+    assert [str(s) for s in sizes] == ["99999999999999999999...(5000 digits)"]
+    assert sorted(load_kineto([path]).trace.spans["iteration"]) == [1, 2]
 
 
 def _crash_doc() -> Doc:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from planner.errors import InputError
-from planner.ingest.kineto_events import CPU_OP_CATS, RankEvents
+from planner.ingest.kineto_events import CPU_OP_CATS, RankEvents, id_problem
 from planner.ingest.kineto_steps import by_lane
 from planner.model.arrays import unique
 
@@ -243,10 +243,22 @@ def _external_ids(ev: RankEvents, rows: np.ndarray) -> dict[int, int]:
     """External id -> row, for the GPU-side annotations `rows`."""
     out: dict[int, int] = {}
     for r in rows.tolist():
-        ext = ev.args.get(r, {}).get("External id")
-        if isinstance(ext, int):
+        ext = _external_id(ev, r)
+        if ext is not None:
             out.setdefault(ext, r)
     return out
+
+
+def _external_id(ev: RankEvents, row: int) -> int | None:
+    """The `External id` of a backend record or its GPU annotation (it joins the two);
+    None without one, or for a float or a string (no id). InputError when it is an
+    integer out of range (`kineto_events.id_problem`)."""
+    ext = ev.args.get(row, {}).get("External id")
+    problem = id_problem("External id", ext)
+    if problem is not None:
+        name = ev.names[ev.name_code[row]]
+        raise InputError(ev.path, f"malformed {name[:80]} event: {problem}")
+    return ext if isinstance(ext, int) and not isinstance(ext, bool) else None
 
 
 def _from_records(
@@ -278,7 +290,8 @@ def _from_records(
         k_args = ev.args.get(mine[0], {}) if mine else {}
         if not kind and mine:
             kind = kernel_kind[code[mine[0]]]
-        g = gpu_span.get(a_args.get("External id", -1), -1)
+        ext = _external_id(ev, a)
+        g = -1 if ext is None else gpu_span.get(ext, -1)
         if g >= 0:
             row, start, stop = g, int(ts[g]), int(end[g])
         elif mine:

@@ -21,6 +21,9 @@ from typing import Any
 import numpy as np
 
 from planner.errors import InputError
+from planner.ingest.exact_json import JSONError as _JSONError
+from planner.ingest.exact_json import fast as _json  # noqa: F401 (the streaming reader's)
+from planner.ingest.exact_json import loads, number_text
 from planner.ingest.files import (
     MAX_SPAN_S,
     MAX_TIME_NS,
@@ -29,15 +32,6 @@ from planner.ingest.files import (
     read_bytes,
 )
 from planner.ingest.sniffers import is_execution_trace, is_kineto  # noqa: F401 (re-exported)
-
-try:  # orjson parses Kineto JSON ~2-3x faster with less peak memory than json
-    import orjson as _json
-
-    _JSONError: tuple[type[Exception], ...] = (_json.JSONDecodeError,)
-except ImportError:  # pragma: no cover - orjson is a dependency; json is the fallback
-    import json as _json  # type: ignore[no-redef]
-
-    _JSONError = (ValueError,)
 
 STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 _STEP = STEP_NAME
@@ -64,13 +58,13 @@ def read_document_escaped(path: Path) -> tuple[Any, int]:
     if not raw.strip():
         raise InputError(path, "file is empty")
     try:
-        return loads_unterminated(_json.loads, raw, _JSONError), 0
+        return loads_unterminated(loads, raw, _JSONError), 0
     except _JSONError as exc:
         escaped, count = escape_invalid_utf8(raw)
         if not count:
             raise InputError(path, f"invalid JSON ({exc})") from None
     try:
-        return loads_unterminated(_json.loads, escaped, _JSONError), count
+        return loads_unterminated(loads, escaped, _JSONError), count
     except _JSONError as exc:
         raise InputError(path, f"invalid JSON ({exc})") from None
 
@@ -236,9 +230,36 @@ def _lane_label(raw: str) -> str:
 
 def _rank_events(path: Path, doc: dict[str, Any], **columns: Any) -> RankEvents:
     dist = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
-    rank = dist.get("rank") if isinstance(dist.get("rank"), int) else None
-    world = dist.get("world_size") if isinstance(dist.get("world_size"), int) else None
+    rank, world = _distributed_int(path, dist, "rank"), _distributed_int(path, dist, "world_size")
     return RankEvents(path=path, rank=rank, world_size=world, distributed=dict(dist), **columns)
+
+
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _distributed_int(path: Path, dist: dict[str, Any], key: str) -> int | None:
+    """``distributedInfo[key]`` when it is an integer, else None; InputError past int64
+    (no rank or world size a job has, and none the job's columns can hold)."""
+    value = dist.get(key)
+    if not isinstance(value, int):
+        return None
+    if not _INT64[0] <= value <= _INT64[1]:
+        raise InputError(path, f"distributedInfo.{key} {number_text(value)} is beyond int64")
+    return value
+
+
+MAX_ID = 1 << 62
+"""Ids that join events (correlation, External id, Record function id) lie in
+(-MAX_ID, MAX_ID): an int64 column holds them, and an id past int64 is none a profiler
+writes."""
+
+
+def id_problem(key: str, value: Any) -> str | None:
+    """What makes `value` of the id arg `key` unusable: an integer out of (-2**62, 2**62);
+    None for an id in range, and for a float or a string (no id: it joins nothing)."""
+    if not isinstance(value, int) or isinstance(value, bool) or -MAX_ID < value < MAX_ID:
+        return None
+    return f"'{key}' is {number_text(value)}, out of range (-2**62, 2**62)"
 
 
 _UNHASHABLE = {list, dict}  # pid / tid values that cannot be a key

@@ -20,6 +20,7 @@ from planner.ingest.kineto_events import (
     _CCL,
     _UNHASHABLE,
     GPU_CATS,
+    MAX_ID,
     STREAM_CATS,
     RankEvents,
     _a,
@@ -29,6 +30,7 @@ from planner.ingest.kineto_events import (
     _lane_label,
     _ns,
     _rank_events,
+    id_problem,
     read_document_escaped,
 )
 
@@ -184,15 +186,14 @@ def _check_fields(
     for row, event_args in enumerate(args):
         for key in ID_ARGS:
             value = event_args.get(key)
-            if type(value) is int and not -_MAX_ID < value < _MAX_ID:
-                problem = f"'{key}' is {str(value)[:40]}, out of range (-2**62, 2**62)"
+            if type(value) is int and not -MAX_ID < value < MAX_ID:
+                problem = id_problem(key, value)
                 raise InputError(path, f"malformed {_event(x_index[row], names[row])}: {problem}")
 
 
 ID_ARGS = ("correlation", "External id", "Record function id", "Ev Idx")
 """The integer args that join events (launch to kernel, op to its record): an id past
-int64 is no id a profiler writes."""
-_MAX_ID = 1 << 62
+int64 is no id a profiler writes (`kineto_events.MAX_ID`)."""
 
 
 def _lane_names(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import re
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,25 +22,33 @@ import numpy as np
 
 from planner.errors import InputError
 from planner.ingest import files as _files
+from planner.ingest.exact_json import loads
 from planner.ingest.kineto_events import (
     _UNHASHABLE,
     GPU_CATS,
+    MAX_ID,
     STREAM_CATS,
     ArgFlags,
     RankEvents,
     _arg_flags,
     _column_problem,
+    _event,
     _json,
     _JSONError,
     _lane_label,
     _ns,
     _rank_events,
+    id_problem,
 )
 from planner.ingest.kineto_generic import read_rank_generic
 
 
 class _Irregular(Exception):
     """The file leaves the layout the streaming reader handles; parse it whole instead."""
+
+
+class _Refused(Exception):
+    """The file is broken (its text says how): `_stream_columns` refuses it, naming the file."""
 
 
 _NULL = msgspec.Raw(b"null")
@@ -70,6 +78,7 @@ class _Ids(msgspec.Struct, gc=False):
 
 _PIECE = msgspec.json.Decoder(list[_Event])
 _IDS = msgspec.json.Decoder(list[_Ids | None])
+_LONG_ID = re.compile(r"^Integer value out of range - at `\$\[(\d+)\]\.(.+)`$")
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 STREAM_CHUNK = 1 << 16
 """Bytes of decompressed JSON parsed at a time by the streaming reader (bounds its memory)."""
@@ -103,6 +112,7 @@ class _Columns:
         self.args: dict[int, Any] = {}
         self.meta_names: dict[tuple[Any, Any], str] = {}
         self.escaped = 0  # bytes of the text that were not UTF-8 (`files.escape_invalid_utf8`)
+        self.seen = 0  # events of traceEvents before the block being added (for messages)
 
     def add(self, events: list[_Event]) -> None:
         """Append the complete events of `events` (raises `_Irregular` on anything odd).
@@ -110,6 +120,8 @@ class _Columns:
         One list comprehension per field and codes through dicts keep the per-event work
         in C loops; the types were checked as the piece was parsed (`_Event`).
         """
+        start = self.seen  # traceEvents index of events[0]
+        self.seen += len(events)
         phs = [e.ph for e in events]
         if "M" in phs:  # the metadata: Kineto writes it last, so most blocks have none
             for e, ph in zip(events, phs, strict=True):
@@ -132,12 +144,7 @@ class _Columns:
         if None in names or None in ts or None in dur:
             raise _Irregular
         raw_args = [e.args for e in xs]
-        try:
-            ids = _IDS.decode(b"[" + b",".join(raw_args) + b"]")
-        except msgspec.DecodeError:  # args that are no object: an odd file
-            raise _Irregular from None
-        corr = [-1 if i is None else i.correlation for i in ids]
-        rf = [0 if i is None else i.rf for i in ids]
+        corr, rf = self._ids(raw_args, lambda row: _x_event(events, start, xs, row))
         try:
             keys = list(zip([e.pid for e in xs], [e.tid for e in xs], strict=True))
             pairs = self.lane_ids
@@ -146,10 +153,10 @@ class _Columns:
             for new in range(known, len(pairs)):  # a new (pid, tid): its lane, maybe new
                 first = pair_code.index(new)
                 self._new_lane(keys[first], row0 + first, self.loads(bytes(raw_args[first])) or {})
-            self.corr.frombytes(np.array(corr, dtype=np.int64).tobytes())
-            self.rf.frombytes(np.array(rf, dtype=np.int64).tobytes())
-        except (TypeError, OverflowError):  # unhashable or out-of-range values
+        except TypeError:  # unhashable values
             raise _Irregular from None
+        self.corr.frombytes(corr.tobytes())
+        self.rf.frombytes(rf.tobytes())
         name_ids = self.name_ids
         known = len(name_ids)
         name_code = np.array([name_ids.setdefault(n, len(name_ids)) for n in names], np.int32)
@@ -176,6 +183,38 @@ class _Columns:
         self.ts.frombytes(np.array(ts, dtype=np.float64).tobytes())
         self.dur.frombytes(np.array(dur, dtype=np.float64).tobytes())
 
+    @staticmethod
+    def _ids(raw_args: list[msgspec.Raw], event: Callable[[int], str]) -> tuple[Any, Any]:
+        """The correlation and record-function ids (int64, -1 and 0 without) of the complete
+        events whose args are `raw_args`, checked where they are parsed: an integer out of
+        (-2**62, 2**62) is refused (`_Refused`, `event(row)` names it); a float or a
+        string id leaves the file to the whole-document reader, where it is no id."""
+        try:
+            ids = _IDS.decode(b"[" + b",".join(raw_args) + b"]")
+        except msgspec.ValidationError as exc:
+            found = _LONG_ID.match(str(exc))  # an integer of more than 4300 digits
+            if found is None:
+                raise _Irregular from None
+            problem = f"'{found[2]}' has more than 4300 digits, out of range (-2**62, 2**62)"
+            raise _Refused(f"malformed {event(int(found[1]))}: {problem}") from None
+        except msgspec.DecodeError:  # args that are no object: an odd file
+            raise _Irregular from None
+        columns = []
+        for key, values in (
+            ("correlation", [-1 if i is None else i.correlation for i in ids]),
+            ("Record function id", [0 if i is None else i.rf for i in ids]),
+        ):
+            try:
+                column = np.array(values, dtype=np.int64)
+                bad = bool(((column <= -MAX_ID) | (column >= MAX_ID)).any())
+            except OverflowError:  # past int64
+                bad = True
+            if bad:
+                row = next(r for r, v in enumerate(values) if not -MAX_ID < v < MAX_ID)
+                raise _Refused(f"malformed {event(row)}: {id_problem(key, values[row])}")
+            columns.append(column)
+        return columns[0], columns[1]
+
     def _new_lane(self, pair: tuple[Any, Any], row: int, args: dict[str, Any]) -> None:
         pid, tid = pair
         key = f"{pid}|{tid}"  # lanes are told apart by their text, as the generic reader does
@@ -186,17 +225,18 @@ class _Columns:
         self.pair_lane.append(code)
 
     def loads(self, raw: bytes) -> Any:
-        """JSON text of the stream (an event's args, the header): bytes that are not UTF-8
+        """JSON text of the stream (an event's args, the header), its integers exact and
+        one of more than 4300 digits a `LongInt` (`exact_json`): bytes that are not UTF-8
         read escaped and counted (`files.escape_invalid_utf8`); any other fault leaves the
         file to the whole-document reader, which words it (`_Irregular`)."""
         try:
-            return _json.loads(raw)
+            return loads(raw, long_ints=True)
         except _JSONError:
             data, count = _files.escape_invalid_utf8(raw)
             if not count:
                 raise _Irregular from None
         try:
-            found = _json.loads(data)
+            found = loads(data, long_ints=True)
         except _JSONError:
             raise _Irregular from None
         self.escaped += count
@@ -242,6 +282,13 @@ class _Columns:
         )
 
 
+def _x_event(events: list[_Event], first: int, xs: list[_Event], row: int) -> str:
+    """``event 12 (aten::mm)``: complete event `row` of a block, by its traceEvents index
+    (`first` is that of the block's first event); for messages only."""
+    index = [i for i, e in enumerate(events) if e.ph == "X"][row]
+    return _event(first + index, xs[row].name)
+
+
 def _chunks(path: Path) -> Iterator[bytes]:
     """The decompressed content in pieces of STREAM_CHUNK bytes (InputError past the limit)."""
     return _files.iter_content(path, STREAM_CHUNK)
@@ -278,6 +325,18 @@ def _too_long(path: Path, pending: bytearray) -> _Irregular:
 
 def _stream_columns(path: Path, cols: _Columns) -> dict[str, Any]:
     """Read the trace piece by piece into `cols`; returns the top-level object sans events.
+
+    InputError when a value is refused where it is parsed (an id out of range); `_Irregular`
+    when the file leaves Kineto's layout (`_stream_pieces`).
+    """
+    try:
+        return _stream_pieces(path, cols)
+    except _Refused as exc:
+        raise InputError(path, str(exc)) from None
+
+
+def _stream_pieces(path: Path, cols: _Columns) -> dict[str, Any]:
+    """`_stream_columns`, the problems found in a piece raised as `_Refused`.
 
     Kineto writes ``{header, "traceEvents": [event, ...], trailer}``. The event array is
     cut after a ``},`` and each piece parsed as a JSON array: a cut inside an event (a

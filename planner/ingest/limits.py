@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import InputError
+from planner.ingest.exact_json import number_text
 from planner.ingest.files import MAX_NBYTES, size_text
 from planner.model.graph import OpGraph
 
@@ -88,20 +89,21 @@ MESSAGE_SIZES = ("In msg nelems", "Out msg nelems")
 
 
 def check_message_sizes(path: Path, args: Mapping[int, Any], names: list[str], codes: Any) -> None:
-    """Refuse a kept event whose element count describes a message over `MAX_NBYTES`
-    (a size no real transfer has: past int64 it cannot even be held)."""
+    """Refuse a kept event whose element count (an integer or a float) is negative or
+    describes a message over `MAX_NBYTES` (a size no real transfer has: past int64 it
+    cannot even be held)."""
     for row, event_args in args.items():
         if not isinstance(event_args, dict):
             continue
         for key in MESSAGE_SIZES:
             value = event_args.get(key)
             if (
-                isinstance(value, int)
+                isinstance(value, int | float)
                 and not isinstance(value, bool)
-                and (value < 0 or value * 8 > MAX_NBYTES)
+                and not 0 <= value <= MAX_NBYTES // 8
             ):
                 name = names[int(codes[row])] if 0 <= row < len(codes) else "?"
-                problem = f"'{key}' of a {name[:80]} event is {str(value)[:40]}, out of range"
+                problem = f"'{key}' of a {name[:80]} event is {number_text(value)}, out of range"
                 raise InputError(path, f"{problem} [0, {MAX_NBYTES // 8}]")
 
 
