@@ -131,6 +131,9 @@ class Trace:
             "op": _renumbered(names, codes[rows]),
             "rank": ([rank], np.zeros(len(rows), dtype=np.int64)) if len(rows) else ([], rows),
         }
+        partial = self.__dict__.get("_partial", {})
+        if rank in partial:  # its partial steps, found already (`rank_partial_steps`)
+            trace.__dict__["_partial"] = {rank: partial[rank]}
         return trace
 
     def of(self, rank: str, iteration: int | None = None) -> pd.DataFrame:
