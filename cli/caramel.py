@@ -28,14 +28,33 @@ def _sizes(text: str | None) -> tuple[int, ...]:
 
 
 @click.command("bench-network")
-@click.option("--world-size", "-n", type=click.IntRange(2, 64), default=2, show_default=True)
+@click.option(
+    "--world-size",
+    "-n",
+    type=click.IntRange(2, 64),
+    default=2,
+    show_default=True,
+    help="Processes all-reducing (local, gloo).",
+)
 @click.option(
     "--sizes",
     default=None,
     help="Comma-separated message sizes in bytes (default: 64 B to 4 MiB, x4 steps).",
 )
-@click.option("--repeats", type=click.IntRange(1, 10_000), default=10, show_default=True)
-@click.option("--warmup", type=click.IntRange(0, 1000), default=2, show_default=True)
+@click.option(
+    "--repeats",
+    type=click.IntRange(1, 10_000),
+    default=10,
+    show_default=True,
+    help="Timed all-reduces per size.",
+)
+@click.option(
+    "--warmup",
+    type=click.IntRange(0, 1000),
+    default=2,
+    show_default=True,
+    help="Untimed all-reduces per size before them.",
+)
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Write the CSV here.")
 @json_option
 def bench_network(

@@ -23,7 +23,9 @@ _file = click.Path(exists=True, dir_okay=False, path_type=Path)
 @click.command("export")
 @click.option("--graphdef", "graphdef", type=_file, required=True, help="TF GraphDef to rewrite.")
 @click.option("--plan", "plan", type=_file, required=True, help="control_deps or ordered plan.")
-@click.option("--output", "-o", type=click.Path(path_type=Path), required=True)
+@click.option(
+    "--output", "-o", type=click.Path(path_type=Path), required=True, help="The rewritten GraphDef."
+)
 @click.option("--rank", default=None, help="Use this rank's edges (default: all ranks').")
 @click.option(
     "--drop-cyclic", is_flag=True, help="Leave out (and list) edges that would close a cycle."

@@ -87,7 +87,14 @@ def inspect_command(paths: tuple[Path, ...], rank: str | None, as_json: bool) ->
 
 @cli.command("schedule")
 @paths_argument()
-@click.option("--algorithm", "-a", type=click.Choice(ALGORITHMS), default="tac", show_default=True)
+@click.option(
+    "--algorithm",
+    "-a",
+    type=click.Choice(ALGORITHMS),
+    default="tac",
+    show_default=True,
+    help="tic or tac: a parameter-server job's transfers (TicTac); caramel: all-reduce.",
+)
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Write the plan here.")
 @click.option(
     "--format",

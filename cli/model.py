@@ -75,7 +75,13 @@ def parse_arch(text: str) -> list[str]:
     default=None,
     help="A `planner bench-network` CSV to fit f(d) = a + b*d from, instead of the trace.",
 )
-@click.option("--arch", "arch_text", default="ps,p2p,ring", show_default=True)
+@click.option(
+    "--arch",
+    "arch_text",
+    default="ps,p2p,ring",
+    show_default=True,
+    help="The architectures to model, comma-separated: ps, p2p, ring.",
+)
 @click.option(
     "--overlap",
     type=float,

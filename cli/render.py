@@ -181,21 +181,24 @@ def inspect_view(document: dict[str, Any]) -> None:
 
 
 def plan_view(document: dict[str, Any]) -> None:
+    """Each rank's plan in order. TAC's M+ (TicTac Eq. 6: the least time of the ops a
+    transfer completes, in seconds) is shown in ms, ``∞`` where the transfer completes
+    none; TIC's (a count of ops, every op taking 1) and Caramel's (none) are not."""
     console = out()
     for entry in document["ranks"]:
         table = new_table(title=f"{entry['algorithm'].upper()} plan for {entry['rank']}")
-        for column in ("order", "priority", "transfer", "param", "bytes", "M+"):
-            table.add_column(column)
+        m_plus = entry["algorithm"] == "tac"
+        for column in ("order", "priority", "transfer", "param", "bytes"):
+            table.add_column(column, justify="right" if column == "bytes" else "left")
+        if m_plus:
+            table.add_column("M+ (ms)", justify="right")
         for t in entry["transfers"]:
-            m_plus = t.get("M_plus")
-            table.add_row(
-                str(t["order_index"]),
-                str(t["priority"]),
-                t["name"],
-                t["param"] or "-",
-                bytes_text(t["nbytes"]),
-                "inf" if m_plus is None else f"{m_plus:.6g}",
-            )
+            row = [str(t["order_index"]), str(t["priority"]), t["name"], t["param"] or "-",
+                   bytes_text(t["nbytes"])]  # fmt: skip
+            if m_plus:
+                value = t.get("M_plus")
+                row.append("∞" if value is None else f"{value * 1e3:,.3f}")
+            table.add_row(*row)
         console.print(table)
 
 

@@ -81,8 +81,21 @@ def build_plans(job: Job, which: str, channels: int = 1) -> dict[str, dict[str, 
     show_default=True,
     help="Plan to simulate; baseline (random order) and observed are always shown.",
 )
-@click.option("--samples", type=click.IntRange(min=1), default=100, show_default=True)
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option(
+    "--samples",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="Replays per plan, each op's time drawn from its traced steps; the predicted step "
+    "time is over these samples.",
+)
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Seed of the samples and of the random-order baseline: the same seed, the same output.",
+)
 @click.option(
     "--bandwidth-scale",
     type=click.FloatRange(min=0, min_open=True),

@@ -173,3 +173,35 @@ def test_metrics_shows_the_executor_queue_of_tf_steps_only(
     assert "queued" not in next(line for line in out.splitlines() if "Umax" in line)
     document = json.loads(run_cli(["metrics", RESNET, "--json"], capsys)[1])
     assert not any("queued" in step for step in document["steps"])
+
+
+def test_every_option_says_what_it_does() -> None:
+    """Issue #46: help for every option of every command (`--help` is the manual an
+    installed package carries)."""
+    bare = [
+        f"{name} {param.opts[0]}"
+        for name, command in _commands().items()
+        for param in command.params
+        if isinstance(param, click.Option) and not param.hidden and not param.help
+    ]
+    assert bare == []
+
+
+def test_a_plans_m_plus_is_in_ms_where_it_is_a_time(capsys: pytest.CaptureFixture[str]) -> None:
+    """TAC's M+ is a time (TicTac Eq. 6, seconds in the document): shown in ms under a
+    header that says so, ∞ where a transfer completes no op; TIC's M+ counts ops (each
+    op takes 1) and is not shown as a time."""
+    code, out, _ = run_cli(["schedule", "-a", "tac", DEMO, "--json"], capsys)
+    entry = json.loads(out)["ranks"][0]
+    first = entry["transfers"][0]["M_plus"]
+    code, out, _ = run_cli(["schedule", "-a", "tac", DEMO], capsys)
+    assert code == 0 and "M+ (ms)" in out and f"{first * 1e3:,.3f}" in out
+    assert "∞" in out and " inf " not in out  # the sync token and global step
+    code, out, _ = run_cli(["schedule", "-a", "tic", DEMO], capsys)
+    assert code == 0 and "M+" not in out
+
+
+def test_the_demo_says_nothing_of_its_own_metadata(capsys: pytest.CaptureFixture[str]) -> None:
+    """The bundled demo's meta.json (what was run) is no trace to skip with a note."""
+    code, out, err = run_cli(["inspect", DEMO], capsys)
+    assert code == 0 and "meta.json" not in out + err

@@ -190,7 +190,8 @@ def load(paths: Iterable[str | Path], progress: Progress | None = None) -> Job:
         if item.format == "unknown_json":
             if explicit:
                 raise InputError(path, "JSON is not a trace this planner reads")
-            notes.append(f"skipped {path}: not a trace")
+            if path.name not in RUN_METADATA:  # a run's own description: nothing to say
+                notes.append(f"skipped {path}: not a trace")
             continue
         if item.escaped:
             notes.append(f"{path}: {escaped_note(item.escaped)}")
@@ -275,6 +276,10 @@ def _load_formats(by_format: dict[str, list[Sniffed]], notes: list[str], files: 
     where = files[0][0].parent if files else None
     raise InputError(where, "no readable trace among the inputs")
 
+
+RUN_METADATA = frozenset({"meta.json"})
+"""Files a recorded run keeps beside its traces (what was run, how): passed over in a
+folder without a note, as the bundled demo's."""
 
 FORMAT_NAMES = {
     "run_metadata": "a TensorFlow RunMetadata",

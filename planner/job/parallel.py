@@ -172,7 +172,8 @@ def split_ranks(paths: Sequence[Path]) -> tuple[list[list[Path]] | None, list[st
             elif found == "execution_trace":
                 traces[(path.parent, path.name)] = path
             elif found == "unknown_json" and not explicit:
-                notes.append(f"skipped {path}: not a trace")
+                if path.name not in detect.RUN_METADATA:
+                    notes.append(f"skipped {path}: not a trace")
             else:
                 return None, []
     except InputError:
