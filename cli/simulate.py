@@ -165,8 +165,7 @@ def simulate(
     process."""
     from planner.api import resolve
     from planner.export.chrome_trace import chrome_trace
-    from planner.job import parallel
-    from planner.prediction import simulate as sim
+    from planner.job import analysis, parallel
     from planner.prediction.replay import require_timings
 
     sweep = parse_sweep(sweep_spec)
@@ -194,7 +193,7 @@ def simulate(
         )
     job = select_ranks(load(paths, as_json), rank)
     require_timings(job)  # before the plans: a GraphDef alone cannot be simulated
-    document = sim.simulation(
+    document = analysis.simulation(
         job,
         build_plans(job, plan, channels),
         samples=samples,

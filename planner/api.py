@@ -353,7 +353,6 @@ def simulate(
     observed order and each of `plans` (default: every scheduler that applies).
     `knobs`: bandwidth_scale, compute_scale, latency, channels (as `planner simulate`)."""
     from planner.job import analysis
-    from planner.prediction import simulate as sim
 
     if plans is None:
         chosen = {
@@ -363,7 +362,7 @@ def simulate(
     else:
         items = [plans] if isinstance(plans, Plans) else list(plans)
         chosen = {p.algorithm: p.plans for p in items}
-    return SimulationResult(sim.simulation(job, chosen, samples=samples, seed=seed, **knobs))
+    return SimulationResult(analysis.simulation(job, chosen, samples=samples, seed=seed, **knobs))
 
 
 def report(

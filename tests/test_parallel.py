@@ -343,10 +343,10 @@ def test_analyze_computes_the_oracle_once_and_hands_it_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Inspect, the plans and the metrics of `analyze` share one time oracle (and so one
-    dedicated-time table for it), with the figures each would compute on its own; the
-    metrics' own view (whole spans) is one more table per rank where collectives waited
-    for peers (each rank's view holds its rows only: one table's work in all), and the
-    same one on a rank alone (no waits)."""
+    dedicated-time table for it), with the figures each would compute on its own. Where
+    collectives waited for peers each rank's view (its rows only: one job table's work
+    over all ranks) adds two: the metrics' (whole spans) and the replay's (transfers less
+    the waits); on a rank alone (no waits) all are the oracle's one table."""
     calls = {"oracles": 0, "tables": 0}
     real_oracles, real_tables = analysis.oracles, trace_module._dedicated_columns
 
@@ -358,7 +358,7 @@ def test_analyze_computes_the_oracle_once_and_hands_it_on(
         calls["tables"] += 1
         return real_tables(*args, **kwargs)
 
-    for inputs, tables in (([RESNET], 3), ([RESNET / "rank0.json.gz"], 1)):
+    for inputs, tables in (([RESNET], 1 + 2 * 2), ([RESNET / "rank0.json.gz"], 1)):
         job = detect.load(inputs)
         assert bool(job.trace.table["wait"].any()) == (tables > 1)
         calls.update(oracles=0, tables=0)

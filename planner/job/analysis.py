@@ -12,7 +12,7 @@ sizes bytes. The CLI only renders these.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,6 +122,67 @@ def caramel_plans(
     return stages.caramel_rank_plans(found["plan"], ops_of, source, ranks.folded.holds())
 
 
+def simulation(
+    job: Job,
+    plans: Mapping[str, Mapping[str, Plan]] | None = None,
+    *,
+    samples: int = 100,
+    seed: int = 0,
+    sweep_knob: str | None = None,
+    sweep_values: Sequence[float] = (),
+    timelines: bool = False,
+    enforce: str | None = "arrival",
+    ranks: RankResults | None = None,
+    **knobs: float,
+) -> dict[str, Any]:
+    """`planner.simulation/1`: the replay of the traced steps, the plans' comparison (and a
+    sweep of `sweep_knob`). A PyTorch all-reduce job (every rank with collectives, Caramel's
+    plan or none) runs its ranks one by one as a pool's tasks do (`per_rank_replay`:
+    each rank's ready times and waits, then its replay with its peers' releases); a
+    parameter-server job, whose TIC/TAC plans and TF executor pools have no per-rank
+    path, is replayed whole (`planner.prediction.simulate.simulation`, a TF plan as
+    `enforce` applies it). `ranks`: the job's `rank_results`, when a caller has them."""
+    if not per_rank_replay(job, plans):
+        from planner.prediction import simulate
+
+        return simulate.simulation(
+            job, plans, samples=samples, seed=seed, sweep_knob=sweep_knob,
+            sweep_values=sweep_values, timelines=timelines, enforce=enforce, **knobs,
+        )  # fmt: skip
+    from planner.job import rank_replay
+
+    ranks = ranks or rank_results(job, plans=True)
+    views = {rank: rank_view(job, rank) for rank in job.ranks}
+    ready = [rank_replay.ready_summary(views[r["rank"]], job.sources, r) for r in ranks.summaries]
+    released = rank_replay.releases(ready)
+    options = {"samples": samples, "seed": seed, "sweep_knob": sweep_knob,
+               "sweep_values": list(sweep_values), "knobs": knobs}  # fmt: skip
+    caramel = (plans or {}).get("caramel") or {}
+    # each view's trace holds the job's waits for peers: none to put in (None)
+    records = [
+        rank_replay.simulation_of(
+            views[rank], None, released.get(rank, {}), caramel.get(rank), options, timelines
+        )
+        for rank in job.ranks
+    ]
+    document = rank_replay.job_simulation(records, job.framework, job.sources)
+    if timelines:
+        document["timelines"] = [s for r in records for s in r["timelines"] or []]
+    return document
+
+
+def per_rank_replay(job: Job, plans: Mapping[str, Any] | None) -> bool:
+    """Whether `simulation` replays `job` rank by rank: a PyTorch job whose every rank
+    has collectives and no parameter-server recvs, every rank of its trace analysed (not
+    one rank selected from its job), planned with Caramel or not at all."""
+    return (
+        job.framework == "pytorch"
+        and set(plans or {}) <= {"caramel"}
+        and set(job.trace.ranks) == set(job.graphs)
+        and all(stages.has_collectives(g) and not g.recvs for g in job.graphs.values())
+    )
+
+
 def analyze(
     job: Job,
     samples: int = 100,
@@ -168,10 +229,8 @@ def analyze(
     }
     if timed:
         step(f"simulating ({samples} samples per plan)")
-        from planner.prediction import simulate
-
-        report["simulation"] = simulate.simulation(
-            job, plans, samples=samples, seed=seed, timelines=True
+        report["simulation"] = simulation(
+            job, plans, samples=samples, seed=seed, timelines=True, ranks=ranks
         )
         if report["metrics"] is not None and len(job.ranks) > stages.TIMELINE_RANKS:
             kept = stages.timeline_ranks(job.ranks, report["metrics"])

@@ -141,7 +141,7 @@ def rank_simulation(
 
 def simulation_of(
     job: Job,
-    waits: Mapping[tuple[int, str], int],
+    waits: Mapping[tuple[int, str], int] | None,
     ready: Mapping[int, Mapping[str, int]],
     plan: Plan | None,
     options: Mapping[str, Any],
@@ -164,7 +164,8 @@ def simulation_of(
     from planner.prediction.whatif import sweep as sweep_of
 
     (rank,) = job.ranks
-    job = with_waits(job, waits)
+    if waits is not None:  # None: the job's trace holds them (a rank of a loaded job)
+        job = with_waits(job, waits)
     graph = job.graphs[rank]
     frame = _frame(job)
     compiled = compile_graph(graph)
