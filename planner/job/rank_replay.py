@@ -155,7 +155,7 @@ def simulation_of(
     from planner.model.oracle import mean_of_runs
     from planner.model.trace import queued_before
     from planner.prediction.comparison import compare
-    from planner.prediction.compiled import compile_graph, rank_rows
+    from planner.prediction.compiled import rank_arrays, rank_rows
     from planner.prediction.fidelity import _error_summary
     from planner.prediction.releases import _latest, carried_over, spans_of
     from planner.prediction.replay import _frame, _replay_rank
@@ -168,33 +168,37 @@ def simulation_of(
         job = with_waits(job, waits)
     graph = job.graphs[rank]
     frame = _frame(job)
-    compiled = compile_graph(graph)
     rows = rank_rows(frame, rank)
+    # the graph compiled and its rows looked up once, for the replay and the comparison
+    compiled, known = rank_arrays(graph, rows)
     oracle = mean_of_runs(graph, rows)
-    arrays = {}
+    peers = {}
     for it, times in ready.items():
         latest = np.full(len(compiled.names), -1, dtype=np.int64)
         for name, t in times.items():
             i = compiled.index.get(name)
             if i is not None and compiled.transfer[i]:
                 latest[i] = t
-        arrays[it] = latest
+        peers[it] = latest
     seed, samples = options["seed"], options["samples"]
     spans = spans_of(job, rank)
     # as `planner.prediction.replay.replay`: peers' readiness, and the queue each stream
     # carries over
-    queue = carried_over(compiled, rows, spans, queued_before(job, rank))
-    release = _latest(arrays if ready else None, queue)
+    queue = carried_over(compiled, known, spans, queued_before(job, rank))
+    release = _latest(peers if ready else None, queue)
     pools = job.framework == "tensorflow"
     plans = {}
     if plan is not None:
         plans = {"caramel": {rank: replace(plan, rank=rank)}}
     steps = _replay_rank(
-        compiled, rows, oracle, seed, spans, release, len(graph.ops), pools,
+        compiled, known, oracle, seed, spans, release, len(graph.ops), pools,
         {name: p[rank] for name, p in plans.items()}, cpu_spans_of(job, rank),
     )  # fmt: skip
     knobs = options["knobs"]
-    shared = {"samples": samples, "seed": seed, "oracles": {rank: oracle}, "frame": frame}
+    shared = {
+        "samples": samples, "seed": seed, "oracles": {rank: oracle}, "frame": frame,
+        "arrays": {rank: (compiled, known)},
+    }  # fmt: skip
     comparison = compare(job, plans, replayed={rank: steps}, timelines=timelines, **shared, **knobs)
     sweep = None
     if options["sweep_knob"] is not None:

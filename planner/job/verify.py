@@ -218,8 +218,10 @@ def predict_orders(
     from planner.model.oracle import mean_of_runs
     from planner.model.trace import with_dedicated
     from planner.prediction import event_loop
+    from planner.prediction.compiled import compile_graph
 
     graph = job.graphs[rank]
+    compiled = compile_graph(graph)  # once for every order
     frame = with_dedicated(job.trace, {rank: graph})
     oracle = mean_of_runs(graph, frame[frame["rank"] == rank])
     out = {}
@@ -232,7 +234,9 @@ def predict_orders(
             order=tuple(known),
             control_edges=tuple(zip(known[:-1], known[1:], strict=True)),
         )
-        run = event_loop.simulate(graph, oracle, plan, samples=samples, record=False)
+        run = event_loop.simulate(
+            graph, oracle, plan, samples=samples, record=False, compiled=compiled
+        )
         out[label] = float(run.makespan.mean())
     return out
 

@@ -20,16 +20,17 @@ from planner.model.trace import Job
 from planner.prediction import _simkernel, enforced
 from planner.prediction.compiled import (
     Compiled,
+    KnownRows,
     _plan_parts,
     capacities,
-    compile_graph,
     observed_priorities,
     op_seconds,
+    rank_arrays,
     rank_rows,
 )
 from planner.prediction.event_loop import Run, _stats, bounds, overlap, run, timeline
 from planner.prediction.fidelity import RELIABLE, _error_summary
-from planner.prediction.replay import SCHEMA, _frame, replay, replayed_steps
+from planner.prediction.replay import SCHEMA, _frame, job_arrays, replay, replayed_steps
 
 KNOBS: dict[str, float] = {
     "bandwidth_scale": 1.0,
@@ -120,6 +121,7 @@ def _predecessors(compiled: Compiled, i: int) -> list[str]:
 def _compare_rank(
     compiled: Compiled,
     rows: pd.DataFrame,
+    known: KnownRows,
     seconds: np.ndarray,
     plans: Mapping[str, Plan],
     channels: int,
@@ -127,14 +129,15 @@ def _compare_rank(
     seed: int,
     timelines: bool,
 ) -> list[dict[str, Any]]:
-    """Entries of baseline, observed and `plans` for one rank (same DAG and op times)."""
+    """Entries of baseline, observed and `plans` for one rank (same DAG and op times);
+    `rows`: the rank's rows, `known` their `op_rows`."""
     umax, lmin = bounds(compiled, seconds, capacities(compiled, channels))
     runs: dict[str, Run] = {}
     extra: dict[str, dict[str, Any]] = {}
     runs["baseline"] = run(
         compiled, seconds, None, channels=channels, samples=samples, seed=seed, record=True
     )
-    steps = observed_priorities(compiled, rows)
+    steps = observed_priorities(compiled, rows, known)
     if steps:
         per_step = max(1, -(-samples // len(steps)))
         step_runs = [
@@ -152,13 +155,8 @@ def _compare_rank(
         means = np.array([r.makespan.mean() for r in step_runs])
         pick = int(np.argsort(means, kind="stable")[(len(means) - 1) // 2])
         chosen = step_runs[pick]
-        runs["observed"] = Run(
-            np.concatenate([r.makespan for r in step_runs]),
-            chosen.seconds,
-            chosen.recorded,
-            chosen.start,
-            chosen.lane,
-        )
+        makespan = np.concatenate([r.makespan for r in step_runs])
+        runs["observed"] = Run(makespan, chosen.seconds, chosen.recorded, chosen.start, chosen.lane)
         extra["observed"] = {"iteration": steps[pick][0]}
     for name, plan in plans.items():
         priority, control = _plan_parts(plan)
@@ -235,6 +233,7 @@ def compare(
     oracles: Mapping[str, TimeOracle] | None = None,
     frame: pd.DataFrame | None = None,
     replayed: Mapping[str, Sequence[dict[str, Any]]] | None = None,
+    arrays: Mapping[str, tuple[Compiled, KnownRows]] | None = None,
     **knobs: float,
 ) -> dict[str, Any]:
     """Baseline, observed and the given plans ({name: {rank: Plan}}) on each rank.
@@ -245,7 +244,9 @@ def compare(
     overlap alpha (of the median sample). `timelines` adds that sample's schedule per
     plan (see `planner.export.chrome_trace`). `knobs`: see `KNOBS`. `oracles` and
     `frame` (`with_dedicated` timings) default to the mean-of-runs oracle of the trace;
-    `replayed` (rank -> the steps of a `replay`) saves replaying the traced steps again.
+    `replayed` (rank -> the steps of a `replay`) saves replaying the traced steps again,
+    `arrays` (rank -> `rank_arrays` of its graph and its rows of `frame`) compiling its
+    graph and looking up its rows again.
     """
     plans = plans or {}
     for name in plans:
@@ -254,25 +255,22 @@ def compare(
     settings = _knobs(**knobs)
     frame = _frame(job) if frame is None else frame
     if replayed is None or any(rank not in replayed for rank in job.ranks):
-        replayed = {**replayed_steps(replay(job, seed=seed, frame=frame)), **(replayed or {})}
+        arrays = job_arrays(job, frame) if arrays is None else arrays  # for both
+        again = replayed_steps(replay(job, seed=seed, frame=frame, arrays=arrays))
+        replayed = {**again, **(replayed or {})}
+    scales = {k: settings[k] for k in ("bandwidth_scale", "compute_scale", "latency")}
     ranks = []
     for rank in job.ranks:
         graph = job.graphs[rank]
-        compiled = compile_graph(graph)
         rows = rank_rows(frame, rank)
+        compiled, known = (arrays or {}).get(rank) or rank_arrays(graph, rows)
         oracle = oracles[rank] if oracles is not None else mean_of_runs(graph, rows)
         steps = replayed[rank]
         of_rank = {name: p[rank] for name, p in plans.items() if rank in p}
-        seconds = op_seconds(
-            compiled,
-            oracle,
-            bandwidth_scale=settings["bandwidth_scale"],
-            compute_scale=settings["compute_scale"],
-            latency=settings["latency"],
-        )
+        seconds = op_seconds(compiled, oracle, **scales)
         channels = int(settings["channels"])
         entries = _compare_rank(
-            compiled, rows, seconds, of_rank, channels, samples, seed, timelines
+            compiled, rows, known, seconds, of_rank, channels, samples, seed, timelines
         )
         umax, lmin = bounds(compiled, seconds, capacities(compiled, channels))
         transfer = float(seconds[compiled.transfer].sum())

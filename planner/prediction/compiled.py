@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import repeat
 
 import numpy as np
@@ -33,25 +34,18 @@ class Compiled:
     dst: np.ndarray
     transfer: np.ndarray
 
+    @cached_property
+    def topological_position(self) -> np.ndarray:
+        """Position of each op in one topological order of the graph: derived from the
+        edges once per compiled graph, on first use (`step_model` breaks ties in start
+        time by it in every step)."""
+        return _topological_position(self.src, self.dst, len(self.names))
+
 
 def compile_graph(graph: OpGraph) -> Compiled:
-    """Op index, resource id per op and the edge arrays of `graph`. (speed) The last
-    graph's is kept: a rank's replay, its comparison and its ready times ask for it
-    again (a graph is not changed once built; the arrays are only read)."""
-    held = _COMPILED.get(id(graph))
-    if held is not None and held.graph is graph:
-        return held
-    compiled = _compile(graph)
-    _COMPILED.clear()
-    _COMPILED[id(graph)] = compiled
-    return compiled
-
-
-_COMPILED: dict[int, Compiled] = {}
-
-
-def _compile(graph: OpGraph) -> Compiled:
-    """The arrays of `compile_graph`, built."""
+    """Op index, resource id per op and the edge arrays of `graph`. Built once where a
+    rank's replay (or comparison) starts and handed on: a graph is not changed once
+    built, and the arrays are only read."""
     names = tuple(graph.ops)
     index = {name: i for i, name in enumerate(names)}
     resources = tuple(sorted({op.resource for op in graph.ops.values()}))
@@ -63,30 +57,40 @@ def _compile(graph: OpGraph) -> Compiled:
     return Compiled(graph, names, index, resources, res, src, dst, transfer)
 
 
-def op_rows(compiled: Compiled, rows: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+KnownRows = tuple[pd.DataFrame, np.ndarray]
+"""(the records whose op a `Compiled` holds, their op indices): `op_rows`'s answer, made
+once where a rank's rows are made and handed on to what reads them."""
+
+
+def op_rows(compiled: Compiled, rows: pd.DataFrame) -> KnownRows:
     """(the rows of `rows` whose op `compiled` holds, in order; their op indices).
 
     (speed) One dict look-up per row: pandas' ``isin`` and ``map`` over the op names
-    cost about a millisecond per call. The last answer is kept: a rank's replay, its
-    queues carried over and its comparison ask for the same rows (the same object,
-    `rank_rows`; rows are only read once made)."""
-    held = _OP_ROWS.get("last")
-    if held is not None and held[0] is compiled and held[1] is rows:
-        return held[2]
+    cost about a millisecond per call. A rank's replay, its queues carried over and its
+    comparison read the same rows: the caller looks them up once and hands the answer
+    on (`known_rows`)."""
     ops = rows["op"].tolist()
     idx = np.fromiter(map(compiled.index.get, ops, repeat(-1)), dtype=np.int64, count=len(ops))
     keep = idx >= 0
-    found = (rows, idx) if keep.all() else (rows[keep], idx[keep])
-    _OP_ROWS["last"] = (compiled, rows, found)
-    return found
+    return (rows, idx) if keep.all() else (rows[keep], idx[keep])
 
 
-_OP_ROWS: dict[str, tuple[Compiled, pd.DataFrame, tuple[pd.DataFrame, np.ndarray]]] = {}
+def known_rows(compiled: Compiled, rows: pd.DataFrame | KnownRows) -> KnownRows:
+    """`rows` as `op_rows` gives them: as they are where the caller looked them up
+    already (a tuple), else looked up now."""
+    return rows if isinstance(rows, tuple) else op_rows(compiled, rows)
+
+
+def rank_arrays(graph: OpGraph, rows: pd.DataFrame) -> tuple[Compiled, KnownRows]:
+    """A rank's `graph` compiled and its `rows` looked up in it (`op_rows`): what the
+    rank's replay and comparison read, built once per rank and handed on."""
+    compiled = compile_graph(graph)
+    return compiled, op_rows(compiled, rows)
 
 
 def rank_rows(frame: pd.DataFrame, rank: str) -> pd.DataFrame:
     """The rows of `rank` in `frame`: `frame` itself where it holds that rank alone (a
-    one-rank job: no copy, and `op_rows` answers its callers from the one look-up)."""
+    one-rank job: no copy)."""
     mask = frame["rank"] == rank
     return frame if mask.all() else frame[mask]
 
@@ -146,9 +150,10 @@ def _plan_parts(
     return plan, ()
 
 
-def observed_priority(compiled: Compiled, rows: pd.DataFrame) -> np.ndarray:
-    """Priority = observed start order per resource (ties by name); -1 for unseen ops."""
-    rows, idx = op_rows(compiled, rows)
+def observed_priority(compiled: Compiled, rows: pd.DataFrame | KnownRows) -> np.ndarray:
+    """Priority = observed start order per resource (ties by name); -1 for unseen ops.
+    `rows`: a step's rows, or their `op_rows`."""
+    rows, idx = known_rows(compiled, rows)
     res = compiled.res[idx]
     order = np.lexsort((rows["op"].to_numpy(), rows["start"].to_numpy(), res))
     res_sorted = res[order]
@@ -158,12 +163,15 @@ def observed_priority(compiled: Compiled, rows: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def observed_priorities(compiled: Compiled, rows: pd.DataFrame) -> list[tuple[int, np.ndarray]]:
+def observed_priorities(
+    compiled: Compiled, rows: pd.DataFrame, known: KnownRows | None = None
+) -> list[tuple[int, np.ndarray]]:
     """(step, `observed_priority` of its rows) for each step of one rank's `rows`, in
-    step order. (speed) The ops are looked up and their names ordered once for the
-    rank, and the steps split with numpy, not a pandas group-by: the same priorities."""
+    step order; `known`: `op_rows` of `rows`, where the caller looked them up. (speed)
+    The ops are looked up and their names ordered once for the rank, and the steps split
+    with numpy, not a pandas group-by: the same priorities."""
     steps = sorted_unique(rows["iteration"].to_numpy(dtype=np.int64))
-    known, idx = op_rows(compiled, rows)
+    known, idx = op_rows(compiled, rows) if known is None else known
     iteration = known["iteration"].to_numpy(dtype=np.int64)
     start = known["start"].to_numpy()
     # ties in start time go by name: the names' sorted positions order them alike
@@ -184,10 +192,13 @@ def observed_priorities(compiled: Compiled, rows: pd.DataFrame) -> list[tuple[in
     return out
 
 
-def step_seconds(compiled: Compiled, rows: pd.DataFrame, fallback: np.ndarray) -> np.ndarray:
-    """Op times of one step: its dedicated times, the oracle's for ops it did not run."""
+def step_seconds(
+    compiled: Compiled, rows: pd.DataFrame | KnownRows, fallback: np.ndarray
+) -> np.ndarray:
+    """Op times of one step (its rows, or their `op_rows`): its dedicated times, the
+    oracle's for ops it did not run."""
     seconds = fallback.copy()
-    rows, idx = op_rows(compiled, rows)
+    rows, idx = known_rows(compiled, rows)
     seconds[idx] = rows["dedicated"].to_numpy() / 1e9
     return seconds
 
@@ -237,18 +248,11 @@ def per_op(compiled: Compiled, values: Mapping[str, float]) -> np.ndarray:
     return out
 
 
-def topological_positions(compiled: Compiled) -> np.ndarray:
-    """Position of each op in one topological order of the graph (cached per graph)."""
-    cached = _TOPO.get(id(compiled.graph))
-    if cached is not None and cached[0] is compiled.graph:
-        return cached[1]
-    n = len(compiled.names)
-    indeg = np.bincount(compiled.dst, minlength=n)
-    order = np.argsort(compiled.src, kind="stable")
-    succ, ptr = (
-        compiled.dst[order],
-        np.concatenate([[0], np.cumsum(np.bincount(compiled.src, minlength=n))]),
-    )
+def _topological_position(src: np.ndarray, dst: np.ndarray, n: int) -> np.ndarray:
+    """`Compiled.topological_position` of `n` ops joined by the edges `src` -> `dst`."""
+    indeg = np.bincount(dst, minlength=n)
+    order = np.argsort(src, kind="stable")
+    succ, ptr = dst[order], np.concatenate([[0], np.cumsum(np.bincount(src, minlength=n))])
     # (speed) the walk over plain lists, not numpy scalars
     position_of = [0] * n
     frontier = np.flatnonzero(indeg == 0)[::-1].tolist()
@@ -262,13 +266,7 @@ def topological_positions(compiled: Compiled) -> np.ndarray:
             need[j] -= 1
             if need[j] == 0:
                 frontier.append(j)
-    position = np.array(position_of, dtype=np.int64)
-    _TOPO.clear()
-    _TOPO[id(compiled.graph)] = (compiled.graph, position)
-    return position
-
-
-_TOPO: dict[int, tuple[OpGraph, np.ndarray]] = {}
+    return np.array(position_of, dtype=np.int64)
 
 
 def _device_ops(compiled: Compiled) -> np.ndarray:

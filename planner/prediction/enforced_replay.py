@@ -7,11 +7,10 @@ the plans' replay."""
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 from planner.model.plan import Plan
 from planner.prediction import enforced
-from planner.prediction.compiled import Compiled, PlanArrays
+from planner.prediction.compiled import Compiled, KnownRows, PlanArrays
 
 
 def _op_bytes(compiled: Compiled) -> np.ndarray:
@@ -20,12 +19,13 @@ def _op_bytes(compiled: Compiled) -> np.ndarray:
 
 
 def _link(
-    compiled: Compiled, rows: pd.DataFrame, own: int | None, op_bytes: np.ndarray
+    compiled: Compiled, known: KnownRows, own: int | None, op_bytes: np.ndarray
 ) -> tuple[float, float]:
     """(`enforced.control_message`, `enforced.link_throughput`) on the records of the
-    replay's transfers: the rank's own (its first `own` ops) and, on a shared link, its
-    peers'; `op_bytes`: `_op_bytes` of `compiled`."""
-    idx = rows["op"].map(compiled.index).to_numpy(dtype=np.int64)
+    replay's transfers (`known`: the replay's rows as `op_rows` gives them): the rank's
+    own (its first `own` ops) and, on a shared link, its peers'; `op_bytes`: `_op_bytes`
+    of `compiled`."""
+    rows, idx = known
     transfer = compiled.transfer[idx]
     idx = idx[transfer]
     start = rows["start"].to_numpy(dtype=np.float64)[transfer]

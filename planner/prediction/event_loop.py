@@ -194,9 +194,11 @@ def simulate(
     samples: int = 1,
     seed: int = 0,
     record: bool = True,
+    compiled: Compiled | None = None,
 ) -> Run:
-    """One-call form of `run` for a graph, its op times and a plan (or bare priorities)."""
-    compiled = compile_graph(graph)
+    """One-call form of `run` for a graph, its op times and a plan (or bare priorities);
+    `compiled`: `compile_graph(graph)`, where the caller runs several plans on it."""
+    compiled = compile_graph(graph) if compiled is None else compiled
     priority, control = _plan_parts(plan)
     return run(
         compiled,

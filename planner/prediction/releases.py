@@ -14,7 +14,7 @@ import pandas as pd
 
 from planner.model.graph import OpGraph, on_gpu
 from planner.model.trace import Job
-from planner.prediction.compiled import Compiled, compile_graph, op_rows
+from planner.prediction.compiled import Compiled, KnownRows, known_rows
 from planner.prediction.overheads import nan_medians
 from planner.prediction.step_model import StepModel
 
@@ -57,7 +57,7 @@ def peer_releases(
 
 def carried_over(
     compiled: Compiled,
-    rows: pd.DataFrame,
+    rows: pd.DataFrame | KnownRows,
     spans: Mapping[int, tuple[int, int]] | None = None,
     queued: Mapping[str, int] | None = None,
 ) -> dict[int, np.ndarray]:
@@ -70,8 +70,9 @@ def carried_over(
     (`queued`: the end of the work issued before profiling began, `queued_before`; none
     where it recorded none) and elsewhere, or where the trace recorded no such work at
     all, with the typical queue: per resource the median over the other steps of that
-    end less the step's start (its recorded span's, else its first record's)."""
-    rows, idx = op_rows(compiled, rows)
+    end less the step's start (its recorded span's, else its first record's). `rows`:
+    the rank's rows, or their `op_rows` where the caller looked them up."""
+    rows, idx = known_rows(compiled, rows)
     if not len(rows):
         return {}
     # (speed) per step its first start and per (step, resource) its last end, by one
@@ -157,7 +158,7 @@ def joint_work(
     )
     extra["dedicated"] = extra["duration"]
     joined = pd.concat([rows, extra.astype({"start": "int64", "duration": "int64"})])
-    index = compile_graph(graph).index
+    index = {name: i for i, name in enumerate(graph.ops)}  # as `compile_graph` numbers them
     n_own = len(job.graphs[rank].ops)
     out: dict[int, np.ndarray] = {}
     steps = set(rows["iteration"].unique().tolist())

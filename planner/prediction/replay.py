@@ -23,13 +23,17 @@ from planner.planning.ticks import TICKS_PER_SECOND
 from planner.prediction import host
 from planner.prediction.compiled import (
     Compiled,
+    KnownRows,
     PlanArrays,
     _device_ops,
     compile_graph,
+    known_rows,
     op_rows,
     op_seconds,
     per_op,
     plan_arrays,
+    rank_arrays,
+    rank_rows,
     sorted_unique,
     to_ticks,
 )
@@ -129,7 +133,7 @@ def thread_speeds(
 
 def _step_models(
     compiled: Compiled,
-    rows_of_rank: pd.DataFrame,
+    rows_of_rank: pd.DataFrame | KnownRows,
     oracle: TimeOracle,
     spans: Mapping[int, tuple[int, int]] | None,
     releases: Mapping[int, np.ndarray] | None = None,
@@ -147,13 +151,14 @@ def _step_models(
     step being that step's) each step keeps its own width.
     The edges the trace contradicts are dropped rank-wide either way. Partial steps do
     not shape the rank. A step's rows are numpy columns of its records of `compiled`'s
-    ops: ``start``, ``duration`` (ns) and ``idx`` (the op index, `op_rows`). `plan`: the
-    steps as the plan would run them (`step_model`)."""
+    ops: ``start``, ``duration`` (ns) and ``idx`` (the op index, `op_rows`; `rows_of_rank`
+    may be that answer, looked up once for the rank). `plan`: the steps as the plan would
+    run them (`step_model`)."""
     fallback = op_seconds(compiled, oracle)
     # (speed) the op indices looked up once for the rank and the columns taken as numpy,
     # then split by step (a step without a record of `compiled`'s ops has no model and
     # does not shape the rank); no pandas per step
-    rows_known, idx_known = op_rows(compiled, rows_of_rank)
+    rows_known, idx_known = known_rows(compiled, rows_of_rank)
     iteration = rows_known["iteration"].to_numpy(dtype=np.int64)
     columns = {
         "start": rows_known["start"].to_numpy(dtype=np.int64),
@@ -205,7 +210,7 @@ def _step_models(
 
 def _replay_rank(
     compiled: Compiled,
-    rows_of_rank: pd.DataFrame,
+    rows_of_rank: pd.DataFrame | KnownRows,
     oracle: TimeOracle,
     seed: int,
     spans: Mapping[int, tuple[int, int]] | None = None,
@@ -224,8 +229,10 @@ def _replay_rank(
     timed beside the device's steps;
     `queued`: step -> op -> ns TensorFlow's executor held the op queued (`_cause`);
     `in_trace`: the first `in_trace` ops of `compiled` are the rank's trace (its own ops and
-    the PS work its RunMetadata recorded, `own` when None): what covers its steps."""
-    models = _step_models(compiled, rows_of_rank, oracle, spans, releases, own, pools)
+    the PS work its RunMetadata recorded, `own` when None): what covers its steps.
+    `rows_of_rank`: its rows, or their `op_rows` where the caller looked them up."""
+    looked_up = known_rows(compiled, rows_of_rank)  # once, read by every model below
+    models = _step_models(compiled, looked_up, oracle, spans, releases, own, pools)
     in_trace = own if in_trace is None else in_trace
     overheads = _lent_overheads(compiled, models, own, in_trace, pools)
     device = _device_ops(compiled)[: len(compiled.names[:own])]
@@ -237,13 +244,13 @@ def _replay_rank(
             device, len(models) > 1,
         )  # fmt: skip
         if traced.missing:
-            step["partial"] = records.note(str(rows_of_rank["rank"].iloc[0]), it, traced.missing)
+            step["partial"] = records.note(str(looked_up[0]["rank"].iloc[0]), it, traced.missing)
         steps.append(step)
     if plans:
         observed = {s["iteration"]: s["predicted_wall"] for s in steps}
         judged = _replay_plans(
-            compiled, rows_of_rank, oracle, seed, spans, releases, own, pools, plans,
-            overheads, observed, enforce,
+            compiled, looked_up, oracle, seed, spans, releases, own, pools, plans, overheads,
+            observed, enforce,
         )  # fmt: skip
         for step in steps:
             step["plans"] = judged[step["iteration"]]
@@ -334,7 +341,7 @@ def _replayed_step(
 
 def _replay_plans(
     compiled: Compiled,
-    rows_of_rank: pd.DataFrame,
+    looked_up: KnownRows,
     oracle: TimeOracle,
     seed: int,
     spans: Mapping[int, tuple[int, int]] | None,
@@ -353,7 +360,8 @@ def _replay_plans(
     same step; ``error`` instead where the plan cannot run on the step (its order or
     edges close a cycle with what the step observed). On a TF job (`pools`) an ordered
     plan runs with the chain the TF module adds in mode `enforce` (`_enforced`; None:
-    its priorities alone), and each entry names the mode it ran as (``enforce``)."""
+    its priorities alone), and each entry names the mode it ran as (``enforce``).
+    `looked_up`: the rank's rows as `op_rows` gives them."""
     out: dict[int, dict[str, dict[str, Any]]] = {it: {} for it in observed}
     link: tuple[float, float] | None = None  # (message s, bytes/s), found once per rank
     op_bytes = _op_bytes(compiled) if pools else np.zeros(0)
@@ -369,11 +377,11 @@ def _replay_plans(
         mode = enforce if pools and plan.order else None
         if mode is not None:  # as the TF module applies it (`enforced`)
             arrays, waits, alone = _enforced(compiled, own, plan, arrays, mode)
-            link = link if link is not None else _link(compiled, rows_of_rank, own, op_bytes)
+            link = link if link is not None else _link(compiled, looked_up, own, op_bytes)
             latency = link[0]
             nbytes = np.nan_to_num(op_bytes[alone], nan=0.0)
             least = latency + (nbytes / link[1] if link[1] > 0 else 0.0)
-        models = _step_models(compiled, rows_of_rank, oracle, spans, releases, own, pools, arrays)
+        models = _step_models(compiled, looked_up, oracle, spans, releases, own, pools, arrays)
         device = _device_ops(compiled)[: len(compiled.names[:own])]
         for it, (_, span, traced) in models.items():
             overhead = overheads[it]
@@ -423,12 +431,15 @@ def replay(
     frame: pd.DataFrame | None = None,
     plans: Mapping[str, Mapping[str, Plan]] | None = None,
     enforce: str | None = "arrival",
+    arrays: Mapping[str, tuple[Compiled, KnownRows]] | None = None,
 ) -> dict[str, Any]:
     """Each traced step of each rank with its own op times and observed order.
 
     Per step: predicted and measured (busy makespan) iteration time, span, idle and
     ``replay_error``; per rank the median and the largest-magnitude error (signed).
-    `frame`: the job's `with_dedicated` timings, when the caller has them already.
+    `frame`: the job's `with_dedicated` timings, when the caller has them already;
+    `arrays`: rank -> `rank_arrays` of its graph and rows of `frame`, likewise (each rank's graph
+    is compiled and its rows looked up once, here or by the caller, and handed on).
     `plans` ({name: {rank: Plan}}): each step also replayed as each plan would run it
     (``plans`` per step, `_replay_plans`): the same model, so the replay error of the
     observed order is the error beside each plan's prediction. On a TF job an ordered
@@ -439,27 +450,35 @@ def replay(
     (`host.on_links`).
     """
     frame = _frame(job) if frame is None else frame
-    releases = job_releases(job, frame)
+    if arrays is None:  # the peers' releases read every rank's; one rank's, built below
+        arrays = job_arrays(job, frame) if len(job.ranks) > 1 else {}
+    releases = job_releases(job, frame, arrays)
     pools = job.framework == "tensorflow"
     shared_core = host.one_core(job, frame)
     ranks = []
     for rank in job.ranks:
         own = len(job.graphs[rank].ops)
-        graph, rows, release = joint_work(
-            job, rank, frame[frame["rank"] == rank], releases.get(rank)
-        )
+        mine = rank_rows(frame, rank)
+        graph, rows, release = joint_work(job, rank, mine, releases.get(rank))
         in_trace = len(graph.ops)  # the rank's ops and the PS work of its RunMetadata
         spans = spans_of(job, rank)
         if shared_core is not None:
             graph, rows, release = host.on_one_core(job, rank, graph, rows, release, frame, spans)
         elif pools:
             graph, rows, release = host.on_links(job, rank, graph, rows, release, frame, spans)
-        compiled = compile_graph(graph)
+        held = arrays.get(rank)
+        if held is not None and graph is job.graphs[rank] and rows is mine:
+            compiled, looked_up = held  # the rank's own work, as it is
+        else:  # or joined with work from outside its records, compiled for the replay
+            compiled = compile_graph(graph)
+            looked_up = op_rows(compiled, rows)
         oracle = mean_of_runs(graph, rows)
-        release = _latest(release, carried_over(compiled, rows, spans, queued_before(job, rank)))
+        release = _latest(
+            release, carried_over(compiled, looked_up, spans, queued_before(job, rank))
+        )
         of_rank = {name: p[rank] for name, p in (plans or {}).items() if rank in p}
         steps = _replay_rank(
-            compiled, rows, oracle, seed, spans, release, own, pools, of_rank,
+            compiled, looked_up, oracle, seed, spans, release, own, pools, of_rank,
             cpu_spans_of(job, rank), rank_meta(job, rank).get("queued"), in_trace, enforce,
         )  # fmt: skip
         ranks.append({"rank": rank, **_error_summary(steps), "steps": steps})
@@ -469,18 +488,28 @@ def replay(
     return document
 
 
-def job_releases(job: Job, frame: pd.DataFrame) -> dict[str, dict[int, np.ndarray]]:
-    """`peer_releases` of a job (empty with one rank)."""
+def job_arrays(job: Job, frame: pd.DataFrame) -> dict[str, tuple[Compiled, KnownRows]]:
+    """Rank -> `rank_arrays` of its graph and its rows of `frame` (`rank_rows`): built
+    once where a job's replay (or comparison) starts, handed to the pieces that read them."""
+    return {rank: rank_arrays(job.graphs[rank], rank_rows(frame, rank)) for rank in job.ranks}
+
+
+def job_releases(
+    job: Job,
+    frame: pd.DataFrame,
+    arrays: Mapping[str, tuple[Compiled, KnownRows]] | None = None,
+) -> dict[str, dict[int, np.ndarray]]:
+    """`peer_releases` of a job (empty with one rank); `arrays`: as in `replay`."""
     if len(job.ranks) < 2:
         return {}
     compiled, models = {}, {}
     for rank in job.ranks:
         graph = job.graphs[rank]
-        compiled[rank] = compile_graph(graph)
         rows = frame[frame["rank"] == rank]
+        compiled[rank], looked_up = (arrays or {}).get(rank) or rank_arrays(graph, rows)
         models[rank] = _step_models(
             compiled[rank],
-            rows,
+            looked_up,
             mean_of_runs(graph, rows),
             spans_of(job, rank),
             pools=job.framework == "tensorflow",

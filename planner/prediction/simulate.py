@@ -42,7 +42,7 @@ from planner.model.oracle import mean_of_runs
 from planner.model.plan import Plan
 from planner.model.trace import Job
 from planner.prediction.comparison import compare
-from planner.prediction.replay import SCHEMA, _frame, replay, replayed_steps
+from planner.prediction.replay import SCHEMA, _frame, job_arrays, replay, replayed_steps
 from planner.prediction.timelines import timelines_of
 from planner.prediction.whatif import sweep
 
@@ -72,11 +72,12 @@ def simulation(
         rank: mean_of_runs(graph, frame[frame["rank"] == rank])
         for rank, graph in job.graphs.items()
     }
-    replayed = replay(job, seed=seed, frame=frame, plans=plans, enforce=enforce)
+    arrays = job_arrays(job, frame)  # each rank's graph compiled once, for every piece
+    replayed = replay(job, seed=seed, frame=frame, plans=plans, enforce=enforce, arrays=arrays)
     steps = replayed_steps(replayed)
     comparison = compare(
         job, plans, samples=samples, seed=seed, timelines=timelines, oracles=oracles,
-        frame=frame, replayed=steps, **knobs,
+        frame=frame, replayed=steps, arrays=arrays, **knobs,
     )  # fmt: skip
     document: dict[str, Any] = {
         "schema": SCHEMA,
@@ -90,7 +91,7 @@ def simulation(
     if sweep_knob is not None:
         document["sweep"] = sweep(
             job, sweep_knob, sweep_values, plans, samples=samples, seed=seed, oracles=oracles,
-            frame=frame, replayed=steps, **knobs,
+            frame=frame, replayed=steps, arrays=arrays, **knobs,
         )  # fmt: skip
     if timelines:
         document["timelines"] = timelines_of(job, comparison)

@@ -16,7 +16,7 @@ import pandas as pd
 from planner.model.arrays import lanes
 from planner.model.trace import busy_time
 from planner.prediction import host
-from planner.prediction.compiled import Compiled, PlanArrays, op_rows, topological_positions
+from planner.prediction.compiled import Compiled, PlanArrays, op_rows
 
 
 def measured(rows: pd.DataFrame | Mapping[str, np.ndarray]) -> tuple[float, float]:
@@ -189,7 +189,7 @@ def _observed_order(
     # observed start order per resource -> priorities, and chains on one-at-a-time ones
     # ties in start time go by the DAG's topological order, so that a chain never runs
     # against an edge (zero-length ops at one instant)
-    order = np.lexsort((topological_positions(compiled)[idx], start, res[idx]))
+    order = np.lexsort((compiled.topological_position[idx], start, res[idx]))
     o_idx, o_res = idx[order], res[idx][order]
     if plan is not None:  # the planned ops in the plan's order, in the planned ops' places
         slots = np.flatnonzero(plan.position[o_idx] >= 0)
@@ -407,7 +407,7 @@ def usual_predecessors(compiled: Compiled, steps: Iterable[Mapping[str, np.ndarr
     DAG's topological order, as `step_model` chains them), -1 where none did, or where
     it was first on its resource."""
     n = len(compiled.names)
-    topo = topological_positions(compiled)
+    topo = compiled.topological_position
     candidate = np.full(n, -3, dtype=np.int64)
     lead = np.zeros(n, dtype=np.int64)
     preds = []
