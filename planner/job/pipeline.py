@@ -23,6 +23,7 @@ from planner.job.summaries import load_one_rank
 
 if TYPE_CHECKING:
     from planner.job.summaries import Folded
+    from planner.model.graph import OpGraph
 
 
 def joint_sources(ranks: Sequence[dict[str, Any]]) -> list[str]:
@@ -375,7 +376,7 @@ def reference_plan(
 
 
 def plan_on(
-    graph: Any,
+    graph: OpGraph,
     rank: str,
     times: Mapping[str, float],
     rows: Mapping[str, list[Any]],
