@@ -68,8 +68,16 @@ def analyze_ranks_command(
         job = document["job"]
         render.out().print(
             f"{job['ranks']} ranks, {job['common_iterations']} common iterations; "
-            f"efficiency mean {job['mean_efficiency']}, min {job['min_efficiency']}; "
-            f"mean iteration {job['mean_iteration']} s; max straggler {job['max_straggler']} s"
+            f"efficiency E mean {_ratio(job['mean_efficiency'])}, "
+            f"min {_ratio(job['min_efficiency'])}; "
+            f"mean iteration {render.seconds_text(job['mean_iteration'])}; "
+            f"max straggler {render.seconds_text(job['max_straggler'])}"
         )
     if output is not None:
         render.note(f"wrote {output}", as_json)
+
+
+def _ratio(value: float | None) -> str:
+    """An efficiency to 3 decimals, as `planner metrics` prints it; "-" when it does not
+    apply."""
+    return "-" if value is None else f"{value:.3f}"

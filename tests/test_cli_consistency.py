@@ -205,3 +205,15 @@ def test_the_demo_says_nothing_of_its_own_metadata(capsys: pytest.CaptureFixture
     """The bundled demo's meta.json (what was run) is no trace to skip with a note."""
     code, out, err = run_cli(["inspect", DEMO], capsys)
     assert code == 0 and "meta.json" not in out + err
+
+
+def test_analyze_ranks_prints_rounded_figures(capsys: pytest.CaptureFixture[str]) -> None:
+    """`analyze-ranks` said `efficiency mean 0.3671425977296101`: the figures are rounded
+    as every other table rounds them (E to 3 decimals, times in s or ms), the JSON keeps
+    them whole."""
+    code, out, _ = run_cli(["analyze-ranks", RESNET], capsys)
+    assert code == 0
+    code, raw, _ = run_cli(["analyze-ranks", RESNET, "--json"], capsys)
+    job = json.loads(raw)["job"]
+    assert f"efficiency E mean {job['mean_efficiency']:.3f}," in out
+    assert not re.search(r"\d\.\d{5,}", out), out  # no float printed whole
