@@ -220,6 +220,14 @@ def simulate(
         render.note(f"wrote {timeline}", as_json)
 
 
+_TF_ENFORCE = (
+    "; a TF plan as planner export --enforce applies it in the mode beside its gain: "
+    "arrival, one transfer of a rank at a time and a control message each; sender, the "
+    "PS's reads in order"
+)
+"""What the replayed column means of a TF plan: said on a TF job only."""
+
+
 def _replayed(replayed: dict | None) -> str:
     """The replayed gain of a plan, or why there is none."""
     if not replayed:
@@ -281,10 +289,9 @@ def simulation_view(document: dict[str, Any]) -> None:
                 f"{_pct(r.get('wall_error_median'))}, worst {_pct(r.get('wall_error_max'))}); "
                 f"comparison on the observed order {_pct(r.get('comparison_error'))}; "
                 "replayed: the plan's gain over the observed order, each traced step replayed "
-                "both ways (the replay error above is its error; a TF plan as planner export "
-                "--enforce applies it in the mode beside its gain: arrival, one transfer of a "
-                "rank at a time and a control message each; sender, the PS's reads in order); "
-                f"Umax {render.seconds_text(r['umax'])}, Lmin {render.seconds_text(r['lmin'])}"
+                "both ways (the replay error above is its error"
+                + (_TF_ENFORCE if document.get("framework") == "tensorflow" else "")
+                + f"); Umax {render.seconds_text(r['umax'])}, Lmin {render.seconds_text(r['lmin'])}"
             ),
         )
         unit, scale = _unit(r["plans"][0]["predicted"])

@@ -217,3 +217,12 @@ def test_analyze_ranks_prints_rounded_figures(capsys: pytest.CaptureFixture[str]
     job = json.loads(raw)["job"]
     assert f"efficiency E mean {job['mean_efficiency']:.3f}," in out
     assert not re.search(r"\d\.\d{5,}", out), out  # no float printed whole
+
+
+def test_tf_only_text_stays_on_tf_jobs(capsys: pytest.CaptureFixture[str]) -> None:
+    """The replayed column's note on `planner export --enforce` (a TF GraphDef rewrite)
+    is printed under a TF job's comparison, not under a PyTorch job's."""
+    code, torch_out, _ = run_cli(["simulate", RESNET, "--samples", "3"], capsys)
+    assert code == 0 and "replayed:" in torch_out and "export --enforce" not in torch_out
+    code, tf_out, _ = run_cli(["simulate", DEMO, "--samples", "3"], capsys)
+    assert code == 0 and "export --enforce" in tf_out
