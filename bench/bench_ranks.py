@@ -15,7 +15,9 @@ package (and HTA's): a checkout on a machine with PYTHONDONTWRITEBYTECODE set wo
 otherwise compile its modules from source in every process (about 0.1 s).
 ``one process`` is the joint path (`detect.load` of every rank into one Job, then
 `analysis.metrics`; `analysis.schedule(job, "caramel")` with ``--command schedule``;
-`simulate.simulation` of the Caramel plan, 100 samples, with ``--command simulate``;
+`analysis.simulation` of the Caramel plan, 100 samples, with ``--command simulate`` (a
+PyTorch all-reduce job's ranks replayed one by one; a baseline from before it runs the
+whole-job `simulate.simulation`);
 `analysis.analyze`, the whole report, with ``--command analyze``);
 ``-j 1``, ``-j 2`` and ``dask`` (a LocalCluster of 2 worker processes, started inside
 the timed process) run `planner.job.parallel.metrics_ranks` / `schedule_ranks` /
@@ -135,7 +137,9 @@ if mode == "one process":
     elif command == "simulate":
         plans = {"caramel": analysis.schedule(job, "caramel")}
         knobs = {"bandwidth_scale": 1.0, "compute_scale": 1.0, "latency": 0.0, "channels": 1}
-        document, usage = simulate.simulation(job, plans, **knobs), []
+        # the API's and the CLI's one-process path (a baseline from before it: the joint one)
+        run = getattr(analysis, "simulation", simulate.simulation)
+        document, usage = run(job, plans, **knobs), []
     else:
         document, usage = analysis.metrics(job), []
 else:
