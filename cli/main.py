@@ -435,9 +435,39 @@ def main(argv: Sequence[str] | None = None) -> None:
             gc.freeze()
 
 
+GLOBAL_FLAGS = frozenset({"--no-color"})
+GLOBAL_VALUED = frozenset({"--step-marker", "--comm-patterns"})
+"""The group's own options (`cli`): a user may give them after the command too."""
+
+
+def hoist_globals(args: Sequence[str]) -> list[str]:
+    """`args` with the group's options moved before the command, wherever they were given
+    (``planner metrics X --no-color`` as ``planner --no-color metrics X``), their order
+    kept; nothing after ``--`` is touched."""
+    found: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            rest += args[i:]
+            break
+        name = arg.split("=", 1)[0]
+        if arg in GLOBAL_FLAGS or (name in GLOBAL_VALUED and "=" in arg):
+            found.append(arg)
+        elif arg in GLOBAL_VALUED and i + 1 < len(args):
+            found += args[i : i + 2]
+            i += 1
+        else:
+            rest.append(arg)
+        i += 1
+    return found + rest
+
+
 def _run(argv: Sequence[str] | None) -> None:
+    args = hoist_globals(sys.argv[1:] if argv is None else list(argv))
     try:
-        cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
+        cli.main(args=args, standalone_mode=False)
     except InputError as exc:
         render.error(str(exc))
         sys.exit(2)

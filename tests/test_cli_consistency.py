@@ -226,3 +226,19 @@ def test_tf_only_text_stays_on_tf_jobs(capsys: pytest.CaptureFixture[str]) -> No
     assert code == 0 and "replayed:" in torch_out and "export --enforce" not in torch_out
     code, tf_out, _ = run_cli(["simulate", DEMO, "--samples", "3"], capsys)
     assert code == 0 and "export --enforce" in tf_out
+
+
+def test_global_options_go_after_the_command_too(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue #46: `planner inspect X --no-color` was "No such option"; the group's options
+    are taken wherever they stand, and the output is the one they give before the
+    command."""
+    from planner_cli.main import hoist_globals
+
+    _, before, _ = run_cli(["--no-color", "inspect", DEMO], capsys)
+    code, after, err = run_cli(["inspect", DEMO, "--no-color"], capsys)
+    assert code == 0 and after == before, err
+    given = ["metrics", "x", "--step-marker", "S", "--no-color", "--", "--no-color"]
+    assert hoist_globals(given) == [
+        "--step-marker", "S", "--no-color", "metrics", "x", "--", "--no-color",
+    ]  # fmt: skip
+    assert hoist_globals(["inspect", "--comm-patterns=p.json", "x"])[0] == "--comm-patterns=p.json"
