@@ -242,3 +242,13 @@ def test_global_options_go_after_the_command_too(capsys: pytest.CaptureFixture[s
         "--step-marker", "S", "--no-color", "metrics", "x", "--", "--no-color",
     ]  # fmt: skip
     assert hoist_globals(["inspect", "--comm-patterns=p.json", "x"])[0] == "--comm-patterns=p.json"
+
+
+def test_analyze_of_one_rank_selected_from_a_ddp_job(capsys: pytest.CaptureFixture[str]) -> None:
+    """`analyze RUN --rank rank1` on a DDP run ended in KeyError 'rank0': the bucket
+    profile walked every rank the load had seen, not the ranks the job holds."""
+    code, out, err = run_cli(["analyze", RESNET, "--rank", "rank1", "--json"], capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    assert [r["rank"] for r in report["metrics"]["ranks"]] == ["rank1"]
+    assert report["bucket_sweep"] is not None

@@ -93,9 +93,10 @@ def without_profiler(p: Profile, untraced: float) -> Profile:
 
 
 def profile(job: Job) -> Profile | None:
-    """The sweep's inputs from a Kineto DDP job (None without gradient-ready events)."""
+    """The sweep's inputs from a Kineto DDP job's ranks (None without gradient-ready
+    events); a job of one rank selected from its load (``--rank``) profiles that rank."""
     ranks = job.meta.get("ranks") or {}
-    with_ready = [r for r, m in ranks.items() if m.get("gradient_ready")]
+    with_ready = [r for r, m in ranks.items() if m.get("gradient_ready") and r in job.graphs]
     cpu = not any(
         op.resource.startswith("gpu") for g in job.graphs.values() for op in g.ops.values()
     )
