@@ -45,8 +45,9 @@ from pathlib import Path
 
 from planner.enforce.needs import missing
 
-if missing("torch", "examples/train_ddp.py"):  # one line, not a traceback
-    print(f"error: {missing('torch', 'examples/train_ddp.py')}", file=sys.stderr)
+_MISSING = missing("torch", "examples/train_ddp.py")
+if _MISSING:  # one line, not a traceback
+    print(f"error: {_MISSING}", file=sys.stderr)
     sys.exit(2)
 
 import torch  # noqa: E402 (after the check above)

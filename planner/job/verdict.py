@@ -118,7 +118,7 @@ def _plan_verdict(
     errors = sorted(abs(r["replay_error"]) for r in worth if r["replay_error"] is not None)
     cited = _span(speedups) if speedups else "a gain"
     text = (
-        f"Apply {' / '.join(_label(n) for n in names)} ({', '.join(files)}): predicted "
+        f"Apply {' / '.join(plan_label(n) for n in names)} ({', '.join(files)}): predicted "
         f"{cited} per step against the observed order"
         + (f" on {len(worth)} of {len(picks)} ranks" if len(picks) > 1 else "")
         + (f", replay error {_span(errors, signed=False)} (median)" if errors else "")
@@ -155,12 +155,12 @@ def _why_keep(picks: Sequence[Mapping[str, Any]], sweep: Mapping[str, Any]) -> s
         )
     elif best["replayed_gain"] is not None and best["replayed_gain"] < -SAME:
         why = (
-            f"the best plan, {_label(best['plan'])}, replayed on the traced steps as enforced "
+            f"the best plan, {plan_label(best['plan'])}, replayed on the traced steps as enforced "
             f"gains {best['replayed_gain']:+.1%}: enforcing its order costs more than it gains"
         )
     else:
         why = (
-            f"the best plan, {_label(best['plan'])}, predicts "
+            f"the best plan, {plan_label(best['plan'])}, predicts "
             + (f"{best['speedup']:+.1%}" if best["speedup"] is not None else "no gain")
             + " against the observed order, within the replay error of the traced steps"
             + (f" ({best['replay_error']:+.1%})" if best["replay_error"] is not None else "")
@@ -179,7 +179,8 @@ def _document(action: str, picks: list[dict[str, Any]], text: str, **fields: Any
     return document
 
 
-def _label(plan: str | None) -> str:
+def plan_label(plan: str | None) -> str:
+    """A plan as the tables name it: Caramel, TIC, TAC."""
     return "Caramel" if plan == "caramel" else str(plan).upper()
 
 

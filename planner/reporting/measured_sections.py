@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from statistics import median
 from typing import Any
 
-from planner.job.verdict import verdict
+from planner.job.verdict import plan_label, verdict
 from planner.reporting.markup import (
     NotApplicable,
     esc,
@@ -231,7 +231,7 @@ def _card(found: Mapping[str, Any]) -> str:
     """The verdict in a few words, for the summary's card."""
     if found["action"] == "apply_plan":
         names = sorted({r["plan"] for r in found["ranks"] if r["apply"]})
-        return "apply " + ", ".join("Caramel" if n == "caramel" else n.upper() for n in names)
+        return "apply " + ", ".join(plan_label(n) for n in names)
     if found["action"] == "set_bucket_cap":
         return f"bucket_cap_mb={found['bucket_cap_mb']:g}"
     return "trace timings" if found["action"] == "trace_timings" else "keep what you have"

@@ -12,6 +12,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from typing import Any
 
+from planner.job.verdict import plan_label
 from planner.reporting.markup import percent as _pct
 
 
@@ -24,7 +25,7 @@ def _rows(verdict: Mapping[str, Any]) -> list[dict[str, str]]:
     return [
         {
             "rank": str(r["rank"]),
-            "plan": "Caramel" if r["plan"] == "caramel" else str(r["plan"] or "none").upper(),
+            "plan": plan_label(r["plan"] or "none"),
             "observed": _ms(r["observed"]),
             "predicted": _ms(r["predicted"]),
             "vs obs": _pct(r["speedup"]),
