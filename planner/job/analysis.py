@@ -55,16 +55,24 @@ class RankResults:
 
 
 def rank_results(
-    job: Job, oracle: Mapping[str, TimeOracle] | None = None, plans: bool = False
+    job: Job,
+    oracle: Mapping[str, TimeOracle] | None = None,
+    plans: bool = False,
+    metrics: bool = True,
 ) -> RankResults:
     """Each rank of `job` through the rank stage (`summary_of`, with the terms of the
-    job's Caramel plan when `plans`), in this process, folded as a pool's parent folds
-    them. `oracle`: the job's `oracles`, when a caller has them (computed once)."""
+    job's Caramel plan when `plans`, its metrics unless not `metrics`), in this process,
+    folded as a pool's parent folds them. `oracle`: the job's `oracles`, when a caller
+    has them (computed once)."""
     oracle = oracle or oracles(job)
     folded = summaries.Folded()
     fold = summaries.fold(folded)
     found = [
-        fold(summaries.summary_of(rank_view(job, rank), job.sources, plans, {rank: oracle[rank]}))
+        fold(
+            summaries.summary_of(
+                rank_view(job, rank), job.sources, plans, {rank: oracle[rank]}, metrics
+            )
+        )  # fmt: skip
         for rank in job.ranks
     ]
     alignment = job.meta.get("clock_alignment")
@@ -102,7 +110,8 @@ def schedule(
     stages.check_applies(job, algorithm)
     if algorithm != "caramel":
         return stages.ps_plans(job, algorithm, oracle)
-    return caramel_plans(job, ranks or rank_results(job, oracle, plans=True), channels, network)
+    ranks = ranks or rank_results(job, oracle, plans=True, metrics=False)
+    return caramel_plans(job, ranks, channels, network)
 
 
 def caramel_plans(
@@ -151,7 +160,7 @@ def simulation(
         )  # fmt: skip
     from planner.job import rank_replay
 
-    ranks = ranks or rank_results(job, plans=True)
+    ranks = ranks or rank_results(job, plans=True, metrics=False)
     views = {rank: rank_view(job, rank) for rank in job.ranks}
     ready = [rank_replay.ready_summary(views[r["rank"]], job.sources, r) for r in ranks.summaries]
     released = rank_replay.releases(ready)

@@ -69,17 +69,19 @@ def summary_of(
     paths: Sequence[str],
     plans: bool = False,
     oracle: Mapping[str, TimeOracle] | None = None,
+    metrics: bool = True,
 ) -> dict[str, Any]:
     """The summary of one rank's `job` (read from `paths`): its metrics, collectives, the
     terms of its oracle bounds and, with `plans` and collectives, of the job's Caramel
     plan (else ``"caramel"`` is None). `oracle`: the rank's `stages.oracles`, when the
-    caller has it (computed once, handed on)."""
+    caller has it (computed once, handed on). Without `metrics` its ``document`` is None:
+    a plan or a replay needs the other terms only (`pipeline.job_metrics` needs it)."""
     from planner.job import stages
     from planner.model.trace import rank_meta
 
     if oracle is None:
         oracle = stages.oracles(job) if len(job.trace.timings) else {}
-    document = stages.rank_metrics(job, oracle)
+    document = stages.rank_metrics(job, oracle) if metrics else None
     (rank,) = job.ranks
     graph = job.graphs[rank]
     collective = [n for n, op in graph.ops.items() if op.kind == "collective"]
