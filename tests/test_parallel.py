@@ -342,13 +342,13 @@ def test_ranks_of_different_jobs_are_refused(capsys: pytest.CaptureFixture[str])
 def test_analyze_computes_the_oracle_once_and_hands_it_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Inspect, the plans and the metrics of `analyze` share one time oracle (and so one
-    dedicated-time table for it), with the figures each would compute on its own. Where
-    collectives waited for peers each rank's view (its rows only: one job table's work
-    over all ranks) adds two: the metrics' (whole spans) and the replay's (transfers less
-    the waits); on a rank alone (no waits) all are the oracle's one table."""
+    """Inspect, the plans and the metrics of `analyze` share one time oracle per rank (and
+    so one dedicated-time table for it, on the rank's rows only), with the figures each
+    would compute on its own. Where collectives waited for peers each rank adds one, the
+    metrics' (whole spans; the replay shares the oracle's, its trace holding the waits);
+    on a rank alone (no waits) all are the oracle's one table."""
     calls = {"oracles": 0, "tables": 0}
-    real_oracles, real_tables = analysis.oracles, trace_module._dedicated_columns
+    real_oracles, real_tables = stages.oracles, trace_module._dedicated_columns
 
     def counted_oracles(*args, **kwargs):  # type: ignore[no-untyped-def]
         calls["oracles"] += 1
@@ -358,14 +358,14 @@ def test_analyze_computes_the_oracle_once_and_hands_it_on(
         calls["tables"] += 1
         return real_tables(*args, **kwargs)
 
-    for inputs, tables in (([RESNET], 1 + 2 * 2), ([RESNET / "rank0.json.gz"], 1)):
+    for inputs, ranks, tables in (([RESNET], 2, 2 * 2), ([RESNET / "rank0.json.gz"], 1, 1)):
         job = detect.load(inputs)
-        assert bool(job.trace.table["wait"].any()) == (tables > 1)
+        assert bool(job.trace.table["wait"].any()) == (tables > ranks)
         calls.update(oracles=0, tables=0)
-        monkeypatch.setattr(analysis, "oracles", counted_oracles)
+        monkeypatch.setattr(stages, "oracles", counted_oracles)
         monkeypatch.setattr(trace_module, "_dedicated_columns", counted_tables)
         report = analysis.analyze(job, samples=5)
-        assert calls == {"oracles": 1, "tables": tables}
+        assert calls == {"oracles": ranks, "tables": tables}
         monkeypatch.undo()
         fresh = detect.load(inputs)  # nothing kept on its trace
         assert report["inspect"] == analysis.inspect(fresh)

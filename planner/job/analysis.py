@@ -13,7 +13,7 @@ sizes bytes. The CLI only renders these.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from planner.errors import InputError
@@ -215,6 +215,15 @@ def analyze(
     """
     step = progress or (lambda _stage: None)
     timed = bool(len(job.trace.timings))
+    if timed and per_rank_replay(job, dict.fromkeys(stages.algorithms_for(job))):
+        step(f"ranks, one by one ({samples} samples per plan)")
+        done = analyze_ranks(
+            job, samples=samples, seed=seed, network=network,
+            untraced_step_time=untraced_step_time, reference=reference,
+            reference_untraced_step_time=reference_untraced_step_time,
+        )  # fmt: skip
+        if done is not None:
+            return done
     step("time oracle")
     oracle = oracles(job) if timed else None
     ranks = None
@@ -256,3 +265,28 @@ def analyze(
         stages.add_predictions(bucket_plan, report["simulation"])
         report["exports"]["bucket_plan"] = bucket_plan
     return with_verdict(report)
+
+
+def analyze_ranks(
+    job: Job,
+    *,
+    samples: int = 100,
+    seed: int = 0,
+    network: NetworkModel | None = None,
+    untraced_step_time: float | None = None,
+    reference: Job | None = None,
+    reference_untraced_step_time: float | None = None,
+) -> dict[str, Any] | None:
+    """`analyze` of a PyTorch all-reduce job (`per_rank_replay`), rank by rank in this
+    process through the two passes a pool runs (`planner.job.rank_analysis.report_ranks`),
+    each task given the rank's view (`rank_view`, without the job's notes: the job
+    level adds them once) instead of its files; None where that path refuses the job."""
+    from planner.job import rank_analysis
+
+    views = [replace(rank_view(job, rank), notes=()) for rank in job.ranks]
+    done = rank_analysis.report_ranks(
+        views, 1, samples=samples, seed=seed, network=network, notes=job.notes,
+        untraced_step_time=untraced_step_time, reference=reference,
+        reference_untraced_step_time=reference_untraced_step_time, sources=job.sources,
+    )  # fmt: skip
+    return None if done is None else done[0]

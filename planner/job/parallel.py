@@ -486,8 +486,11 @@ DIED = "killed by a signal or out of memory"
 
 
 def _first_path(item: Any) -> str | None:
-    """The first file of a task's rank input (`item`: the paths, or (paths, args))."""
+    """The first file of a task's rank input (`item`: the paths or a loaded rank, or
+    (either, args))."""
     paths = item[0] if isinstance(item, tuple) else item
+    if not isinstance(paths, Sequence):  # a rank loaded in this process: its sources
+        paths = paths.sources
     return str(paths[0]) if paths else None
 
 
@@ -502,8 +505,10 @@ def _map(
     """`task(paths)` per rank input, or `task(paths, *args[i])` with `args` (one tuple per
     input: what the parent computed for that rank alone). `lazy`: the records as an
     iterator, the tasks already sent to the workers (a pool or Dask; one process
-    computes each as it is asked for), so that the caller works meanwhile."""
-    tasks = [[str(p) for p in paths] for paths in rank_inputs]
+    computes each as it is asked for), so that the caller works meanwhile. A rank input
+    that is not a sequence of paths (a rank loaded in this process, `analysis.rank_view`)
+    is handed to the task as it is: only a task run here takes one."""
+    tasks = [[str(p) for p in r] if isinstance(r, Sequence) else r for r in rank_inputs]
     if not tasks:
         raise InputError(None, "no rank inputs given")
     keep = each or (lambda result: result)

@@ -24,6 +24,7 @@ from planner.job.summaries import load_one_rank
 if TYPE_CHECKING:
     from planner.job.summaries import Folded
     from planner.model.graph import OpGraph
+    from planner.model.trace import Job
 
 
 def joint_sources(ranks: Sequence[dict[str, Any]]) -> list[str]:
@@ -358,19 +359,23 @@ def caramel_inputs(
 
 
 def reference_plan(
-    paths: Sequence[str],
+    source: Sequence[str] | Job,
     times: Mapping[str, float],
     rows: Mapping[str, list[Any]],
     channels: int = 1,
     benchmark: Any = None,
 ) -> dict[str, Any]:
-    """One task: the job's Caramel plan on the DAG of the reference rank at `paths`
-    (`plan_on`), from the job-level inputs of `caramel_inputs`; ``{"plan": Plan,
-    "network": the fit of the transfers' rows}`` or an error record."""
-    try:
-        job = load_one_rank(paths)
-    except InputError as exc:
-        return {"error": [exc.path, exc.problem]}
+    """One task: the job's Caramel plan on the DAG of the reference rank at `source` (its
+    paths, or the rank loaded in this process), from the job-level inputs of
+    `caramel_inputs` (`plan_on`); ``{"plan": Plan, "network": the fit of the transfers'
+    rows}`` or an error record."""
+    if not isinstance(source, Sequence):
+        job = source
+    else:
+        try:
+            job = load_one_rank(source)
+        except InputError as exc:
+            return {"error": [exc.path, exc.problem]}
     (rank,) = job.ranks
     return plan_on(job.graphs[rank], rank, times, rows, channels, benchmark)
 

@@ -42,21 +42,26 @@ if TYPE_CHECKING:
     from planner.model.trace import Job
     from planner.planning.bucket_profile import Profile
 
+    RankSource = Sequence[str] | Job
+    """A task's rank: its input files (read by the task) or, in this process, the rank
+    loaded already (`analysis.rank_view`)."""
+
 ONE_RANK_NOTE = "one rank: a collective's wait for its peers cannot be told"
 
 
-def analysis_summary(paths: Sequence[str], store: str | None = None) -> dict[str, Any]:
+def analysis_summary(source: RankSource, store: str | None = None) -> dict[str, Any]:
     """One task of the first pass: the rank's `rank_replay.replay_summary` plus its
     inspection entry, observed transfer order and bucket profile; its oracle computed
     once. An error record (``{"error": [path, problem]}``) for bad input. `store`: a
-    folder where the loaded rank is kept for the second pass (`rank_store`)."""
+    folder where the rank read from its paths is kept for the second pass (`rank_store`)."""
     from planner.job import rank_store, stages
     from planner.job.rank_replay import ready_summary
     from planner.model.trace import rank_meta
     from planner.planning import buckets
 
+    paths = source if isinstance(source, Sequence) else source.sources
     try:
-        job = load_one_rank(paths)
+        job = load_one_rank(paths) if isinstance(source, Sequence) else source
         oracle = stages.oracles(job) if len(job.trace.timings) else {}
         summary = summary_of(job, paths, plans=True, oracle=oracle)
         summary = ready_summary(job, paths, summary)
@@ -72,7 +77,7 @@ def analysis_summary(paths: Sequence[str], store: str | None = None) -> dict[str
     summary["profile"] = buckets.rank_profile(job, rank)
     summary["gradient_ready"] = bool(rank_meta(job, rank).get("gradient_ready"))
     summary["cpu"] = not any(op.resource.startswith("gpu") for op in graph.ops.values())
-    if store is not None:
+    if store is not None and isinstance(source, Sequence):
         rank_store.save(store, paths, job)
     return summary
 
@@ -88,8 +93,8 @@ def warm_task(paths: Sequence[str]) -> dict[str, Any]:
 
 
 def rank_report(
-    paths: Sequence[str],
-    waits: Mapping[tuple[int, str], int],
+    source: RankSource,
+    waits: Mapping[tuple[int, str], int] | None,
     ready: Mapping[int, Mapping[str, int]],
     plan: Plan,
     options: Mapping[str, Any],
@@ -98,17 +103,21 @@ def rank_report(
 ) -> dict[str, Any]:
     """One task of the second pass: the rank's replay and plan comparison
     (`rank_replay.simulation_of`), its entry of Caramel's bucket plan and, with
-    `timelines`, its schedules and the ops they name (for timeline.json's labels). The
-    rank comes from `store` when the first pass kept it there, else from `paths`."""
+    `timelines`, its schedules and the ops they name (for timeline.json's labels). A
+    rank given by its paths comes from `store` when the first pass kept it there, else
+    from the paths."""
     from planner.export.caramel_files import bucket_plan_document
     from planner.job import rank_store
     from planner.job.rank_replay import simulation_of
 
-    job = rank_store.load(store, paths) if store is not None else None
-    try:
-        job = job or load_one_rank(paths)
-    except InputError as exc:
-        return {"error": [exc.path, exc.problem]}
+    if not isinstance(source, Sequence):  # a view's trace holds the job's waits already
+        job, waits = source, None
+    else:
+        job = rank_store.load(store, source) if store is not None else None
+        try:
+            job = job or load_one_rank(source)
+        except InputError as exc:
+            return {"error": [exc.path, exc.problem]}
     record = simulation_of(job, waits, ready, plan, options, timelines)
     (rank,) = job.ranks
     graph = job.graphs[rank]
@@ -129,7 +138,7 @@ def joined_profile(ranks: Sequence[Mapping[str, Any]]) -> Profile | None:
 
 
 def report_ranks(
-    rank_inputs: Sequence[Sequence[str]],
+    rank_inputs: Sequence[RankSource],
     workers: int | None = None,
     dask_address: str | None = None,
     *,
@@ -140,6 +149,7 @@ def report_ranks(
     untraced_step_time: float | None = None,
     reference: Job | None = None,
     reference_untraced_step_time: float | None = None,
+    sources: Sequence[str] | None = None,
 ) -> tuple[dict[str, Any], dict[str, OpGraph], list[dict[str, Any]]] | None:
     """(`planner.report/1`, rank -> the ops its timelines name (an `OpGraph` without
     edges, for `report.outputs.analysis_files`), per-worker usage) of a
@@ -148,7 +158,9 @@ def report_ranks(
     collectives): one process analyses it (`analysis.analyze`). `notes`: the job's
     notes on skipped files (`parallel.split_ranks`); `untraced_step_time`: the job's
     step time without the profiler, for the bucket advice, as are `reference` (the job
-    traced with one bucket) and its untraced step time."""
+    traced with one bucket) and its untraced step time. The ranks of a job loaded in
+    this process (`analysis.rank_view` each, `workers` 1) are its `rank_inputs` too:
+    then `sources` are the job's, as each view holds them all."""
     from planner.job import pipeline, stages, summaries
     from planner.job.parallel import usage_of
 
@@ -162,12 +174,13 @@ def report_ranks(
         ranks = pipeline.checked(results)
         if not ranks or any(r["recvs"] or r["caramel"] is None for r in ranks):
             return None
+        source_of = {r["rank"]: s for r, s in zip(results, rank_inputs, strict=True)}
         pipeline.check_same_job(ranks)
         waits = pipeline.job_waits(ranks)
         opened: dict[str, dict[str, float]] = {}
         planned, inputs = pipeline.caramel_inputs(ranks, folded.times, waits, opened)
         task = partial(pipeline.reference_plan, **inputs, benchmark=network)
-        referenced = mapper(task, [planned[0]["inputs"]], None, lazy=True)
+        referenced = mapper(task, [source_of[planned[0]["rank"]]], None, lazy=True)
         warming = _warming(mapper, ranks, samples, workers, forked)
         metrics = pipeline.job_metrics(ranks, waits)
         (planned_reference,) = referenced
@@ -178,10 +191,12 @@ def report_ranks(
         options = {"samples": samples, "seed": seed, "sweep_knob": None, "sweep_values": [],
                    "knobs": {}}  # fmt: skip
         # the second pass runs while this process joins what needs the summaries
-        pending = _second_pass(mapper, ranks, waits, plan, metrics, options, store)
+        pending = _second_pass(mapper, ranks, source_of, waits, plan, metrics, options, store)
         joined = _joined(ranks, planned, waits, opened, notes, holds, planned_reference,
                          (network, untraced_step_time, reference,
                           reference_untraced_step_time))  # fmt: skip
+        if sources is not None:
+            joined["sources"] = joined["inspect"]["sources"] = list(sources)
         usage = usage_of(results)
         del results, ranks, planned, waits, opened
         replays = list(pending)
@@ -239,6 +254,7 @@ def _warming(
 def _second_pass(
     mapper: Any,
     ranks: Sequence[Mapping[str, Any]],
+    source_of: Mapping[str, RankSource],
     waits: Any,
     plan: Plan,
     metrics: Mapping[str, Any],
@@ -259,7 +275,7 @@ def _second_pass(
          r["rank"] in chosen, store)
         for r in ranks
     ]  # fmt: skip
-    return mapper(rank_report, [r["inputs"] for r in ranks], None, args, lazy=True)
+    return mapper(rank_report, [source_of[r["rank"]] for r in ranks], None, args, lazy=True)
 
 
 def _joined(
