@@ -69,9 +69,7 @@ def on_gpu(resource: str) -> bool:
 def device_ops(graph: OpGraph) -> frozenset[str] | None:
     """The ops of a GPU rank's device work (GPU streams and transfers), which its steps
     span and its metrics count; None on a CPU rank."""
-    if not any(on_gpu(op.resource) for op in graph.ops.values()):
-        return None
-    return frozenset(n for n, op in graph.ops.items() if op.is_transfer or on_gpu(op.resource))
+    return graph._device_ops
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,7 +116,19 @@ class OpGraph:
 
     @property
     def transfers(self) -> list[str]:
-        return [n for n, op in self.ops.items() if op.is_transfer]
+        return list(self._transfers)
+
+    @cached_property
+    def _device_ops(self) -> frozenset[str] | None:
+        """`device_ops`, found once (speed: a rank's metrics and bound terms both ask)."""
+        if not any(on_gpu(op.resource) for op in self.ops.values()):
+            return None
+        return frozenset(n for n, op in self.ops.items() if op.is_transfer or on_gpu(op.resource))
+
+    @cached_property
+    def _transfers(self) -> tuple[str, ...]:
+        """(speed) the transfers' names, found once: every stage of a rank asks for them."""
+        return tuple(n for n, op in self.ops.items() if op.is_transfer)
 
     @property
     def resources(self) -> list[str]:

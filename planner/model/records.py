@@ -45,8 +45,8 @@ def partial_steps(
     # (speed) the names numbered (a dict, not pandas: `inspect` loads no pandas), each
     # distinct one tested once, then (op, step) presence as a bool table: called per
     # rank by the oracle, the metrics and the replay, on every row
-    number: dict[str, int] = {}
-    codes = np.fromiter((number.setdefault(o, len(number)) for o in op), np.int64, len(op))
+    number = {o: i for i, o in enumerate(dict.fromkeys(op))}
+    codes = np.fromiter(map(number.__getitem__, op), np.int64, len(op))
     names = np.empty(len(number), dtype=object)
     names[:] = list(number)
     wanted = set(ops)

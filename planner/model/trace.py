@@ -164,9 +164,9 @@ def _rows_by_value(names: list[str], codes: np.ndarray) -> dict[str, np.ndarray]
 def text_codes(values: np.ndarray) -> tuple[list[str], np.ndarray]:
     """(the distinct values in order of first appearance, each value's index into them),
     numbered with a dict: sorting an object array (`np.unique`) is several times slower."""
-    number: dict[str, int] = {}
     listed = values.tolist()
-    codes = np.fromiter((number.setdefault(v, len(number)) for v in listed), np.int64, len(listed))
+    number = {v: i for i, v in enumerate(dict.fromkeys(listed))}
+    codes = np.fromiter(map(number.__getitem__, listed), np.int64, len(listed))
     return list(number), codes
 
 
