@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import xml.etree.ElementTree as ET
@@ -16,7 +17,8 @@ from planner.job.verdict import with_verdict
 from planner.prediction import simulate as sim
 from planner.reporting import Thresholds, failures, junit_xml, markdown_summary, render_html
 from planner.reporting.ci import unchecked
-from planner.reporting.markup import MAX_ROWS, NOT_AVAILABLE
+from planner.reporting.markup import MAX_ROWS, NOT_AVAILABLE, seconds
+from planner.reporting.measured_sections import summary_section
 from tests.conftest import DEMO, REPO, SHARED, need, run_cli
 
 TORCH = REPO / "traces" / "torch" / "resnet_ddp"
@@ -47,6 +49,7 @@ def test_report_command_on_tf(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "<script" not in page and "<link" not in page and "@import" not in page
     assert not re.search(r'(src|href)="(https?:)?//', page)
     sections = _sections(page)
+    _check_charts(page)
     assert "tensorflow" in sections["summary"] and "worker1" in sections["summary"]
     assert sections["efficiency"].count("<svg") == 1 and "worker0" in sections["efficiency"]
     # the executor's queue, a TF step's wait for a core or a thread, beside its span
@@ -220,8 +223,128 @@ def test_the_advice_follows_the_replay_of_each_plan() -> None:
     caution = plans["tic"]["replayed"]["caution"]
     assert "not one" in caution and "a gain smaller than that is not one" in render_html(report)
     # the plan's chart says whose schedule it draws and what the replay gives the plan
-    timeline = _sections(render_html(report))["timeline"]
+    timeline = html.unescape(_sections(render_html(report))["timeline"])  # its heading
     assert "the comparison's schedule" in timeline and "replayed on the traced steps" in timeline
     for p in entry["plans"]:
         p["replayed"] = None
     assert "Apply TIC" in _sections(render_html(with_verdict(report)))["advice"]
+
+
+# ------------------------------------------------------------------ the charts, read from the SVGs
+
+
+def _charts(section: str) -> list[dict[str, Any]]:
+    """Each chart of a section: what its ``<svg>`` says it drew (``data-chart``: kind, axis
+    limits and scales, boxes of legend, labels and ticks as laid out), its axis labels and
+    legend as the SVG holds them (ids ``xlabel``, ``ylabel``, ``legend``), its x tick
+    labels, every text it shows, and the page's heading above it."""
+    charts = []
+    for match in re.finditer(r"<svg data-chart='([^']*)'(.*?)</svg>", section, re.S):
+        record, body = match.groups()
+        chart = json.loads(record)
+        above = re.findall(r"<h[23]>([^<]*)</h[23]>", section[: match.start()])
+        chart["heading"] = html.unescape(above[-1]) if above else None
+        texts = [html.unescape(t) for t in re.findall(r"<text\b[^>]*>([^<]*)</text>", body)]
+        label = r'<g id="{}">\s*<text\b[^>]*>([^<]*)</text>'
+        chart["texts"] = [t for t in texts if t.strip()]
+        chart["xlabel"], chart["ylabel"] = (
+            html.unescape(m.group(1)) if (m := re.search(label.format(k), body)) else None
+            for k in ("xlabel", "ylabel")
+        )
+        chart["has_legend"] = '<g id="legend">' in body
+        chart["xticks"] = re.findall(
+            r'<g id="xtick_\d+">.*?<text\b[^>]*>([^<]*)</text>', body, re.S
+        )
+        charts.append(chart)
+    assert len(charts) == section.count("<svg"), "a chart without its data-chart record"
+    return charts
+
+
+def _overlap(a: list[float], b: list[float]) -> bool:
+    """Whether two [left, top, right, bottom] boxes share any area."""
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def _text(page: str) -> str:
+    """The page's text as a reader sees it: no figures or styles, inline tags joined."""
+    page = re.sub(r"<(svg|style)\b.*?</\1>", " ", page, flags=re.S)
+    page = re.sub(r"</?(b|code|span|a|i|em|strong)\b[^>]*>", "", page)
+    return html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page)))
+
+
+def _check_charts(page: str) -> dict[str, list[dict[str, Any]]]:
+    """What every chart of a page must hold (issue 46, point 7); the charts per section."""
+    sections = _sections(page)
+    charts = {key: _charts(body) for key, body in sections.items()}
+    for key, drawn in charts.items():
+        for chart in drawn:
+            where = (key, chart["kind"])
+            # both axes labelled, as drawn text, and the label's box recorded
+            assert chart["xlabel"] and chart["ylabel"], where
+            assert {"xlabel", "ylabel", "axes"} <= set(chart["boxes"]), where
+            # the legend (drawn above the plot) covers no label, tick or data
+            boxes = chart["boxes"]
+            assert chart["has_legend"] == ("legend" in boxes), where
+            if chart["has_legend"]:
+                for other in ("xlabel", "ylabel", "xticks", "yticks", "axes"):
+                    if other in boxes:
+                        assert not _overlap(boxes["legend"], boxes[other]), (where, other)
+            for label, ticks in (("xlabel", "xticks"), ("ylabel", "yticks")):
+                assert not _overlap(boxes[label], boxes.get(ticks, [0, 0, 0, 0])), where
+            # the value axis starts at 0: a bar or line chart's y, a time axis's x
+            if chart["kind"] in ("bar", "line"):
+                assert chart["ylim"][0] == 0, where
+            else:
+                assert chart["xlim"][0] == 0, where
+            # the page's heading names the chart: the chart has no title to repeat it
+            assert chart["heading"] and chart["heading"] not in chart["texts"], where
+            assert "title" not in boxes, where
+    return charts
+
+
+def test_charts_are_labelled_and_compared_charts_share_their_axis(
+    torch_report: dict[str, Any],
+) -> None:
+    """The DDP run (2 ranks, per-bucket windows, a Caramel plan, a bucket sweep traced
+    with bucket_cap_mb unset): every chart labelled, no legend over a label, values from
+    0, titles only in the page, Before/After windows on one origin and one x range."""
+    page = render_html(torch_report, files=["report.json"])
+    charts = _check_charts(page)
+    sections = _sections(page)
+    assert charts["steps"][0]["xlabel"] == "rank and step"  # the iteration chart's x label
+    before, after = charts["windows"]
+    # one origin (the step start; Caramel's backward-pass times moved by its forward
+    # pass) and one x range, so that the charts compare
+    assert before["xlabel"] == after["xlabel"] == "ms from the step start"
+    assert before["xlim"] == after["xlim"] and before["xlim"][1] > 0
+    assert before["boxes"]["axes"][::2] == after["boxes"]["axes"][::2]  # one above the other
+    forward = torch_report["plans"]["caramel"]["ranks"][0]["inputs"]["forward_time"]
+    assert f"after the {seconds(forward)} of its forward pass" in sections["windows"]
+    timelines = charts["timeline"]
+    assert len(timelines) >= 2 and len({tuple(c["xlim"]) for c in timelines}) == 1
+    # the bucket sweep: plain MB ticks on its log axis, from 0 ms, the CLI's unset row
+    sweep = torch_report["bucket_sweep"]
+    (chart,) = charts["buckets"]
+    assert chart["xscale"] == "log" and chart["ylim"][0] == 0
+    assert chart["xticks"] == [f"{c['bucket_cap_mb']:g}" for c in sweep["caps"]]
+    unset = sweep["default_configuration"]
+    row = re.search(r"<tr><td[^>]*>25 \(unset\)</td>(.*?)</tr>", sections["buckets"])
+    assert row and seconds(unset["predicted_step_time"]) in row.group(1)
+    # the text reads as sentences: none opens with a parenthesis
+    text = _text(page)
+    assert not re.search(r"(^|[.!?:] )\)", text), re.search(r".{40}[.!?:] \).{20}", text)
+    assert not re.search(r">\s*\)", re.sub(r"<svg\b.*?</svg>", "", page, flags=re.S))
+
+
+def test_counts_agree_with_their_nouns(demo_job) -> None:  # noqa: ANN001
+    """The demo (one rank, one worker): "1 rank" on its card, "1 note" for one note."""
+    report = analysis.analyze(demo_job)
+    page = render_html(report)
+    _check_charts(page)
+    summary = _sections(page)["summary"]
+    assert "<b>1</b><span>rank</span>" in summary
+    report["inspect"] = {**report["inspect"], "notes": ["the one note from ingest"]}
+    summary = summary_section(report)
+    assert "1 note from ingest" in summary and "1 notes" not in summary
+    text = _text(page)
+    assert not re.search(r"(?<![\d.,])1 (ranks|notes|files|transfers|rows|steps)\b", text)

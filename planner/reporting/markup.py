@@ -49,6 +49,17 @@ def esc(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
+def noun(count: int, word: str, words: str = "") -> str:
+    """`word` as it agrees with `count` ("note" for 1, "notes" else); `words`: an
+    irregular plural."""
+    return word if count == 1 else words or word + "s"
+
+
+def plural(count: int, word: str, words: str = "") -> str:
+    """`count` and the noun that agrees with it: "1 note", "2 notes"."""
+    return f"{count:,} {noun(count, word, words)}"
+
+
 def step_label(s: Mapping[str, Any], partial: bool | None = None) -> str:
     """A step's number, marked when its records are partial (`partial`: else its own
     ``partial`` note says): such a step is left out of the gates and the figures."""
@@ -103,7 +114,7 @@ def table(
         cells = "".join(f"<td{c}>{v}</td>" for c, v in zip(cls, row, strict=True))
         body.append(f"<tr>{cells}</tr>")
     more = (
-        f'<p class="na">{len(rows) - limit} more rows not shown (see report.json).</p>'
+        f'<p class="na">{plural(len(rows) - limit, "more row")} not shown (see report.json).</p>'
         if len(rows) > limit
         else ""
     )

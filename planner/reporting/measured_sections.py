@@ -20,7 +20,9 @@ from planner.reporting.markup import (
     load_plots,
     lookup,
     nbytes,
+    noun,
     number,
+    plural,
     seconds,
     step_label,
     table,
@@ -32,12 +34,14 @@ def summary_section(report: Mapping[str, Any]) -> str:
     inspect = report.get("inspect") or {}
     ranks = inspect.get("ranks") or []
     steps = max((len(r.get("iterations") or []) for r in ranks), default=0)
+    transfers = sum(len(r.get("transfers") or []) for r in ranks)
+    ops = sum(r.get("ops", 0) for r in ranks)
     cards = [
         ("framework", esc(inspect.get("framework", "—"))),
-        ("ranks", str(len(ranks))),
-        ("steps traced", str(steps)),
-        ("ops", f"{sum(r.get('ops', 0) for r in ranks):,}"),
-        ("transfers", f"{sum(len(r.get('transfers') or []) for r in ranks):,}"),
+        (noun(len(ranks), "rank"), str(len(ranks))),
+        (noun(steps, "step") + " traced", str(steps)),
+        (noun(ops, "op"), f"{ops:,}"),
+        (noun(transfers, "transfer"), f"{transfers:,}"),
         ("transfer bytes", nbytes(sum(r.get("transfer_bytes", 0) for r in ranks))),
     ]
     metrics = report.get("metrics")
@@ -74,10 +78,10 @@ def summary_section(report: Mapping[str, Any]) -> str:
     notes = inspect.get("notes") or []
     extra = ""
     if sources:
-        extra += f"<details><summary>{len(sources)} input files</summary><ul>"
+        extra += f"<details><summary>{plural(len(sources), 'input file')}</summary><ul>"
         extra += "".join(f"<li><code>{esc(s)}</code></li>" for s in sources) + "</ul></details>"
     if notes:
-        extra += f"<details><summary>{len(notes)} notes from ingest</summary><ul>"
+        extra += f"<details><summary>{plural(len(notes), 'note')} from ingest</summary><ul>"
         extra += "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul></details>"
     return f'<div class="cards">{html_cards}</div>{per_rank}{extra}'
 

@@ -23,8 +23,10 @@ from planner.reporting.markup import (
     load_plots,
     lookup,
     nbytes,
+    noun,
     number,
     percent,
+    plural,
     seconds,
     simulation_of,
     step_label,
@@ -77,13 +79,13 @@ def timeline_section(report: Mapping[str, Any]) -> str:
             drawn.append((title, schedule))
     x_max = max((_end(s["timeline"]) for _, s in drawn), default=0.0)
     parts = [f"<p>{UNIT} from each step's first op; every chart has the same time axis.</p>"] + [
-        f"<h3>{esc(title)}</h3>" + figure(load_plots().gantt(schedule["timeline"], title, x_max))
+        f"<h3>{esc(title)}</h3>" + figure(load_plots().gantt(schedule["timeline"], x_max))
         for title, schedule in drawn
     ]
     if len(by_rank) > MAX_TIMELINE_RANKS:
         parts.append(
-            f'<p class="na">{len(by_rank) - MAX_TIMELINE_RANKS} more ranks: see the Chrome '
-            "trace written by <code>planner simulate --timeline</code>.</p>"
+            f'<p class="na">{plural(len(by_rank) - MAX_TIMELINE_RANKS, "more rank")}: see the '
+            "Chrome trace written by <code>planner simulate --timeline</code>.</p>"
         )
     return "".join(parts)
 
@@ -117,33 +119,38 @@ def _observed_window_rows(report: Mapping[str, Any]) -> tuple[str, int, list[dic
 
 
 def windows_section(report: Mapping[str, Any]) -> str:
-    """Transfer windows per parameter as traced, and as Caramel plans them.
+    """Transfer windows per parameter as traced (Before), and as Caramel plans them (After),
+    both from the step start on one time axis, so that the two charts compare.
 
     Caramel places a group in the backward pass, after it, or in the next forward pass,
     each time counted from the start of its own pass. The planned chart draws the
-    backward-side groups on the backward pass's axis (never a negative time); the
+    backward-side groups after the plan's forward pass (``inputs.forward_time``); the
     groups placed in the next forward pass are in the table with their pass named."""
-    parts = []
     rank, iteration, rows = _observed_window_rows(report)
     caramel = lookup(report, "plans", "caramel", "ranks")
     if not rows and not caramel:
         raise NotApplicable("needs all-reduce collectives (per-parameter windows)")
-    if rows:
-        parts += _traced_windows(rank, iteration, rows)
-    if caramel:
-        parts += _planned_windows(next((r for r in caramel if r["rank"] == rank), caramel[0]))
+    entry = next((r for r in caramel if r["rank"] == rank), caramel[0]) if caramel else None
+    planned = _planned_rows(entry) if entry else []
+    plots = load_plots()
+    x_max = max(plots.window_end(rows), plots.window_end(planned))
+    shared = {"x_max": x_max, "names": [r["param"] for r in [*rows, *planned]]}
+    parts = _traced_windows(rank, iteration, rows, shared) if rows else []
+    if entry:
+        parts += _planned_windows(entry, planned, shared)
     return "".join(parts)
 
 
-def _traced_windows(rank: str, iteration: int, rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The chart and table of the windows of `rank`'s step `iteration` as traced."""
-    parts = []
-    title = f"{rank} step {iteration}: traced windows"
-    parts.append(f"<h3>Before: {esc(title)}</h3>")
+def _traced_windows(
+    rank: str, iteration: int, rows: Sequence[Mapping[str, Any]], shared: Mapping[str, Any]
+) -> list[str]:
+    """The chart and table of the windows of `rank`'s step `iteration` as traced;
+    `shared`: what its chart shares with the planned one (the x axis's end, the names)."""
+    parts = [f"<h3>Before: {esc(rank)} step {iteration}, traced windows</h3>"]
     parts.append(
         figure(
-            load_plots().transfer_windows(rows, title),
-            f"{UNIT} from the start of step {iteration}.",
+            load_plots().transfer_windows(rows, **shared),
+            f"{UNIT} from the start of step {iteration}, as in the chart below.",
         )
     )
     parts.append(
@@ -165,45 +172,64 @@ def _traced_windows(rank: str, iteration: int, rows: Sequence[Mapping[str, Any]]
     return parts
 
 
-def _planned_windows(entry: Mapping[str, Any]) -> list[str]:
-    """The chart (backward-side groups) and table (every transfer) of the windows of
-    Caramel's plan for one rank (`entry`, a rank of the plan document)."""
-    parts = []
-    passes = {g["group"]: g.get("pass", "") for g in lookup(entry, "inputs", "groups") or []}
-    backward_side = ("backward", "beyond_backward", "")
-    transfers = entry["transfers"]
-    planned = [
+_BACKWARD_SIDE = ("backward", "beyond_backward", "")
+
+
+def _passes(entry: Mapping[str, Any]) -> dict[Any, str]:
+    """The pass each group of a Caramel plan's rank (`entry`) is placed in."""
+    return {g["group"]: g.get("pass", "") for g in lookup(entry, "inputs", "groups") or []}
+
+
+def _planned_rows(entry: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The transfers of the backward-side groups of Caramel's plan for one rank
+    (`entry`), in seconds from the step start: the plan counts them from the start of
+    the backward pass, which its model starts after the forward pass."""
+    passes = _passes(entry)
+    shift = lookup(entry, "inputs", "forward_time") or 0.0
+    return [
         {
             "param": t.get("param") or t["name"],
-            "ready": t["ready"],
-            "start": t["start"],
+            "ready": shift + t["ready"],
+            "start": shift + t["start"],
             "duration": t["end"] - t["start"],
             "window_end": None,
-            "before": t["ready"] + t["start_boundary_gain"]
+            "before": shift + t["ready"] + t["start_boundary_gain"]
             if t.get("start_boundary_gain") is not None
             else None,
         }
-        for t in transfers
+        for t in entry["transfers"]
         if t.get("start") is not None
         and t.get("end") is not None
-        and passes.get(t.get("group"), "") in backward_side
+        and passes.get(t.get("group"), "") in _BACKWARD_SIDE
         and t["start"] >= 0
     ]
-    forward = [t for t in transfers if passes.get(t.get("group"), "") not in backward_side]
-    title = f"{entry['rank']}: Caramel plan"
-    parts.append(f"<h3>After: {esc(title)}</h3>")
+
+
+def _planned_windows(
+    entry: Mapping[str, Any], planned: Sequence[Mapping[str, Any]], shared: Mapping[str, Any]
+) -> list[str]:
+    """The chart (`planned`: the backward-side groups, `_planned_rows`) and table (every
+    transfer) of the windows of Caramel's plan for one rank (`entry`, a rank of the plan
+    document); `shared`: what its chart shares with the traced one."""
+    passes = _passes(entry)
+    transfers = entry["transfers"]
+    forward = [t for t in transfers if passes.get(t.get("group"), "") not in _BACKWARD_SIDE]
+    parts = [f"<h3>After: {esc(entry['rank'])}, Caramel plan</h3>"]
     if planned:
+        shift = lookup(entry, "inputs", "forward_time") or 0.0
         parts.append(
             figure(
-                load_plots().transfer_windows(planned, title, planned=True),
-                f"{UNIT} from the start of the backward pass; hollow marks: when the "
-                "parameter was ready under the baseline order.",
+                load_plots().transfer_windows(planned, planned=True, **shared),
+                f"{UNIT} from the step start, as in the chart above: the plan counts from "
+                f"its backward pass, drawn after the {seconds(shift)} of its forward pass. "
+                "Hollow marks: when the parameter was ready under the baseline order.",
             )
         )
     if forward:
         parts.append(
-            f"<p>{len(forward)} transfers are placed in the next forward pass: they are "
-            "in the table below (times from that pass's start), not in the chart.</p>"
+            f"<p>{plural(len(forward), 'transfer')} {noun(len(forward), 'is', 'are')} placed "
+            "in the next forward pass: in the table below (times from that pass's start), "
+            "not in the chart.</p>"
         )
     parts.append(
         table(
@@ -311,11 +337,7 @@ def _rank_comparison(entry: Mapping[str, Any], steps: Sequence[Mapping[str, Any]
             f"{seconds(max(predicted))} (within {SAME:.1%}): no chart to compare.</p>"
         )
     else:
-        parts.append(
-            figure(
-                load_plots().plan_comparison(entry["plans"], measured, f"{rank}: predicted time")
-            )
-        )
+        parts.append(figure(load_plots().plan_comparison(entry["plans"], measured)))
     headers = ["plan", "predicted", "p5", "p95", "vs baseline", "vs observed", "replayed", "E",
                "alpha", "note"]  # fmt: skip
     parts.append(table(headers, rows))
@@ -343,15 +365,18 @@ def buckets_section(report: Mapping[str, Any]) -> str:
     if not sweep:
         raise NotApplicable("needs a PyTorch DDP job traced with record_shapes=True")
     if not sweep["caps"]:
-        return f"<p>{esc(sweep['reason'])}.</p>"
-    error = sweep.get("replay_error")
+        return f"<p>{esc(_sentence(sweep['reason']))}.</p>"
     recommended = sweep.get("recommended_cap_mb")
     head = (
         f"<p>Traced buckets: measured {seconds(sweep['measured_step_time'])}, predicted "
-        f"{seconds(sweep.get('observed_predicted_step_time'))} (replay error "
-        f"<b>{percent(error)}</b>). "
-        + (f"<b>Recommended bucket_cap_mb={recommended:g}</b>: " if recommended else "")
-        + f"{esc(sweep['reason'])}.</p>"
+        f"{seconds(sweep.get('observed_predicted_step_time'))}, a replay error of "
+        f"<b>{percent(sweep.get('replay_error'))}</b>.</p><p>"
+        + (
+            f"<b>Recommended bucket_cap_mb={recommended:g}</b>: {esc(sweep['reason'])}"
+            if recommended
+            else esc(_sentence(sweep["reason"]))
+        )
+        + ".</p>"
     )
     if sweep.get("kappa") is not None:
         head += (
@@ -366,18 +391,29 @@ def buckets_section(report: Mapping[str, Any]) -> str:
         )
     if sweep.get("network_note"):
         head += f"<p><b>Note:</b> {esc(sweep['network_note'])}</p>"
-    chart = figure(
-        load_plots().bucket_sweep(
-            sweep["caps"], sweep["measured_step_time"], "Predicted step time per bucket cap"
-        )
+    unset = sweep.get("default_configuration")
+    chart = "<h3>Predicted step time per bucket cap</h3>" + figure(
+        load_plots().bucket_sweep(sweep["caps"], sweep["measured_step_time"], unset)
     )
     rows = [
         [f"{c['bucket_cap_mb']:g}" + (" (recommended)" if c["bucket_cap_mb"] == recommended
-                                      else ""), str(c["buckets"]),
+                                      else ""),
+         f"{c.get('first_bucket_cap_mb', 1):g}", str(c["buckets"]),
          seconds(c["predicted_step_time"])]
         for c in sweep["caps"]
     ]  # fmt: skip
-    return head + chart + table(["bucket_cap_mb", "buckets", "predicted step"], rows)
+    if unset:  # no cap given, as traced: the CLI's "(unset)" row
+        rows.append(
+            [f"{unset['bucket_cap_mb']:g} (unset)", f"{unset.get('first_bucket_cap_mb', 1):g}",
+             str(unset["buckets"]), seconds(unset["predicted_step_time"])]
+        )  # fmt: skip
+    headers = ["bucket_cap_mb", "first bucket MB", "buckets", "predicted step"]
+    return head + chart + table(headers, rows)
+
+
+def _sentence(text: str) -> str:
+    """`text` as a sentence of its own: its first letter a capital."""
+    return text[:1].upper() + text[1:]
 
 
 def plans_section(report: Mapping[str, Any]) -> str:
@@ -402,7 +438,7 @@ def plans_section(report: Mapping[str, Any]) -> str:
             ]  # fmt: skip
             parts.append(
                 f"<details><summary>{esc(name.upper())} — {esc(entry['rank'])}: "
-                f"{len(transfers)} transfers</summary>"
+                f"{plural(len(transfers), 'transfer')}</summary>"
                 + table(["order", "transfer", "parameter", "resource", "bytes", "priority"], rows)
                 + "</details>"
             )
