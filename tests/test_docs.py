@@ -61,10 +61,20 @@ def _options(name: str) -> dict[str, click.Option]:
     }
 
 
+def _takes_paths(name: str) -> bool:
+    """Whether the positional arguments of a subcommand are paths (`docs` takes a topic)."""
+    from planner_cli.main import cli
+
+    arguments = [p for p in cli.commands[name].params if isinstance(p, click.Argument)]
+    return any(isinstance(p.type, click.Path) for p in arguments)
+
+
 def inputs(args: list[str]) -> list[str]:
-    """The input paths of a command line: positional arguments and the values of options
-    that must name an existing file. An option the command does not have fails the test."""
+    """The input paths of a command line: positional arguments (of a command that takes
+    paths) and the values of options that must name an existing file. An option the
+    command does not have fails the test."""
     options = _options(args[0])
+    paths = _takes_paths(args[0])
     out: list[str] = []
     pending: click.Option | None = None
     for arg in args[1:]:
@@ -80,7 +90,8 @@ def inputs(args: list[str]) -> list[str]:
             if option is not None and not option.is_flag and "=" not in arg:
                 pending = option
             continue
-        out.append(arg)
+        if paths:
+            out.append(arg)
     return out
 
 
