@@ -20,6 +20,7 @@ from planner.errors import InputError, WorkerDied
 from planner.export.files import dumps, file_names, write_atomic
 from planner.version import __version__
 from planner_cli import caramel as caramel_commands
+from planner_cli import docs as docs_commands
 from planner_cli import enforce as enforce_commands
 from planner_cli import model as model_commands
 from planner_cli import parallel as parallel_commands
@@ -28,6 +29,7 @@ from planner_cli import report as report_commands
 from planner_cli import simulate as simulate_commands
 from planner_cli.options import (
     ALGORITHMS,
+    Duration,
     each_option,
     json_option,
     load,
@@ -60,10 +62,14 @@ PATTERNS_ENV = "PLANNER_COMM_PATTERNS"
     "--comm-patterns",
     envvar=PATTERNS_ENV,
     type=click.Path(path_type=Path, dir_okay=False),
-    help="A JSON pattern file naming more communication kernels (docs/formats.md).",
+    help="A JSON pattern file naming more communication kernels (planner docs formats).",
 )
 def cli(no_color: bool, step_marker: str | None, comm_patterns: Path | None) -> None:
-    """Communication-scheduling planner for data-parallel DNN training."""
+    """Communication-scheduling planner for data-parallel DNN training.
+
+    A trace is a file, a folder or a quoted glob; `demo` (a TF parameter-server worker)
+    and `demo-ddp` (a PyTorch DDP run of two ranks) name the bundled demos. The manual:
+    planner docs."""
     render.configure(no_color=no_color)
     # the ingest reads them from the environment, as do the worker processes of -j/Dask
     for name, value in ((STEP_MARKER_ENV, step_marker), (PATTERNS_ENV, comm_patterns)):
@@ -197,9 +203,10 @@ def plan_files(document: dict[str, Any], fmt: str, output: Path | None) -> dict[
 )
 @click.option(
     "--max-straggler",
-    type=click.FloatRange(min=0),
+    type=Duration(),
     default=None,
-    help="Exit 1 when a step's straggler time (s) exceeds this (all-reduce).",
+    help="Exit 1 when a step's straggler time exceeds this, in ms (or with a unit: 500us, "
+    "0.5s) (all-reduce).",
 )
 @click.option(
     "--min-utilization",
@@ -295,7 +302,7 @@ def metrics_command(
 )
 @click.option(
     "--bucket-reference",
-    type=click.Path(exists=True, path_type=Path),
+    type=click.Path(path_type=Path),
     default=None,
     metavar="PATH",
     help="The same job traced with one DDP bucket (a bucket_cap_mb above its gradients' "
@@ -334,16 +341,17 @@ def analyze_command(
 
     The PyTorch traces of several all-reduce ranks are read one rank per process (-j,
     --dask); the report is the same as in one process (above 16 ranks its timelines
-    are those of the slowest, the fastest and the last-arriving rank: docs/parallel.md).
+    are those of the slowest, the fastest and the last-arriving rank: planner docs parallel).
     """
     from planner.export.files import check_set_target, holds_demo_results, write_set
-    from planner.ingest import detect
+    from planner.ingest.demos import demo_trace
     from planner.job import analysis, parallel, rank_analysis
     from planner.reporting.outputs import analysis_files
 
     if output is not None:
-        # the quick start (no PATH: the demo) replaces its own earlier output
-        force = force or (not paths and holds_demo_results(output, detect.demo_trace()))
+        # the quick start (no PATH, or `demo`) replaces its own earlier output
+        quick = not paths or [p.resolve() for p in resolve(paths)] == [demo_trace().resolve()]
+        force = force or (quick and holds_demo_results(output, demo_trace()))
         check_set_target(output, force)
     if reference_untraced_step_time is not None and bucket_reference is None:
         raise click.UsageError("--reference-untraced-step-time needs --bucket-reference")
@@ -368,7 +376,7 @@ def analyze_command(
     else:
         if dask_address is not None:
             render.note("--dask: one rank, not PyTorch all-reduce: read in this process", as_json)
-        job = select_ranks(load(paths or (detect.demo_trace(),), as_json), rank)
+        job = select_ranks(load(paths or (demo_trace(),), as_json), rank)
         with render.progress(enabled=not as_json, what="analysing") as advance:
             report = analysis.analyze(
                 job,
@@ -402,7 +410,7 @@ def analyze_command(
 def convert_command(
     paths: tuple[Path, ...], output: Path | None, rank: str | None, as_json: bool
 ) -> None:
-    """Write any supported input as a planner JSON trace (docs/formats.md).
+    """Write any supported input as a planner JSON trace (planner docs formats).
 
     Without -o, or with --json, the `planner.trace/1` document goes to stdout."""
     from planner.ingest import planner_json
@@ -498,5 +506,6 @@ for command in (
     enforce_commands.verify_command,
     report_commands.report_command,
     parallel_commands.analyze_ranks_command,
+    docs_commands.docs_command,
 ):
     cli.add_command(command)

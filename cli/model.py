@@ -34,10 +34,23 @@ def parse_workers(text: str) -> list[int]:
         else:
             values = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError:
-        raise InputError(None, f"--workers {text!r}: expected A:B, A:B:STEP or a,b,c") from None
+        raise InputError(
+            None, f"--worker-counts {text!r}: expected A:B, A:B:STEP or a,b,c"
+        ) from None
     if not values or values[0] < 1 or values[-1] > MAX_WORKERS:
-        raise InputError(None, f"--workers {text!r}: counts must be in 1..{MAX_WORKERS}")
+        raise InputError(None, f"--worker-counts {text!r}: counts must be in 1..{MAX_WORKERS}")
     return values
+
+
+def worker_counts(given: str | None, old: str | None) -> str:
+    """The --worker-counts text; the old spelling --workers (a process count in every
+    other command) still works, with a warning on stderr."""
+    if old is None:
+        return "1:64" if given is None else given
+    if given is not None:
+        raise click.UsageError("give --worker-counts only (--workers is its old name)")
+    render.note("planner: warning: model --workers is deprecated; use --worker-counts", False)
+    return old
 
 
 def parse_ps(text: str) -> list[int]:
@@ -60,7 +73,20 @@ def parse_arch(text: str) -> list[str]:
 
 @click.command("model")
 @paths_argument()
-@click.option("--workers", default="1:64", show_default=True, help="A:B, A:B:STEP or a,b,c.")
+@click.option(
+    "--worker-counts",
+    "workers",
+    default=None,
+    metavar="COUNTS",
+    help="The worker counts to model: A:B, A:B:STEP or a,b,c.  [default: 1:64]",
+)
+@click.option(
+    "--workers",
+    "old_workers",
+    default=None,
+    hidden=True,
+    help="Deprecated spelling of --worker-counts (elsewhere --workers is a process count).",
+)
 @click.option("--ps", "ps_text", default="1", show_default=True, help="PS counts, e.g. 1,2,4.")
 @click.option(
     "--bandwidth",
@@ -102,7 +128,8 @@ def parse_arch(text: str) -> list[str]:
 @json_option
 def model_command(
     paths: tuple[Path, ...],
-    workers: str,
+    workers: str | None,
+    old_workers: str | None,
     ps_text: str,
     bandwidth: float | None,
     network_csv: Path | None,
@@ -118,7 +145,7 @@ def model_command(
     from planner.planning import models
     from planner.prediction import calibration
 
-    counts = parse_workers(workers)
+    counts = parse_workers(worker_counts(workers, old_workers))
     ps_counts = parse_ps(ps_text)
     architectures = parse_arch(arch_text)
     if bandwidth is not None and bandwidth <= 0:

@@ -58,6 +58,29 @@ def select_ranks(job: Job, rank: str | None) -> Job:
     return Job(job.framework, {rank: job.graphs[rank]}, job.trace, job.sources, job.notes, job.meta)
 
 
+class Duration(click.ParamType):
+    """A duration given in ms, or with its unit (``us``/``µs``, ``ms``, ``s``), returned in
+    seconds (the library's unit): every display of a time is in ms or finer."""
+
+    name = "MS"
+    UNITS = (("us", 1e-6), ("µs", 1e-6), ("ms", 1e-3), ("s", 1.0))
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        text = str(value).strip().lower()
+        scale = 1e-3
+        for unit, factor in self.UNITS:
+            if text.endswith(unit):
+                text, scale = text.removesuffix(unit).strip(), factor
+                break
+        try:
+            number = float(text)
+        except ValueError:
+            number = float("nan")
+        if not number >= 0 or number == float("inf"):
+            self.fail(f"{value!r}: expected a time such as 5, 5ms, 500us or 0.5s", param, ctx)
+        return number * scale
+
+
 rank_option = click.option("--rank", default=None, help="Analyse only this rank (e.g. worker0).")
 
 

@@ -3,10 +3,10 @@
 Ingest traces -> OpGraph + Trace -> TimeOracle -> schedule (TicTac, Caramel) ->
 metrics / simulation -> export. Every stage is a plain function over dataclasses.
 
-The Python API (docs/api.md), equal to the CLI:
+The Python API (docs/api.md, or `planner docs api`), equal to the CLI:
 
     import planner
-    job = planner.load(["traces/demo"])        # files, run folders or globs; rank=...
+    job = planner.load("demo")                 # files, run folders, globs, a demo; rank=...
     planner.inspect(job)                       # -> Inspection: devices, ops, transfers
     planner.metrics(job)                       # -> MetricsResult: E, S, umax, lmin per step
     plans = planner.schedule(job, "tac")       # -> Plans: "tic", "tac" or "caramel"

@@ -1,7 +1,7 @@
 """The public Python API: what the CLI does, as functions over a loaded job.
 
     import planner
-    job = planner.load(["traces/demo"])            # files, folders or globs, like the CLI
+    job = planner.load("demo")                     # files, folders, globs or a demo's name
     planner.metrics(job).to_frame()                # one row per rank and step
     plans = planner.schedule(job, "tac")           # one plan per rank
     planner.simulate(job, plans).to_frame()        # predicted time of each plan
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from planner.errors import InputError
+from planner.ingest.demos import named
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -40,10 +41,11 @@ TRACE_SUFFIXES = (".pb", ".pbtxt", ".json", ".gz")
 
 def expand_globs(paths: Iterable[str | Path]) -> list[Path]:
     """Paths with shell patterns (`*`, `?`, `[...]`) expanded in sorted order, as a shell
-    would; a pattern that matches nothing is an error naming it."""
+    would; a pattern that matches nothing is an error naming it. A bundled demo's name
+    (``demo``, ``demo-ddp``) that is no file or folder here is that demo's folder."""
     out: list[Path] = []
     for path in paths:
-        text = str(path)
+        text = str(named(path))
         if any(c in text for c in GLOB_CHARS) and not Path(text).exists():
             matches = sorted(glob.glob(text))
             if not matches:
@@ -298,9 +300,10 @@ class Report:
 
 
 def load(paths: str | Path | Iterable[str | Path], rank: str | None = None) -> Job:
-    """Read traces into one Job: files, run folders or glob patterns, as the CLI takes them
-    (format sniffed from content). `rank` keeps only that rank. Raises InputError (one line
-    naming the file and the problem) on bad input."""
+    """Read traces into one Job: files, run folders, glob patterns or a bundled demo's name
+    (``demo``, ``demo-ddp``), as the CLI takes them (format sniffed from content). `rank`
+    keeps only that rank. Raises InputError (one line naming the file and the problem) on
+    bad input."""
     from planner.ingest import detect
 
     items = [paths] if isinstance(paths, (str, Path)) else list(paths)

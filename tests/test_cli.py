@@ -238,8 +238,8 @@ def test_usage_errors_exit_2_with_one_line(capsys):
 
 
 def test_demo_trace_is_found_as_a_directory_of_run_metadata():
-    from planner.ingest import detect
+    from planner.ingest import demos
 
-    demo = detect.demo_trace()
+    demo = demos.demo_trace()
     assert demo.is_dir()
     assert len(list(demo.glob("run_metadata_step*.pb"))) == 5

@@ -3,9 +3,10 @@
 The lines of one page run in order in one scratch directory that holds only the repo's
 ``traces/`` (no ``../shared``: a fresh clone has nothing beside it), so a page can write
 ``out/`` and read it back. Every example runs as written: an input path that does not
-exist fails the test. A line ending in ``# exit 1`` must exit 1 (a failed gate), one ending
-in ``# needs torch`` (or ``tensorflow``) runs only where that module is. ``python
-examples/...`` lines run too, in a subprocess. Globs expand as a shell would.
+exist fails the test (the bundled demos' names, ``demo`` and ``demo-ddp``, are inputs).
+A line ending in ``# exit 1`` must exit 1 (a failed gate), one ending in ``# needs
+torch`` (or ``tensorflow``) runs only where that module is. ``python examples/...``
+lines run too, in a subprocess. Globs expand as a shell would.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 import click
 import pytest
 
+from planner.ingest.demos import DEMOS
 from tests.conftest import REPO, run_cli
 
 PAGES = sorted([REPO / "README.md", *(REPO / "docs").rglob("*.md")])
@@ -59,10 +61,20 @@ def _options(name: str) -> dict[str, click.Option]:
     }
 
 
+def _takes_paths(name: str) -> bool:
+    """Whether the positional arguments of a subcommand are paths (`docs` takes a topic)."""
+    from planner_cli.main import cli
+
+    arguments = [p for p in cli.commands[name].params if isinstance(p, click.Argument)]
+    return any(isinstance(p.type, click.Path) for p in arguments)
+
+
 def inputs(args: list[str]) -> list[str]:
-    """The input paths of a command line: positional arguments and the values of options
-    that must name an existing file. An option the command does not have fails the test."""
+    """The input paths of a command line: positional arguments (of a command that takes
+    paths) and the values of options that must name an existing file. An option the
+    command does not have fails the test."""
     options = _options(args[0])
+    paths = _takes_paths(args[0])
     out: list[str] = []
     pending: click.Option | None = None
     for arg in args[1:]:
@@ -78,7 +90,8 @@ def inputs(args: list[str]) -> list[str]:
             if option is not None and not option.is_flag and "=" not in arg:
                 pending = option
             continue
-        out.append(arg)
+        if paths:
+            out.append(arg)
     return out
 
 
@@ -118,7 +131,7 @@ def test_examples_run(
         args = shlex.split(line)[1:]
         assert not SHELL_ONLY & set(args), f"{page.name}: not a plain command: {line}"
         args = expand(args)
-        missing = [p for p in inputs(args) if not Path(p).exists()]
+        missing = [p for p in inputs(args) if not Path(p).exists() and p not in DEMOS]
         assert not missing, f"{page.name}: `{line}` reads {missing[0]}, which is not in the repo"
         status, _, err = run_cli(args, capsys)
         assert status == code, f"{page.name}: `{line}` exited {status}: {err[-500:]}"

@@ -218,7 +218,7 @@ def test_cross_check_hook(cnn):
 
 
 def test_cli_json(capsys):
-    args = ["model", DEMO, "--workers", "1:8", "--ps", "1,2", "--arch", "ps,ring", "--json"]
+    args = ["model", DEMO, "--worker-counts", "1:8", "--ps", "1,2", "--arch", "ps,ring", "--json"]
     code, out, err = run_cli([*args, "--bandwidth", "1", "--overlap", "0"], capsys)
     assert code == 0, err
     doc = json.loads(out)
@@ -229,7 +229,7 @@ def test_cli_json(capsys):
 
 
 def test_cli_table(capsys):
-    code, out, err = run_cli(["model", DEMO, "--workers", "1,2,4", "--ps", "1,2"], capsys)
+    code, out, err = run_cli(["model", DEMO, "--worker-counts", "1,2,4", "--ps", "1,2"], capsys)
     assert code == 0, err
     assert "Iteration time vs workers" in out and "recommendation" in out
 
@@ -237,9 +237,9 @@ def test_cli_table(capsys):
 @pytest.mark.parametrize(
     "bad",
     [
-        ["--workers", "0:4"],
-        ["--workers", "8:2"],
-        ["--workers", "a"],
+        ["--worker-counts", "0:4"],
+        ["--worker-counts", "8:2"],
+        ["--worker-counts", "a"],
         ["--ps", "0"],
         ["--arch", "mesh"],
         ["--bandwidth", "-1"],
@@ -321,7 +321,7 @@ def test_the_cross_check_carries_the_simulators_own_error(capsys):
     assert measured == pytest.approx(cal.measured_iteration_time)
     assert check["simulator_error"] == pytest.approx(simulated / measured - 1)
     assert simulated > 2 * measured and "no check of the model" in check["warning"]
-    code, out, _ = run_cli(["model", MI300, "--workers", "8"], capsys)
+    code, out, _ = run_cli(["model", MI300, "--worker-counts", "8"], capsys)
     assert code == 0
     assert f"(simulator vs measured {check['simulator_error']:+.1%})" in out
     assert "warning: the simulator misses the traced configuration" in out
@@ -484,7 +484,7 @@ def test_an_inference_job_gets_no_data_parallel_recommendation(capsys):
     doc = models.model_document(job, models.calibrate(job), [8])
     assert doc["recommendation"] is None
     assert "no backward pass and no optimizer step" in doc["validation"]["recommendation_withheld"]
-    code, out, _ = run_cli(["model", path, "--workers", "8"], capsys)
+    code, out, _ = run_cli(["model", path, "--worker-counts", "8"], capsys)
     lines = out.splitlines()
     assert code == 0 and any(
         line.startswith("no recommendation: the trace shows") for line in lines

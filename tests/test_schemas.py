@@ -140,7 +140,7 @@ def test_report_with_simulation_section() -> None:
 
 
 def test_model(capsys: pytest.CaptureFixture[str]) -> None:
-    validate(cli_json(["model", DEMO, "--workers", "1:4"], capsys))
+    validate(cli_json(["model", DEMO, "--worker-counts", "1:4"], capsys))
 
 
 def test_fit_network(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

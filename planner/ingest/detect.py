@@ -11,6 +11,7 @@ dropped rank), and every path passes `files.check_path` before anything opens it
 
 from __future__ import annotations
 
+import re
 import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -150,23 +151,6 @@ def expand(paths: Iterable[Path]) -> list[tuple[Path, bool]]:
     return result
 
 
-def demo_trace() -> Path:
-    """The bundled demo: RunMetadata of one worker of a real TF parameter-server job.
-
-    Installed as the data package `planner.demo_trace`; in a source checkout it is the
-    repository's traces/demo.
-    """
-    from importlib.util import find_spec
-
-    try:
-        spec = find_spec("planner.demo_trace")
-    except ModuleNotFoundError:
-        spec = None
-    if spec is not None and spec.submodule_search_locations:
-        return Path(next(iter(spec.submodule_search_locations)))
-    return Path(__file__).resolve().parents[2] / "traces" / "demo"
-
-
 Progress = Callable[[str], None]
 
 
@@ -190,7 +174,7 @@ def load(paths: Iterable[str | Path], progress: Progress | None = None) -> Job:
         if item.format == "unknown_json":
             if explicit:
                 raise InputError(path, "JSON is not a trace this planner reads")
-            if path.name not in RUN_METADATA:  # a run's own description: nothing to say
+            if not run_metadata(path):  # a run's own description: nothing to say
                 notes.append(f"skipped {path}: not a trace")
             continue
         if item.escaped:
@@ -277,9 +261,15 @@ def _load_formats(by_format: dict[str, list[Sniffed]], notes: list[str], files: 
     raise InputError(where, "no readable trace among the inputs")
 
 
-RUN_METADATA = frozenset({"meta.json"})
-"""Files a recorded run keeps beside its traces (what was run, how): passed over in a
-folder without a note, as the bundled demo's."""
+RUN_METADATA = re.compile(r"meta(_rank\d+)?\.json|summary\.json")
+"""Files a recorded run keeps beside its traces (what was run, how: the bundled demos'
+meta.json, meta_rank<N>.json and summary.json): passed over in a folder without a note."""
+
+
+def run_metadata(path: Path) -> bool:
+    """Whether a JSON file that is no trace is a run's own description (`RUN_METADATA`)."""
+    return RUN_METADATA.fullmatch(path.name) is not None
+
 
 FORMAT_NAMES = {
     "run_metadata": "a TensorFlow RunMetadata",

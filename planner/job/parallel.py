@@ -172,7 +172,7 @@ def split_ranks(paths: Sequence[Path]) -> tuple[list[list[Path]] | None, list[st
             elif found == "execution_trace":
                 traces[(path.parent, path.name)] = path
             elif found == "unknown_json" and not explicit:
-                if path.name not in detect.RUN_METADATA:
+                if not detect.run_metadata(path):
                     notes.append(f"skipped {path}: not a trace")
             else:
                 return None, []

@@ -34,6 +34,7 @@ from typing import Any
 
 from planner.enforce.plan_file import TransferPlan, load_plan
 from planner.errors import InputError
+from planner.ingest.demos import named
 from planner.model.plan import Plan
 from planner.model.trace import Job, busy_time
 
@@ -245,7 +246,7 @@ def verify(plan_path: str | Path, traces: Sequence[str | Path]) -> dict[str, Any
     """`planner.verify/1`: per rank the fraction of steps in plan order, the first
     departure, depth mismatches, and measured (vs predicted) iteration time."""
     plan_path = Path(plan_path)
-    plans, steps, job = read_steps(plan_path, [Path(t) for t in traces])
+    plans, steps, job = read_steps(plan_path, [named(t) for t in traces])
     notes: list[str] = []
     step_docs: list[dict[str, Any]] = []
     ranks: list[dict[str, Any]] = []

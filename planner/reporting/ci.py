@@ -2,7 +2,8 @@
 
 One test case per step and rank. A case fails when its scheduling efficiency E is below
 ``min_efficiency``, its all-reduce utilization below ``min_utilization``, or when the
-rank is the slowest of a step whose straggler time exceeds ``max_straggler`` (seconds).
+rank is the slowest of a step whose straggler time exceeds ``max_straggler`` (seconds;
+shown in ms, the unit `planner metrics --max-straggler` takes).
 A step whose E does not apply (a rank without transfers) is a skipped case, never a
 pass or a failure. A threshold that the input has no figure for (utilization or
 stragglers of a parameter server job) checks nothing and is listed by `unchecked`, so
@@ -44,10 +45,11 @@ class Failure:
     limit: float
 
     def message(self) -> str:
-        """One line naming the figure and the gate, e.g. ``efficiency 0.412 < 0.9``."""
-        op = ">" if self.metric == "straggler_time" else "<"
-        unit = " s" if self.metric == "straggler_time" else ""
-        return f"{self.metric} {self.value:.4g}{unit} {op} {self.limit:g}{unit}"
+        """One line naming the figure and the gate, e.g. ``efficiency 0.412 < 0.9`` or
+        ``straggler_time 12.3 ms > 5 ms`` (times in ms, as `--max-straggler` takes them)."""
+        if self.metric == "straggler_time":
+            return f"{self.metric} {self.value * 1e3:.4g} ms > {self.limit * 1e3:g} ms"
+        return f"{self.metric} {self.value:.4g} < {self.limit:g}"
 
 
 @dataclass(frozen=True)
@@ -217,12 +219,21 @@ def junit_xml(
             f"efficiency={_fmt(c.efficiency)}",
             f"speedup_bound={_fmt(c.speedup_bound)}",
             f"utilization={_fmt(c.utilization)}",
-            f"straggler_time={_fmt(c.straggler_time)}",
+            f"straggler_time_ms={_fmt(_ms(c.straggler_time))}",
         ]
         out += [f"{name}: not available for this input" for name in missing]
         ET.SubElement(case, "system-out").text = "\n".join(out)
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
+def _gate_text(name: str, value: float) -> str:
+    """A gate as the option takes it: `--max-straggler` in ms."""
+    return f"{value * 1e3:g}ms" if name == "max_straggler" else f"{value:g}"
 
 
 def _cell(text: str) -> str:
@@ -245,7 +256,7 @@ def markdown_summary(document: Mapping[str, Any], thresholds: Thresholds) -> str
         "",
     ]
     if gates:
-        shown = ", ".join(f"`{k.replace('_', '-')} {v:g}`" for k, v in gates.items())
+        shown = ", ".join(f"`{k.replace('_', '-')} {_gate_text(k, v)}`" for k, v in gates.items())
         lines.append(f"Gates: {shown}")
     else:
         lines.append("Gates: none given (figures only).")
@@ -253,14 +264,14 @@ def markdown_summary(document: Mapping[str, Any], thresholds: Thresholds) -> str
         lines.append(f"`{name.replace('_', '-')}`: not available for this input, not checked.")
     lines += [
         "",
-        "| rank | step | efficiency E | speedup bound S | utilization | straggler (s) | result |",
+        "| rank | step | efficiency E | speedup bound S | utilization | straggler (ms) | result |",
         "|---|---:|---:|---:|---:|---:|---|",
     ]
     for c in all_cases:
         result = "fail: " + "; ".join(f.message() for f in c.failures) if c.failures else "pass"
         if c.skipped:
             result = f"skipped: {c.skipped}"
-        straggler = _fmt(c.straggler_time) + (" (slowest)" if c.slowest else "")
+        straggler = _fmt(_ms(c.straggler_time)) + (" (slowest)" if c.slowest else "")
         row = [
             c.rank,
             str(c.iteration),
