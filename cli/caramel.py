@@ -88,14 +88,14 @@ def bench_network(
 
 def _bench_view(rows: list[dict[str, Any]]) -> None:
     table = render.new_table(title="all-reduce time per size (gloo, 127.0.0.1)")
-    for column in ("bytes", "median", "min", "repeats"):
-        table.add_column(column, justify="right")
+    for column in ("bytes", "median (µs)", "min (µs)", "repeats"):
+        render.number_column(table, column)
     for r in rows:
         table.add_row(
-            str(r["nbytes"]), f"{r['seconds'] * 1e6:.1f} µs", f"{r['seconds_min'] * 1e6:.1f} µs",
+            str(r["nbytes"]), f"{r['seconds'] * 1e6:.1f}", f"{r['seconds_min'] * 1e6:.1f}",
             str(r["repeats"]),
         )  # fmt: skip
-    render.out().print(table)
+    render.show(table)
 
 
 @click.command("fit-network")
@@ -125,17 +125,17 @@ def _fit_view(report: dict[str, Any]) -> None:
         f"f(d) = {report['a'] * 1e6:.3f} µs + d x {report['b'] * 1e9:.4f} ns/B"
         f"   R^2 = {report['r2']:.4f}   ({report['points']} points)"
     )
-    residuals = render.new_table(title="Residuals")
+    residuals = render.new_table(title="Residuals (µs)")
     for column in ("bytes", "measured", "predicted", "residual"):
-        residuals.add_column(column, justify="right")
+        render.number_column(residuals, column)
     for r in report["residuals"]:
         residuals.add_row(
             str(r["nbytes"]),
-            f"{r['seconds'] * 1e6:.1f} µs",
-            f"{r['predicted'] * 1e6:.1f} µs",
-            f"{r['residual'] * 1e6:+.1f} µs",
+            f"{r['seconds'] * 1e6:.1f}",
+            f"{r['predicted'] * 1e6:.1f}",
+            f"{r['residual'] * 1e6:+.1f}",
         )
-    console.print(residuals)
+    render.show(residuals)
     limit = report["threshold_bytes"]
     console.print(
         "batching threshold (min x with f(2x)/(2f(x)) > 0.8, i.e. x > 1.5a/b): "
@@ -143,8 +143,8 @@ def _fit_view(report: dict[str, Any]) -> None:
     )
     table = render.new_table(title="Depth per transfer size (Caramel §4.4)")
     for column in ("depth", "from bytes", "to bytes (excl.)"):
-        table.add_column(column, justify="right")
+        render.number_column(table, column)
     for row in report["depth_table"]:
         high = row["max_bytes"]
         table.add_row(str(row["depth"]), str(row["min_bytes"]), "-" if high is None else str(high))
-    console.print(table)
+    render.show(table)

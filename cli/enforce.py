@@ -128,37 +128,50 @@ def verify_command(
 def _verify_view(document: dict[str, Any]) -> None:
     console = render.out()
     table = render.new_table(title=f"Plan {document['plan']} ({document['transfers']} transfers)")
-    busy = any(r.get("measured_busy_time") is not None for r in document["ranks"])
-    columns = ["rank", "steps", "matched", "in plan", "first violation", "measured"]
-    columns += ["busy"] * busy + ["predicted", "error"]
-    for column in columns:
-        table.add_column(column)
-    for r in document["ranks"]:
-        first = r["first_violation"]
-        where = "-"
-        if first:
-            where = f"step {first['iteration']}"
-            if "position" in first:
-                where += f" #{first['position']}: {first['observed']} for {first['expected']}"
-            if "depth_mismatch" in first:
-                d = first["depth_mismatch"]
-                where += f" ({d['transfer']}: {d['chunks']} chunks, depth {d['depth']})"
+    ranks = document["ranks"]
+    busy = any(r.get("measured_busy_time") is not None for r in ranks)
+    keys = ("measured_iteration_time", "measured_busy_time", "predicted_iteration_time")
+    unit = render.time_unit(r.get(k) for r in ranks for k in keys)
+    names = {keys[0]: "measured", keys[1]: "busy", keys[2]: "predicted"}
+    headers = {k: render.with_unit(name, unit) for k, name in names.items()}
+    render.text_column(table, "rank")
+    for column in ("steps", "matched", "in plan"):
+        render.number_column(table, column)
+    render.text_column(table, "first violation")
+    for key in keys[: 1 + busy] + keys[2:]:
+        render.number_column(table, headers[key])
+    render.number_column(table, "error")
+    for r in ranks:
         cells = [
             r["rank"],
             str(r["steps"]),
             f"{r['checked_transfers']}/{r['planned_transfers']}",
             f"{r['compliant_steps']}/{r['steps']} ({r['compliance']:.0%})",
-            where,
-            render.seconds_text(r["measured_iteration_time"]),
+            _first_violation(r["first_violation"]),
+            render.time_cell(r["measured_iteration_time"], unit),
         ]
         if busy:
-            cells.append(render.seconds_text(r["measured_busy_time"]))
+            cells.append(render.time_cell(r["measured_busy_time"], unit))
         error = r["replay_error"]
         cells += [
-            render.seconds_text(r["predicted_iteration_time"]),
+            render.time_cell(r["predicted_iteration_time"], unit),
             "-" if error is None else f"{error:+.1%}",
         ]
         table.add_row(*cells)
-    console.print(table)
+    # the error is the prediction's against the busy time where there is one
+    render.show(table, secondary=("steps", *(headers[keys[0]],) * busy))
     for line in document["notes"]:
         console.print(f"[yellow]note:[/yellow] {line}")
+
+
+def _first_violation(first: dict[str, Any] | None) -> str:
+    """Where a rank's steps first left the plan's order ("-": never)."""
+    if not first:
+        return "-"
+    where = f"step {first['iteration']}"
+    if "position" in first:
+        where += f" #{first['position']}: {first['observed']} for {first['expected']}"
+    if "depth_mismatch" in first:
+        d = first["depth_mismatch"]
+        where += f" ({d['transfer']}: {d['chunks']} chunks, depth {d['depth']})"
+    return where

@@ -50,6 +50,17 @@ PATTERNS_ENV = "PLANNER_COMM_PATTERNS"
 @click.version_option(__version__, prog_name="planner")
 @click.option("--no-color", is_flag=True, help="Plain text, no colours.")
 @click.option(
+    "--detail",
+    is_flag=True,
+    help="Every table and paragraph, not only those that answer the command's question.",
+)
+@click.option(
+    "--wide",
+    is_flag=True,
+    help="Every column of every table, however wide (else columns are left out to fit "
+    "the terminal, or COLUMNS).",
+)
+@click.option(
     "--step-marker",
     envvar=STEP_MARKER_ENV,
     metavar="NAME",
@@ -64,13 +75,16 @@ PATTERNS_ENV = "PLANNER_COMM_PATTERNS"
     type=click.Path(path_type=Path, dir_okay=False),
     help="A JSON pattern file naming more communication kernels (planner docs formats).",
 )
-def cli(no_color: bool, step_marker: str | None, comm_patterns: Path | None) -> None:
+def cli(
+    no_color: bool, detail: bool, wide: bool, step_marker: str | None, comm_patterns: Path | None
+) -> None:
     """Communication-scheduling planner for data-parallel DNN training.
 
     A trace is a file, a folder or a quoted glob; `demo` (a TF parameter-server worker)
     and `demo-ddp` (a PyTorch DDP run of two ranks) name the bundled demos. The manual:
     planner docs."""
-    render.configure(no_color=no_color)
+    render.configure(no_color=no_color, detail=detail, wide=wide)
+    click.get_current_context().call_on_close(render.closing_line)
     # the ingest reads them from the environment, as do the worker processes of -j/Dask
     for name, value in ((STEP_MARKER_ENV, step_marker), (PATTERNS_ENV, comm_patterns)):
         if value:
@@ -393,9 +407,9 @@ def analyze_command(
     files = analysis_files(report, graphs, output, workers) if output is not None else {}
     if output is not None:
         write_set(output, {path.name: text for path, text in files.items()}, force=force)
-    render.emit(report, as_json, render.analyze_view)
-    if not as_json and report["simulation"] is not None:
-        simulate_commands.simulation_view(report["simulation"])
+    render.emit(
+        report, as_json, lambda r: render.analyze_view(r, simulate_commands.simulation_view)
+    )
     for path in files:
         render.note(f"wrote {path}", as_json)
 
@@ -443,7 +457,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             gc.freeze()
 
 
-GLOBAL_FLAGS = frozenset({"--no-color"})
+GLOBAL_FLAGS = frozenset({"--no-color", "--detail", "--wide"})
 GLOBAL_VALUED = frozenset({"--step-marker", "--comm-patterns"})
 """The group's own options (`cli`): a user may give them after the command too."""
 

@@ -200,7 +200,42 @@ def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
+SHOWN_ROWS = 16
+"""Worker counts a curve table shows in full; beyond, the default output thins it."""
+
+
 def model_view(document: dict[str, Any]) -> None:
+    """Calibration, iteration time and throughput per worker count, the recommendation;
+    the calibration's terms, every worker count and Omnivore's groups with `--detail`."""
+    console = render.out()
+    _calibration_lines(document)
+    _curve_tables(document)
+    for x in document["crossovers"]:
+        console.print(
+            f"crossover {x['before']} -> {x['after']} between {x['from_workers']} and "
+            f"{x['to_workers']} workers"
+        )
+    if not document["crossovers"]:
+        console.print("no crossover in this range")
+    rec, val = document["recommendation"], document["validation"]
+    unit = document["assumptions"]["throughput_unit"]
+    if rec:
+        console.print(
+            f"[bold]recommendation:[/bold] {rec['label']} with {rec['workers']} workers: "
+            f"{render.seconds_text(rec['iteration_time'])} per iteration, {rec['throughput']:.4g} "
+            f"{unit}, scaling efficiency {rec['scaling_efficiency']:.2f} ({rec['reason']})"
+        )
+    elif val.get("recommendation_withheld"):
+        console.print(f"[bold red]no recommendation:[/bold red] {val['recommendation_withheld']}")
+    if val.get("network_warning"):
+        console.print(f"[bold red]warning:[/bold red] {val['network_warning']}")
+    if document["omnivore"] and render.detail("Omnivore's compute groups"):
+        _omnivore(document["omnivore"])
+    _checks(document)
+
+
+def _calibration_lines(document: dict[str, Any]) -> None:
+    """What the models were fitted to; the calibration's terms with `--detail`."""
     console = render.out()
     cal, assume = document["calibration"], document["assumptions"]
     net = cal["network"]
@@ -216,88 +251,108 @@ def model_view(document: dict[str, Any]) -> None:
         else "[bold]Calibration[/bold]: no bandwidth"
     )
     val = document["validation"]
-    console.print(
-        f"calibrated on the traced configuration: network x{cal['network_scale']:.3g} the "
-        f"formulas' time (measured N {render.seconds_text(cal['network_time'] or 0.0)}), "
-        f"overhead {render.seconds_text(cal['overhead_time'])} per step (no modelled op "
-        "runs); model "
-        + (
-            f"{render.seconds_text(val['model_iteration_time'])} vs measured "
-            f"{render.seconds_text(val['measured_iteration_time'])} ({val['model_error']:+.1%})"
-            if val["model_error"] is not None
-            else "not checked (no measured step)"
+    if render.detail("the calibration's terms"):
+        console.print(
+            f"calibrated on the traced configuration: network x{cal['network_scale']:.3g} the "
+            f"formulas' time (measured N {render.seconds_text(cal['network_time'] or 0.0)}), "
+            f"overhead {render.seconds_text(cal['overhead_time'])} per step (no modelled op "
+            "runs); model "
+            + (
+                f"{render.seconds_text(val['model_iteration_time'])} vs measured "
+                f"{render.seconds_text(val['measured_iteration_time'])} "
+                f"({val['model_error']:+.1%})"
+                if val["model_error"] is not None
+                else "not checked (no measured step)"
+            )
         )
-    )
     console.print(
         f"overlap alpha = {assume['alpha']:.3f} ({assume['alpha_source']}); throughput in "
         f"{assume['throughput_unit']}; {assume['scaling']}"
     )
+
+
+def shown_workers(document: dict[str, Any]) -> list[int]:
+    """The worker counts the curve tables show: all of a short range; else its ends, the
+    powers of 2, both sides of each crossover and the recommended count."""
+    counts = document["workers"]
+    if len(counts) <= SHOWN_ROWS or render.detail("every worker count"):
+        return counts
+    keep = {counts[0], counts[-1], *(c for c in counts if c & (c - 1) == 0)}
+    for x in document["crossovers"]:
+        keep |= {x["from_workers"], x["to_workers"]}
+    if document["recommendation"]:
+        keep.add(document["recommendation"]["workers"])
+    return [c for c in counts if c in keep]
+
+
+def _curve_tables(document: dict[str, Any]) -> None:
+    """Iteration time and throughput per worker count and architecture."""
     curves = document["curves"]
     best = {
         b["workers"]: b["label"]
         for b in (document["recommendation"] or {}).get("best_per_workers", [])
     }
     by_label = {c["label"]: {p["workers"]: p for p in c["points"]} for c in curves}
-    for title, key, fmt in (
-        ("Iteration time vs workers (§III)", "iteration_time", render.seconds_text),
-        (f"Throughput ({assume['throughput_unit']}) vs workers (§III)", "throughput", _rate),
+    workers = shown_workers(document)
+    unit = render.time_unit(
+        by_label[c["label"]][w]["iteration_time"]
+        for c in curves
+        for w in workers
+        if w in by_label[c["label"]]
+    )
+    rate = document["assumptions"]["throughput_unit"]
+    for title, key in (
+        (f"Iteration time vs workers (§III), in {unit[0]}", "iteration_time"),
+        (f"Throughput ({rate}) vs workers (§III)", "throughput"),
     ):
         table = render.new_table(title=title)
-        table.add_column("workers", justify="right")
-        for c in curves:
-            table.add_column(c["label"], justify="right")
+        for column in ("workers", *(c["label"] for c in curves)):
+            render.number_column(table, column)
         if key == "throughput":
-            table.add_column("ideal", justify="right")
-        table.add_column("best")
-        for w in document["workers"]:
+            render.number_column(table, "ideal")
+        render.text_column(table, "best")
+        for w in workers:
             points = [by_label[c["label"]].get(w) for c in curves]
-            cells = [fmt(p[key]) if p else "-" for p in points]
             if key == "throughput":
-                ideal = next((p["ideal_throughput"] for p in points if p), None)
-                cells.append(_rate(ideal))
+                cells = [_rate(p[key]) if p else "-" for p in points]
+                cells.append(_rate(next((p["ideal_throughput"] for p in points if p), None)))
+            else:
+                cells = [render.time_cell(p[key], unit) if p else "-" for p in points]
             table.add_row(str(w), *cells, best.get(w, "-"))
-        console.print(table)
-    for x in document["crossovers"]:
-        console.print(
-            f"crossover {x['before']} -> {x['after']} between {x['from_workers']} and "
-            f"{x['to_workers']} workers"
+        render.show(table)
+
+
+def _omnivore(omni: dict[str, Any]) -> None:
+    """Omnivore's compute groups for the largest worker count, and its assumptions."""
+    console = render.out()
+    groups = render.new_table(
+        title=f"Omnivore compute groups for N = {omni['devices']} (§IV-B, §IV-C)"
+    )
+    unit = render.time_unit(g[k] for g in omni["groups"] for k in ("t_conv", "hardware_efficiency"))
+    for column in ("g", "k", render.with_unit("t_conv(k)", unit), render.with_unit("HE(g)", unit),
+                   "FC saturated", "implicit µ", "explicit µ"):  # fmt: skip
+        render.number_column(groups, column)
+    for g in omni["groups"]:
+        groups.add_row(
+            str(g["groups"]),
+            str(g["group_size"]),
+            render.time_cell(g["t_conv"], unit),
+            render.time_cell(g["hardware_efficiency"], unit),
+            "yes" if g["fc_saturated"] else "no",
+            f"{g['implicit_momentum']:.3f}",
+            f"{g['explicit_momentum']:.3f}",
         )
-    if not document["crossovers"]:
-        console.print("no crossover in this range")
-    rec = document["recommendation"]
-    if rec:
-        console.print(
-            f"[bold]recommendation:[/bold] {rec['label']} with {rec['workers']} workers: "
-            f"{render.seconds_text(rec['iteration_time'])} per iteration, {rec['throughput']:.4g} "
-            f"{assume['throughput_unit']}, scaling efficiency {rec['scaling_efficiency']:.2f} "
-            f"({rec['reason']})"
-        )
-    elif val.get("recommendation_withheld"):
-        console.print(f"[bold red]no recommendation:[/bold red] {val['recommendation_withheld']}")
-    if val.get("network_warning"):
-        console.print(f"[bold red]warning:[/bold red] {val['network_warning']}")
-    omni = document["omnivore"]
-    if omni:
-        groups = render.new_table(
-            title=f"Omnivore compute groups for N = {omni['devices']} (§IV-B, §IV-C)"
-        )
-        for column in ("g", "k", "t_conv(k)", "HE(g)", "FC saturated", "implicit µ", "explicit µ"):
-            groups.add_column(column, justify="right")
-        for g in omni["groups"]:
-            groups.add_row(
-                str(g["groups"]),
-                str(g["group_size"]),
-                render.seconds_text(g["t_conv"]),
-                render.seconds_text(g["hardware_efficiency"]),
-                "yes" if g["fc_saturated"] else "no",
-                f"{g['implicit_momentum']:.3f}",
-                f"{g['explicit_momentum']:.3f}",
-            )
-        console.print(groups)
-        saturates = "saturates the FC phase" if omni["suggestion_saturates"] else "none saturates"
-        console.print(f"suggested g = {omni['suggested_groups']} ({saturates}); assuming:")
-        for line in omni["assumptions"]:
-            console.print(f"  - {line}")
+    render.show(groups)
+    saturates = "saturates the FC phase" if omni["suggestion_saturates"] else "none saturates"
+    console.print(f"suggested g = {omni['suggested_groups']} ({saturates}); assuming:")
+    for line in omni["assumptions"]:
+        console.print(f"  - {line}")
+
+
+def _checks(document: dict[str, Any]) -> None:
+    """The model against the trace, and the ring model against the simulator."""
+    console = render.out()
+    val = document["validation"]
     if val["model_error"] is not None:
         console.print(
             f"model vs trace ({val['arch']}, {val['workers']} worker(s)): "
@@ -316,5 +371,5 @@ def model_view(document: dict[str, Any]) -> None:
             console.print(f"[yellow]warning:[/yellow] {check['warning']}")
     else:
         console.print(f"ring cross-check: {check['status']}")
-    for line in cal["notes"]:
+    for line in document["calibration"]["notes"]:
         console.print(f"[yellow]note:[/yellow] {line}")

@@ -10,40 +10,25 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from planner.export.files import dumps
+from planner_cli.terminal import (
+    Unit,
+    closing_line,
+    configure,
+    detail,
+    err,
+    number_column,
+    out,
+    show,
+    text_column,
+    time_cell,
+    time_unit,
+    with_unit,
+)
 
 if TYPE_CHECKING:
-    from rich.console import Console
     from rich.table import Table
 
-_state: dict[str, Any] = {"no_color": False}
-
-
-def configure(no_color: bool) -> None:
-    """Remember the colour choice; the rich consoles are made on first output, so that
-    `--version`, `--help` and `--json` never import rich."""
-    _state.clear()
-    _state["no_color"] = no_color
-
-
-def out() -> Console:
-    """The console for stdout; piped output gets wide tables, not 80 columns."""
-    if "out" not in _state:
-        from rich.console import Console
-
-        width = None if sys.stdout.isatty() else 160
-        _state["out"] = Console(
-            no_color=_state["no_color"], highlight=False, soft_wrap=False, width=width
-        )
-    return _state["out"]
-
-
-def err() -> Console:
-    """The console for stderr (progress bars)."""
-    if "err" not in _state:
-        from rich.console import Console
-
-        _state["err"] = Console(stderr=True, no_color=_state["no_color"], highlight=False)
-    return _state["err"]
+__all__ = ["closing_line", "configure", "err", "out"]  # the consoles, for the commands' own views
 
 
 def new_table(title: str | None = None, **options: Any) -> Table:
@@ -123,11 +108,14 @@ def bytes_text(value: int) -> str:
 
 
 def inspect_view(document: dict[str, Any]) -> None:
+    """The ranks, and the transfers and GPU steps of the first (of every rank with
+    `--detail`)."""
     console = out()
     console.print(f"[bold]{document['framework']}[/bold] input: {', '.join(document['sources'])}")
     table = new_table(title="Ranks")
     for column in ("rank", "ops", "by kind", "transfers", "bytes", "steps", "resources"):
-        table.add_column(column)
+        add = number_column if column in ("ops", "transfers", "bytes") else text_column
+        add(table, column)
     for r in document["ranks"]:
         kinds = ", ".join(f"{k} {v}" for k, v in r["ops_by_kind"].items())
         table.add_row(
@@ -139,35 +127,15 @@ def inspect_view(document: dict[str, Any]) -> None:
             ",".join(map(str, r["iterations"])) or "-",
             ", ".join(r["resources"]),
         )
-    console.print(table)
-    for r in document["ranks"]:
-        transfers = new_table(title=f"Transfers of {r['rank']}")
-        for column in ("name", "kind", "channel", "param", "bytes", "time", "wait", "seen in"):
-            transfers.add_column(column)
-        for t in r["transfers"]:
-            transfers.add_row(
-                t["name"],
-                t["kind"],
-                t["resource"],
-                t["param"] or "-",
-                bytes_text(t["nbytes"]),
-                seconds_text(t["time"]),
-                seconds_text(t.get("wait_mean") or None),
-                f"{t['observed_in']}/{len(r['iterations'])}",
-            )
-        console.print(transfers)
+    show(table, secondary=("resources", "by kind"))
+    ranks = document["ranks"]
+    for index, r in enumerate(ranks):
+        if index and not detail(f"the transfers of {len(ranks) - 1} more rank(s)"):
+            break
+        if r["transfers"]:
+            _transfers_table(r)
         if r.get("gpu_steps"):
-            steps = new_table(
-                title=f"GPU steps of {r['rank']} (GPU work in the step that launched it)"
-            )
-            for column in ("step", "CPU span", "GPU span", "CPU-to-GPU lag"):
-                steps.add_column(column, justify="right")
-            for s in r["gpu_steps"]:
-                steps.add_row(
-                    str(s["iteration"]), seconds_text(s["cpu_span"]),
-                    seconds_text(s["gpu_span"]), seconds_text(s["lag"]),
-                )  # fmt: skip
-            console.print(steps)
+            _gpu_steps_table(r)
         for stream, end in (r.get("queued_before") or {}).items():
             if end <= 0:  # it ended before the first step began: no wait
                 continue
@@ -180,18 +148,56 @@ def inspect_view(document: dict[str, Any]) -> None:
         console.print(f"[yellow]note:[/yellow] {line}")
 
 
+def _transfers_table(r: dict[str, Any]) -> None:
+    """One rank's transfers: names, sizes, mean time and wait."""
+    unit = time_unit(t.get(k) or None for t in r["transfers"] for k in ("time", "wait_mean"))
+    time, wait = with_unit("time", unit), with_unit("wait", unit)
+    table = new_table(title=f"Transfers of {r['rank']}")
+    for column in ("name", "kind", "channel", "param"):
+        text_column(table, column)
+    for column in ("bytes", time, wait, "seen in"):
+        number_column(table, column)
+    for t in r["transfers"]:
+        table.add_row(
+            t["name"],
+            t["kind"],
+            t["resource"],
+            t["param"] or "-",
+            bytes_text(t["nbytes"]),
+            time_cell(t["time"], unit),
+            time_cell(t.get("wait_mean") or None, unit),
+            f"{t['observed_in']}/{len(r['iterations'])}",
+        )
+    show(table, secondary=("seen in", "channel", "kind", wait))
+
+
+def _gpu_steps_table(r: dict[str, Any]) -> None:
+    """A GPU rank's steps: the CPU's and the GPU's span and the lag between them."""
+    steps = r["gpu_steps"]
+    unit = time_unit(s[k] for s in steps for k in ("cpu_span", "gpu_span", "lag"))
+    table = new_table(title=f"GPU steps of {r['rank']} (GPU work in the step that launched it)")
+    for column in ("step", "CPU span", "GPU span", "CPU-to-GPU lag"):
+        number_column(table, column if column == "step" else with_unit(column, unit))
+    for s in steps:
+        times = (time_cell(s[k], unit) for k in ("cpu_span", "gpu_span", "lag"))
+        table.add_row(str(s["iteration"]), *times)
+    show(table)
+
+
 def plan_view(document: dict[str, Any]) -> None:
     """Each rank's plan in order. TAC's M+ (TicTac Eq. 6: the least time of the ops a
     transfer completes, in seconds) is shown in ms, ``∞`` where the transfer completes
     none; TIC's (a count of ops, every op taking 1) and Caramel's (none) are not."""
-    console = out()
     for entry in document["ranks"]:
         table = new_table(title=f"{entry['algorithm'].upper()} plan for {entry['rank']}")
         m_plus = entry["algorithm"] == "tac"
-        for column in ("order", "priority", "transfer", "param", "bytes"):
-            table.add_column(column, justify="right" if column == "bytes" else "left")
+        number_column(table, "order")
+        number_column(table, "priority")
+        text_column(table, "transfer")
+        text_column(table, "param")
+        number_column(table, "bytes")
         if m_plus:
-            table.add_column("M+ (ms)", justify="right")
+            number_column(table, "M+ (ms)")
         for t in entry["transfers"]:
             row = [str(t["order_index"]), str(t["priority"]), t["name"], t["param"] or "-",
                    bytes_text(t["nbytes"])]  # fmt: skip
@@ -199,7 +205,7 @@ def plan_view(document: dict[str, Any]) -> None:
                 value = t.get("M_plus")
                 row.append("∞" if value is None else f"{value * 1e3:,.3f}")
             table.add_row(*row)
-        console.print(table)
+        show(table, secondary=("priority",))
 
 
 def _ratio(value: float | None) -> str:
@@ -207,115 +213,152 @@ def _ratio(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-def _queued_text(s: dict[str, Any]) -> str:
+def _queued_text(s: dict[str, Any], unit: Unit) -> str:
     """A TF step's executor queue and its share of the span ("-" where not recorded)."""
     if s.get("queued") is None:
         return "-"
     share = s["queued"] / s["makespan"] if s["makespan"] > 0 else 0.0
-    return f"{seconds_text(s['queued'])} ({share:.0%})"
+    return f"{time_cell(s['queued'], unit)} ({share:.0%})"
+
+
+STEP_TIMES = ("makespan", "idle", "busy_makespan", "umax", "lmin")
 
 
 def metrics_view(document: dict[str, Any]) -> None:
+    """Efficiency per step (the per-rank summary with `--detail`), and the all-reduce
+    figures of an all-reduce job."""
     console = out()
+    steps = document["steps"]
     table = new_table(title="Scheduling efficiency per step (TicTac §3.2)")
-    queued = any("queued" in s for s in document["steps"])  # TF: the executor's queue
-    columns = ("rank", "step", "span", "idle", "busy makespan m", "Umax", "Lmin", "E", "S")
-    for column in columns + ("queued",) * queued:
-        table.add_column(column, justify="right")
-    for s in document["steps"]:
+    queued = any("queued" in s for s in steps)  # TF: the executor's queue
+    unit = time_unit(s.get(k) for s in steps for k in (*STEP_TIMES, "queued"))
+    names = ("span", "idle", "busy", "Umax", "Lmin", *("queued",) * queued)
+    headers = {name: with_unit(name, unit) for name in names}
+    text_column(table, "rank")
+    number_column(table, "step")
+    for column in (*list(headers.values())[:5], "E", "S", *list(headers.values())[5:]):
+        number_column(table, column)
+    for s in steps:
         table.add_row(
             s["rank"],
             step_text(s),
-            seconds_text(s["makespan"]),
-            seconds_text(s["idle"]),
-            seconds_text(s["busy_makespan"]),
-            seconds_text(s["umax"]),
-            seconds_text(s["lmin"]),
+            *(time_cell(s[k], unit) for k in STEP_TIMES),
             _ratio(s["efficiency"]),
             _ratio(s["speedup_bound"]),
-            *([_queued_text(s)] if queued else []),
+            *([_queued_text(s, unit)] if queued else []),
         )
-    console.print(table)
-    if queued:
+    show(
+        table, secondary=tuple(headers[n] for n in ("idle", "Lmin", "Umax", "queued")[: 3 + queued])
+    )
+    if queued and any(c.header == headers["queued"] for c in table.columns):
         console.print(
             "queued: time in which some op of the step had its inputs done and waited in "
             "TensorFlow's executor for a thread or a core: a sign the processes have fewer "
             "cores than they use (more cores per process, or fewer processes per core)"
         )
+    if detail("the per-rank summary"):
+        _per_rank_table(document["ranks"])
+    if document.get("allreduce"):
+        partial = {(s["rank"], s["iteration"]) for s in steps if s.get("partial")}
+        allreduce_view(document["allreduce"], partial)
+
+
+def _per_rank_table(ranks: list[dict[str, Any]]) -> None:
+    """Each rank's mean and least efficiency, mean span and oracle bound."""
+    unit = time_unit(r.get(k) for r in ranks for k in ("makespan_mean", "busy_makespan_mean"))
     summary = new_table(title="Per rank")
-    columns = ("rank", "mean E", "min E", "mean span", "mean busy m", "S (oracle)", "orders seen")
-    for column in columns:
-        summary.add_column(column, justify="right")
-    for r in document["ranks"]:
+    text_column(summary, "rank")
+    for column in ("mean E", "min E", with_unit("mean span", unit), with_unit("mean busy", unit),
+                   "S (oracle)", "orders seen"):  # fmt: skip
+        number_column(summary, column)
+    for r in ranks:
         summary.add_row(
             r["rank"],
             _ratio(r.get("efficiency_mean")),
             _ratio(r.get("efficiency_min")),
-            seconds_text(r.get("makespan_mean")),
-            seconds_text(r.get("busy_makespan_mean")),
+            time_cell(r.get("makespan_mean"), unit),
+            time_cell(r.get("busy_makespan_mean"), unit),
             _ratio(r.get("oracle_speedup_bound")),
             str(r.get("distinct_transfer_orders", 0)),
         )
-    console.print(summary)
-    if document.get("allreduce"):
-        partial = {(s["rank"], s["iteration"]) for s in document["steps"] if s.get("partial")}
-        allreduce_view(document["allreduce"], partial)
+    show(summary, secondary=("orders seen",))
 
 
 def allreduce_view(document: dict[str, Any], partial: Collection[tuple[str, int]] = ()) -> None:
     """Caramel §3.1 overlap figures per step and the straggler time across ranks."""
-    console = out()
+    steps = document["steps"]
+    keys = ("compute", "network", "wait", "iteration_time")
+    unit = time_unit(s.get(k) for s in steps for k in keys)
     table = new_table(title="Compute / network overlap per step (Caramel §3.1)")
-    columns = ("rank", "step", "C", "N", "of N: wait", "T", "rho", "alpha", "utilization")
-    for column in columns:
-        table.add_column(column, justify="right")
-    for s in document["steps"]:
+    wait = with_unit("of N: wait", unit)
+    text_column(table, "rank")
+    number_column(table, "step")
+    for column in (with_unit("C", unit), with_unit("N", unit), wait, with_unit("T", unit),
+                   "rho", "alpha", "utilization"):  # fmt: skip
+        number_column(table, column)
+    for s in steps:
         table.add_row(
             s["rank"],
             step_text(s, (s["rank"], s["iteration"]) in partial),
-            seconds_text(s["compute"]),
-            seconds_text(s["network"]),
-            seconds_text(s.get("wait")),
-            seconds_text(s["iteration_time"]),
+            *(time_cell(s.get(k), unit) for k in keys),
             ratio_text(s["rho"]),
             ratio_text(s["alpha"]),
             ratio_text(s["utilization"]),
         )
-    console.print(table)
+    show(table, secondary=(wait, "rho"))
     if document["stragglers"]:
         stragglers = new_table(
             title="Straggler time per step (longest wait in collectives for a later rank)"
         )
-        for column in ("step", "straggler time", "waiting rank", "waited for"):
-            stragglers.add_column(column, justify="right")
+        unit = time_unit(s["straggler_time"] for s in document["stragglers"])
+        for column in ("step", with_unit("straggler time", unit), "waiting rank", "waited for"):
+            number_column(stragglers, column)
         for s in document["stragglers"]:
             stragglers.add_row(
                 str(s["iteration"]),
-                seconds_text(s["straggler_time"]),
+                time_cell(s["straggler_time"], unit),
                 str(s["fastest_rank"]),
                 str(s["slowest_rank"]),
             )
-        console.print(stragglers)
+        show(stragglers)
 
 
 def ratio_text(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def analyze_view(report: dict[str, Any]) -> None:
+def analyze_view(
+    report: dict[str, Any], simulation_view: Callable[..., None] | None = None
+) -> None:
+    """The verdict (a paragraph of its own), the plans' predicted times and the bucket
+    advice; the metrics, each plan's first transfers and the replay per step with
+    `--detail`. `simulation_view(document, replay=...)` renders the simulation."""
     inspect = report["inspect"]
     console = out()
-    if report.get("verdict"):  # the one line every output opens with (planner.job.verdict)
+    if report.get("verdict"):  # what every output opens with (planner.job.verdict)
         from rich.text import Text
 
-        console.print(Text(report["verdict"]["text"], style="bold"), soft_wrap=True)
+        console.print(Text(report["verdict"]["text"], style="bold"))
+        console.print()
     console.print(f"[bold]{inspect['framework']}[/bold] job: {len(inspect['ranks'])} rank(s)")
-    if report["metrics"] is not None:
+    if report["metrics"] is not None and detail("the metrics tables"):
         metrics_view(report["metrics"])
+    if report["plans"] and detail("each plan's first transfers"):
+        _first_transfers_table(report)
+    if simulation_view is not None and report.get("simulation") is not None:
+        simulation_view(report["simulation"], replay=detail("the replay per step"))
+    if report.get("bucket_sweep"):
+        bucket_sweep_view(report["bucket_sweep"])
+    for line in inspect["notes"]:
+        console.print(f"[yellow]note:[/yellow] {line}")
+
+
+def _first_transfers_table(report: dict[str, Any]) -> None:
+    """The first 10 transfers of the observed order and of each plan, per rank."""
+    inspect = report["inspect"]
     table = new_table(title="Transfer order per plan (first 10)")
-    table.add_column("rank")
-    table.add_column("plan")
-    table.add_column("first transfers")
+    for column in ("rank", "plan", "first transfers"):
+        text_column(table, column)
     params = {
         r["rank"]: {t["name"]: t["param"] or t["name"] for t in r["transfers"]}
         for r in inspect["ranks"]
@@ -327,11 +370,7 @@ def analyze_view(report: dict[str, Any]) -> None:
         for entry in document["ranks"]:
             first = ", ".join(t["param"] or t["name"] for t in entry["transfers"][:10])
             table.add_row(entry["rank"], name.upper(), first)
-    console.print(table)
-    if report.get("bucket_sweep"):
-        bucket_sweep_view(report["bucket_sweep"])
-    for line in inspect["notes"]:
-        console.print(f"[yellow]note:[/yellow] {line}")
+    show(table)
 
 
 def sweep_model_line(sweep: dict[str, Any]) -> str:
@@ -366,7 +405,8 @@ def sweep_model_line(sweep: dict[str, Any]) -> str:
 
 
 def bucket_sweep_view(sweep: dict[str, Any]) -> None:
-    """Predicted step time per DDP bucket cap, with the replay error of the traced buckets."""
+    """Predicted step time per DDP bucket cap, with the replay error of the traced buckets;
+    how the sweep modelled contention with `--detail`."""
     console = out()
     if not sweep["caps"]:
         console.print(f"DDP bucket_cap_mb sweep: {sweep['reason']}")
@@ -376,19 +416,23 @@ def bucket_sweep_view(sweep: dict[str, Any]) -> None:
         title="DDP bucket_cap_mb sweep (predicted step time; replay error of the traced "
         f"buckets {'n/a' if error is None else f'{error:+.1%}'})"
     )
-    for column in ("bucket_cap_mb", "first bucket MB", "buckets", "predicted step"):
-        table.add_column(column, justify="right")
     default = sweep.get("default_configuration")
-    for row in sweep["caps"] + ([default] if default else []):
+    rows = sweep["caps"] + ([default] if default else [])
+    unit = time_unit(row["predicted_step_time"] for row in rows)
+    for column in ("bucket_cap_mb", "first bucket MB", "buckets"):
+        number_column(table, column)
+    number_column(table, with_unit("predicted step", unit))
+    for row in rows:
         mark = " *" if row["bucket_cap_mb"] == sweep["recommended_cap_mb"] else ""
         table.add_row(
             f"{row['bucket_cap_mb']:g}{mark}" + (" (unset)" if row is default else ""),
             f"{row.get('first_bucket_cap_mb', 1):g}",
             str(row["buckets"]),
-            seconds_text(row["predicted_step_time"]),
+            time_cell(row["predicted_step_time"], unit),
         )
-    console.print(table)
-    console.print(sweep_model_line(sweep))
+    show(table)
+    if detail("how the bucket sweep models contention"):
+        console.print(sweep_model_line(sweep))
     if sweep.get("profiler_cost") is not None:
         console.print(
             f"profiler's cost taken out: the traced steps took "

@@ -242,101 +242,132 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:+.1f}%"
 
 
-def _unit(seconds: float) -> tuple[str, float]:
-    """A unit for a table whose times are about `seconds`."""
-    if seconds >= 1:
-        return "s", 1.0
-    return ("ms", 1e3) if seconds >= 1e-3 else ("µs", 1e6)
-
-
 def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def simulation_view(document: dict[str, Any]) -> None:
-    """Replay table, comparison table per rank, sweep curve."""
-    console = render.out()
-    replay = render.new_table(
-        title="Replay of the observed order (replay_error = predicted/measured - 1)"
-    )
-    columns = ("rank", "step", "measured", "predicted", "replay_error", "wall", "wall_error")
-    for column in (*columns, "idle"):
-        replay.add_column(column, justify="right")
-    for r in document["replay"]["ranks"]:
-        for s in r["steps"]:
-            replay.add_row(
-                r["rank"],
-                render.step_text(s),
-                render.seconds_text(s["measured"]),
-                render.seconds_text(s["predicted"]),
-                _pct(s["replay_error"]),
-                render.seconds_text(s.get("wall", s["span"])),
-                _pct(s.get("wall_error")),
-                render.seconds_text(s["idle"]),
-            )
-    console.print(replay)
+DEFAULT_KNOBS = {"bandwidth_scale": 1.0, "compute_scale": 1.0, "latency": 0.0, "channels": 1}
+"""The what-if knobs at which a simulation is the traced configuration: not restated."""
+
+
+def simulation_view(document: dict[str, Any], replay: bool = True) -> None:
+    """The replay per step (`replay`), the plans' predicted times per rank, a sweep's
+    curve."""
+    if replay:
+        _replay_table(document["replay"]["ranks"])
     comparison = document["comparison"]
-    knobs = ", ".join(f"{k} {v:g}" for k, v in comparison["knobs"].items())
+    changed = {k: v for k, v in comparison["knobs"].items() if DEFAULT_KNOBS.get(k) != v}
+    knobs = "".join(f", {k} {v:g}" for k, v in changed.items())
     for r in comparison["ranks"]:
-        table = render.new_table(
-            title=(
-                f"Predicted iteration time of {r['rank']} in {{unit}} "
-                f"({comparison['samples']} samples; {knobs})"
-            ),
-            caption=(
-                f"replay error on the observed run: median {_pct(r['replay_error_median'])}, "
-                f"worst {_pct(r['replay_error_max'])} (wall-clock: median "
-                f"{_pct(r.get('wall_error_median'))}, worst {_pct(r.get('wall_error_max'))}); "
-                f"comparison on the observed order {_pct(r.get('comparison_error'))}; "
-                "replayed: the plan's gain over the observed order, each traced step replayed "
-                "both ways (the replay error above is its error"
-                + (_TF_ENFORCE if document.get("framework") == "tensorflow" else "")
-                + f"); Umax {render.seconds_text(r['umax'])}, Lmin {render.seconds_text(r['lmin'])}"
-            ),
-        )
-        unit, scale = _unit(r["plans"][0]["predicted"])
-        table.title = str(table.title).format(unit=unit)
-        columns = ("predicted", "p5", "p50", "p95", "max")
-        table.add_column("plan")
-        for column in ("mean", *columns[1:], "vs base", "vs obs", "replayed", "E", "alpha"):
-            table.add_column(column, justify="right")
-        for p in r["plans"]:
-            name = p["plan"].upper() if p["plan"] in ("tic", "tac") else p["plan"]
-            if p["plan"] == r["best_plan"]:
-                name = f"[bold]{name}[/bold]"
-            table.add_row(
-                name,
-                *(f"{p[c] * scale:.2f}" for c in columns),
-                _pct(p["speedup_vs_baseline"]),
-                _pct(p["speedup_vs_observed"]),
-                _replayed(p.get("replayed")),
-                _num(p["efficiency"]),
-                _num(p["alpha"]),
-            )
-        console.print(table)
-        for key in ("warning", "cpu_warning", "comparison_warning"):
-            if r.get(key):
-                render.note(f"{r['rank']}: {r[key]}", False, error=True)
-        cautions = {(p.get("replayed") or {}).get("caution") for p in r["plans"]} - {None}
-        for caution in sorted(cautions):
-            render.note(f"{r['rank']}: replayed: {caution}", False, error=True)
+        _comparison_table(r, f"{comparison['samples']} samples{knobs}", document)
     sweep = document.get("sweep")
     if sweep:
         for r in sweep["ranks"]:
-            names = list(r["points"][0]["plans"]) if r["points"] else []
-            table = render.new_table(
-                title=f"Sweep of {sweep['knob']} on {r['rank']}: speedup vs baseline"
+            _sweep_table(sweep["knob"], r)
+
+
+def _replay_table(ranks: list[dict[str, Any]]) -> None:
+    """Each traced step replayed in its observed order, against its measured time."""
+    keys = ("measured", "predicted", "wall", "idle")
+    unit = render.time_unit(s.get(k) for r in ranks for s in r["steps"] for k in (*keys, "span"))
+    headers = {k: render.with_unit(k, unit) for k in keys}
+    table = render.new_table(
+        title="Replay of the observed order (replay_error = predicted/measured - 1)"
+    )
+    render.text_column(table, "rank")
+    render.number_column(table, "step")
+    for column in (headers["measured"], headers["predicted"], "replay_error", headers["wall"],
+                   "wall_error", headers["idle"]):  # fmt: skip
+        render.number_column(table, column)
+    for r in ranks:
+        for s in r["steps"]:
+            table.add_row(
+                r["rank"],
+                render.step_text(s),
+                render.time_cell(s["measured"], unit),
+                render.time_cell(s["predicted"], unit),
+                _pct(s["replay_error"]),
+                render.time_cell(s.get("wall", s["span"]), unit),
+                _pct(s.get("wall_error")),
+                render.time_cell(s["idle"], unit),
             )
-            for column in (sweep["knob"], "rho", *names):
-                table.add_column(column, justify="right")
-            for point in r["points"]:
-                table.add_row(
-                    f"{point['value']:g}",
-                    _num(point["rho"]),
-                    *(
-                        f"{render.seconds_text(point['plans'][n]['predicted'])} "
-                        f"({_pct(point['plans'][n]['speedup_vs_baseline'])})"
-                        for n in names
-                    ),
-                )
-            console.print(table)
+    render.show(table, secondary=(headers["idle"], "wall_error", headers["wall"]))
+
+
+PLAN_COLUMNS = ("predicted", "p5", "p50", "p95", "max")
+
+
+def _comparison_table(r: dict[str, Any], what: str, document: dict[str, Any]) -> None:
+    """One rank's plans: predicted iteration time (mean, percentiles), gains over the
+    baseline and the observed order, the gain replayed on the traced steps."""
+    unit = render.time_unit(p[c] for p in r["plans"] for c in PLAN_COLUMNS)
+    table = render.new_table(
+        title=f"Predicted iteration time of {r['rank']} ({what})", caption=_caption(r, document)
+    )
+    times = [render.with_unit(c, unit) for c in ("mean", *PLAN_COLUMNS[1:])]
+    render.text_column(table, "plan")
+    for column in (*times, "vs base", "vs obs", "replayed", "E", "alpha"):
+        render.number_column(table, column)
+    for p in r["plans"]:
+        name = p["plan"].upper() if p["plan"] in ("tic", "tac") else p["plan"]
+        if p["plan"] == r["best_plan"]:
+            name = f"[bold]{name}[/bold]"
+        table.add_row(
+            name,
+            *(render.time_cell(p[c], unit) for c in PLAN_COLUMNS),
+            _pct(p["speedup_vs_baseline"]),
+            _pct(p["speedup_vs_observed"]),
+            _replayed(p.get("replayed")),
+            _num(p["efficiency"]),
+            _num(p["alpha"]),
+        )
+    render.show(table, secondary=("alpha", "E", times[4], times[2], "vs base"))
+    for key in ("warning", "cpu_warning", "comparison_warning"):
+        if r.get(key):
+            render.note(f"{r['rank']}: {r[key]}", False, error=True)
+    cautions = {(p.get("replayed") or {}).get("caution") for p in r["plans"]} - {None}
+    for caution in sorted(cautions):
+        render.note(f"{r['rank']}: replayed: {caution}", False, error=True)
+
+
+def _caption(r: dict[str, Any], document: dict[str, Any]) -> str:
+    """The replay errors under a rank's plans; what `replayed` means with `--detail`."""
+    text = (
+        f"replay error on the observed run: median {_pct(r['replay_error_median'])}, "
+        f"worst {_pct(r['replay_error_max'])} (wall-clock: median "
+        f"{_pct(r.get('wall_error_median'))}, worst {_pct(r.get('wall_error_max'))}); "
+        f"comparison on the observed order {_pct(r.get('comparison_error'))}"
+    )
+    if not render.detail("what the plans' figures mean"):
+        return text
+    return (
+        f"{text}; replayed: the plan's gain over the observed order, each traced step "
+        "replayed both ways (the replay error above is its error"
+        + (_TF_ENFORCE if document.get("framework") == "tensorflow" else "")
+        + f"); Umax {render.seconds_text(r['umax'])}, Lmin {render.seconds_text(r['lmin'])}"
+    )
+
+
+def _sweep_table(knob: str, r: dict[str, Any]) -> None:
+    """A rank's predicted time and speedup over the baseline per plan at each knob value."""
+    names = list(r["points"][0]["plans"]) if r["points"] else []
+    unit = render.time_unit(p["plans"][n]["predicted"] for p in r["points"] for n in names)
+    table = render.new_table(
+        title=f"Sweep of {knob} on {r['rank']}: predicted time in {unit[0]} (speedup vs baseline)"
+    )
+    render.number_column(table, knob)
+    render.number_column(table, "rho")
+    for name in names:
+        render.text_column(table, name)
+        table.columns[-1].justify = "right"
+    for point in r["points"]:
+        table.add_row(
+            f"{point['value']:g}",
+            _num(point["rho"]),
+            *(
+                f"{render.time_cell(point['plans'][n]['predicted'], unit)} "
+                f"({_pct(point['plans'][n]['speedup_vs_baseline'])})"
+                for n in names
+            ),
+        )
+    render.show(table)

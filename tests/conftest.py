@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -41,15 +42,25 @@ def needs(path: Path) -> pytest.MarkDecorator:
     return pytest.mark.skipif(not path.exists(), reason=missing_reason(path))
 
 
-def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """Run the `planner` entry point in-process: (exit status, stdout, stderr)."""
+def run_cli(
+    args: list[str], capsys: pytest.CaptureFixture[str], columns: int = 80
+) -> tuple[int, str, str]:
+    """Run the `planner` entry point in-process, its text `columns` wide (``COLUMNS``, as
+    a terminal or a pipe that sets it): (exit status, stdout, stderr)."""
     from planner_cli.main import main
 
     code = 0
+    before = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = str(columns)
     try:
         main([str(a) for a in args])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        if before is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = before
     sys.stdout.flush()
     captured = capsys.readouterr()
     return code, captured.out, captured.err

@@ -147,10 +147,10 @@ def test_model_and_verify_select_a_rank(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_metrics_shows_span_and_busy_makespan(capsys: pytest.CaptureFixture[str]) -> None:
-    status, out, err = run_cli(["metrics", DEMO], capsys)
+    status, out, err = run_cli(["metrics", DEMO, "--wide"], capsys)
     assert status == 0, err
     header = next(line for line in out.splitlines() if "Umax" in line)
-    assert "span" in header and "busy makespan m" in header
+    assert all(f" {name} " in header for name in ("span", "idle", "busy", "Lmin", "E", "S"))
     document = json.loads(run_cli(["metrics", DEMO, "--json"], capsys)[1])
     for step in document["steps"]:
         # busy makespan m <= Umax (E in [0, 1]); the span adds the idle time back
@@ -161,14 +161,14 @@ def test_metrics_shows_span_and_busy_makespan(capsys: pytest.CaptureFixture[str]
 def test_metrics_shows_the_executor_queue_of_tf_steps_only(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    status, out, err = run_cli(["metrics", DEMO], capsys)
+    status, out, err = run_cli(["metrics", DEMO, "--wide"], capsys)
     assert status == 0, err
     header = next(line for line in out.splitlines() if "Umax" in line)
     assert "queued" in header and "waited in TensorFlow's executor" in " ".join(out.split())
     document = json.loads(run_cli(["metrics", DEMO, "--json"], capsys)[1])
     validate(document)
     assert all(0 < step["queued"] <= step["makespan"] for step in document["steps"])
-    status, out, err = run_cli(["metrics", RESNET], capsys)
+    status, out, err = run_cli(["metrics", RESNET, "--wide"], capsys)
     assert status == 0, err
     assert "queued" not in next(line for line in out.splitlines() if "Umax" in line)
     document = json.loads(run_cli(["metrics", RESNET, "--json"], capsys)[1])
@@ -222,10 +222,11 @@ def test_analyze_ranks_prints_rounded_figures(capsys: pytest.CaptureFixture[str]
 def test_tf_only_text_stays_on_tf_jobs(capsys: pytest.CaptureFixture[str]) -> None:
     """The replayed column's note on `planner export --enforce` (a TF GraphDef rewrite)
     is printed under a TF job's comparison, not under a PyTorch job's."""
-    code, torch_out, _ = run_cli(["simulate", RESNET, "--samples", "3"], capsys)
+    code, torch_out, _ = run_cli(["simulate", RESNET, "--samples", "3", "--detail"], capsys)
+    torch_out = " ".join(torch_out.split())  # the caption's lines as one
     assert code == 0 and "replayed:" in torch_out and "export --enforce" not in torch_out
-    code, tf_out, _ = run_cli(["simulate", DEMO, "--samples", "3"], capsys)
-    assert code == 0 and "export --enforce" in tf_out
+    code, tf_out, _ = run_cli(["simulate", DEMO, "--samples", "3", "--detail"], capsys)
+    assert code == 0 and "export --enforce" in " ".join(tf_out.split())
 
 
 def test_global_options_go_after_the_command_too(capsys: pytest.CaptureFixture[str]) -> None:

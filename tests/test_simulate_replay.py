@@ -210,6 +210,7 @@ def test_prediction_carries_its_error_and_a_warning_when_unreliable(capsys):
     worker1 = document["comparison"]["ranks"][1]
     assert worker1["comparison_error"] < -sim.RELIABLE and worker1["comparison_warning"]
     code, out, err = run_cli(["simulate", *paths, "--samples", "5"], capsys)
+    out = " ".join(out.split())  # the caption's lines as one
     assert "predictions unreliable" in err and "wall-clock: median" in out
     assert "comparison on the observed order" in out
 
