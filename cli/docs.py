@@ -7,6 +7,7 @@ package-dir mapping), so that an installed `planner` reaches what its help texts
 from __future__ import annotations
 
 import json
+import shutil
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -102,7 +103,12 @@ def index(root: Path) -> dict[str, Any]:
 def _listing(document: dict[str, Any]) -> None:
     guides = document["guides"]
     width = max(len(g["topic"]) for g in guides)
-    lines = ["Guides:", *(f"  {g['topic']:<{width}}  {g['title']}" for g in guides)]
+    columns = shutil.get_terminal_size((80, 24)).columns  # COLUMNS when set
+    indent = " " * (width + 4)
+    lines = ["Guides:"]
+    for g in guides:  # a long title folds under itself
+        lines.append(textwrap.fill(f"  {g['topic']:<{width}}  {g['title']}", max(columns, 40),
+                                   subsequent_indent=indent))  # fmt: skip
     lines += [
         "Commands, one page each:",
         textwrap.fill(", ".join(c["topic"] for c in document["commands"]), 78,

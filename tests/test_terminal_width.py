@@ -17,6 +17,7 @@ NET_CSV = REPO / "traces" / "net" / "gloo_2ranks_loopback.csv"
 SAMPLES = ("--samples", "5")
 
 RUNS: dict[str, list[object]] = {
+    "docs": ["docs"],
     "inspect-demo": ["inspect", DEMO],
     "inspect-ddp": ["inspect", RESNET_IN_REPO],
     "schedule-tic": ["schedule", "-a", "tic", DEMO],
