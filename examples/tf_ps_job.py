@@ -47,21 +47,23 @@ def _free_ports(n: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def cluster(workers: int = 2) -> Iterator[str]:
+def cluster(workers: int = 2, inter_op: int = 2) -> Iterator[str]:
     """Start a ps and `workers` workers; yield the client target (worker 0); stop them."""
-    with cluster_spec(workers) as spec:
+    with cluster_spec(workers, inter_op) as spec:
         yield f"grpc://{spec['worker'][0]}"
 
 
 @contextlib.contextmanager
-def cluster_spec(workers: int = 2) -> Iterator[dict[str, list[str]]]:
-    """Start a ps and `workers` workers; yield the cluster ({job: [host:port]}); stop them."""
+def cluster_spec(workers: int = 2, inter_op: int = 2) -> Iterator[dict[str, list[str]]]:
+    """Start a ps and `workers` workers, each server with `inter_op` executor threads;
+    yield the cluster ({job: [host:port]}); stop them."""
     ports = _free_ports(workers + 1)
     spec = {"ps": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{p}" for p in ports[1:]]}
     tasks = [("ps", 0)] + [("worker", i) for i in range(workers)]
     procs = [
         subprocess.Popen(
-            [sys.executable, str(SCRIPT), "--serve", json.dumps(spec), job, str(task)],
+            [sys.executable, str(SCRIPT), "--serve", json.dumps(spec), job, str(task),
+             str(inter_op)],  # fmt: skip
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             env=ENV,
@@ -95,11 +97,11 @@ def run_steps(
     return [float(t) for t in times]
 
 
-def _serve(spec: str, job: str, task: int) -> None:
+def _serve(spec: str, job: str, task: int, inter_op: int = 2) -> None:
     import tensorflow as tf
 
     config = tf.compat.v1.ConfigProto(
-        intra_op_parallelism_threads=1, inter_op_parallelism_threads=2
+        intra_op_parallelism_threads=1, inter_op_parallelism_threads=inter_op
     )
     cluster_spec = tf.train.ClusterSpec(json.loads(spec))
     server = tf.distribute.Server(cluster_spec, job_name=job, task_index=task, config=config)
@@ -136,7 +138,7 @@ def _client(target: str, graph: str, out: str, steps: int, fetches: list[str]) -
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "--serve":
-        _serve(args[1], args[2], int(args[3]))
+        _serve(args[1], args[2], int(args[3]), int(args[4]) if len(args) > 4 else 2)
         return
     if args and args[0] == "--client":
         _client(args[1], args[2], args[3], int(args[4]), args[5:])
@@ -146,12 +148,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--fetch", action="append", help=f"default: {' '.join(FETCHES)}")
+    parser.add_argument("--inter-op", type=int, default=2, help="Each server's executor threads.")
     opts = parser.parse_args(args)
     line = missing("tensorflow", "examples/tf_ps_job.py")
     if line is not None:  # one line, not a traceback from the cluster's servers
         print(f"error: {line}", file=sys.stderr)
         sys.exit(2)
-    with cluster() as target:
+    with cluster(inter_op=opts.inter_op) as target:
         for spec in opts.graph:
             label, _, path = spec.partition("=")
             times = run_steps(target, Path(path), opts.out / label, opts.steps,

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from planner.errors import InputError
@@ -35,6 +36,7 @@ from planner.model.oracle import NetworkModel, TimeOracle
 from planner.model.plan import Plan
 from planner.model.trace import Job, dedicated_columns, rank_meta, rank_partial_steps
 from planner.planning import buckets, caramel, tictac
+from planner.planning.read_units import planned_as_units
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -99,11 +101,17 @@ def ps_plans(
     """One plan per rank of a parameter-server job: TIC (graph only) or TAC on the
     min-of-runs oracle (TicTac §5); `check_applies` first."""
     if algorithm == "tic":
-        return {rank: tictac.tic(graph, rank=rank) for rank, graph in job.graphs.items()}
+        return {
+            rank: planned_as_units(graph, partial(tictac.tic, rank=rank))
+            for rank, graph in job.graphs.items()
+        }
     oracle = oracle or oracles(job)
     graphs = job.graphs.items()
     try:
-        return {rank: tictac.tac(g, oracle[rank].times, rank=rank) for rank, g in graphs}
+        return {
+            rank: planned_as_units(g, partial(tictac.tac, time=oracle[rank].times, rank=rank))
+            for rank, g in graphs
+        }
     except ValueError as exc:  # op times no real trace holds (e.g. years): bad input
         raise InputError(_first_source(job), f"cannot plan with TAC: {exc}") from None
 

@@ -391,7 +391,7 @@ def _replay_plans(
             model = with_overhead(traced, overhead)
             if len(alone):  # alone on its link: a message, then its bytes at the link's rate
                 seconds = model.seconds.copy()
-                seconds[alone] = np.maximum(seconds[alone], least)
+                seconds[alone] = least
                 model = replace(model, seconds=seconds)
             try:
                 start, ticks = replay_step(model, seed)
