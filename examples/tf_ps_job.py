@@ -62,8 +62,15 @@ def cluster_spec(workers: int = 2, inter_op: int = 2) -> Iterator[dict[str, list
     tasks = [("ps", 0)] + [("worker", i) for i in range(workers)]
     procs = [
         subprocess.Popen(
-            [sys.executable, str(SCRIPT), "--serve", json.dumps(spec), job, str(task),
-             str(inter_op)],  # fmt: skip
+            [
+                sys.executable,
+                str(SCRIPT),
+                "--serve",
+                json.dumps(spec),
+                job,
+                str(task),
+                str(inter_op),
+            ],  # fmt: skip
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             env=ENV,
