@@ -287,7 +287,10 @@ def simulation_view(document: dict[str, Any]) -> None:
                 f"replay error on the observed run: median {_pct(r['replay_error_median'])}, "
                 f"worst {_pct(r['replay_error_max'])} (wall-clock: median "
                 f"{_pct(r.get('wall_error_median'))}, worst {_pct(r.get('wall_error_max'))}); "
-                f"comparison on the observed order {_pct(r.get('comparison_error'))}; "
+                "comparison on the observed order: busy time "
+                f"{_pct(r.get('comparison_error'))} against the measured busy time, "
+                f"wall-clock {_pct(r.get('comparison_wall_error'))} against the measured "
+                "wall-clock time; "
                 "replayed: the plan's gain over the observed order, each traced step replayed "
                 "both ways (the replay error above is its error"
                 + (_TF_ENFORCE if document.get("framework") == "tensorflow" else "")
