@@ -205,9 +205,8 @@ def queued_call(ev: RankEvents, calls: Calls, row: int, kind: str, elems: int) -
 # ----------------------------------------------------------------------------- groups
 
 
-def group_size(ev: RankEvents) -> int:
-    """The default group's size: ``distributedInfo``'s world size, 1 without one."""
-    return int(ev.world_size) if ev.world_size and ev.world_size > 0 else 1
+MAX_GROUP = 1 << 20
+"""The most ranks a process group is taken to have (a larger size or list is no group)."""
 
 
 def group_info(ev: RankEvents, name: str, args: list[dict[str, Any]]) -> dict[str, Any]:
@@ -217,7 +216,8 @@ def group_info(ev: RankEvents, name: str, args: list[dict[str, Any]]) -> dict[st
     (``0``) of a trace without either is the world. Keys the trace does not give are
     left out."""
     out: dict[str, Any] = {"name": name}
-    for pg in ev.distributed.get("pg_config") or []:
+    config = ev.distributed.get("pg_config")
+    for pg in config if isinstance(config, list) else []:
         if isinstance(pg, dict) and str(pg.get("pg_name")) == name:
             _put(out, "desc", pg.get("pg_desc"))
             _put(out, "ranks", _ranks(pg.get("ranks")))
@@ -228,9 +228,8 @@ def group_info(ev: RankEvents, name: str, args: list[dict[str, Any]]) -> dict[st
         _put(out, "desc", a.get("Process Group Description"))
         _put(out, "ranks", _ranks(a.get("Process Group Ranks")))
         _put(out, "size", a.get("Group size"))
-    if name in ("0", "default_pg", "") and "size" not in out and ev.world_size:
-        out["size"] = int(ev.world_size)
-        out.setdefault("ranks", list(range(int(ev.world_size))))
+    if name in ("0", "default_pg", "") and ev.world_size:
+        _put(out, "size", int(ev.world_size))
     if "backend" not in out and isinstance(ev.distributed.get("backend"), str):
         out["backend"] = ev.distributed["backend"]
     if "ranks" in out and "size" not in out:
@@ -242,7 +241,9 @@ def _put(out: dict[str, Any], key: str, value: Any) -> None:
     """`out[key] = value` unless already set or the value is missing or odd."""
     if key in out or value is None or value == "":
         return
-    if key == "size" and not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+    if key == "size" and not (
+        isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_GROUP
+    ):
         return
     if key in ("desc", "backend"):
         value = str(value)[:200]
@@ -250,14 +251,17 @@ def _put(out: dict[str, Any], key: str, value: Any) -> None:
 
 
 def _ranks(value: Any) -> list[int] | None:
-    """A group's ranks: a list of ints, or the text of one (``"[0, 1, 2]"``)."""
-    if isinstance(value, str) and len(value) < 1 << 16:
+    """A group's ranks: a list of ints, or the text of one (``"[0, 1, 2]"``); None for
+    anything else or more than `MAX_GROUP` of them."""
+    if isinstance(value, str) and len(value) < 1 << 20:
         try:
             value = ast.literal_eval(value)
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             return None
-    if isinstance(value, list | tuple) and all(
-        isinstance(x, int) and not isinstance(x, bool) for x in value
+    if (
+        isinstance(value, list | tuple)
+        and len(value) <= MAX_GROUP
+        and all(isinstance(x, int) and not isinstance(x, bool) for x in value)
     ):
         return [int(x) for x in value]
     return None
