@@ -336,7 +336,9 @@ def _caption(r: dict[str, Any], document: dict[str, Any]) -> str:
         f"replay error on the observed run: median {_pct(r['replay_error_median'])}, "
         f"worst {_pct(r['replay_error_max'])} (wall-clock: median "
         f"{_pct(r.get('wall_error_median'))}, worst {_pct(r.get('wall_error_max'))}); "
-        f"comparison on the observed order {_pct(r.get('comparison_error'))}"
+        "comparison on the observed order: busy time "
+        f"{_pct(r.get('comparison_error'))} against the measured busy time, wall-clock "
+        f"{_pct(r.get('comparison_wall_error'))} against the measured wall-clock time"
     )
     if not render.detail("what the plans' figures mean"):
         return text

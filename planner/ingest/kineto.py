@@ -17,8 +17,11 @@ What becomes an op (per rank):
   is the thread holding the steps; others ``<thread name>.<i>``).
 - GPU: kernels, memcpy and memset on ``gpu<device>/stream<stream>``, in the step that
   launched them; communication kernels are never compute.
-- Collectives and p2p (kind ``collective``): see `kineto_comms`. Resource ``net`` for
-  the default process group, ``net:<pg>`` for others.
+- Collectives and p2p (kind ``collective``): see `kineto_comms`; what each does (its
+  kind and bytes) is its c10d op's (`kineto_calls`), the backend's record times it.
+  Resource ``net`` for the default process group, ``net:<pg>`` for others; the rank's
+  meta keeps each collective's kind, c10d op, backend record and group
+  (``collectives``) and each group as the trace describes it (``process_groups``).
 
 Op identity: ``<lane>/<event name>#<k>`` with k the occurrence in the step on that
 lane, aligned across steps where a step makes a call more or fewer than the others
@@ -27,7 +30,7 @@ lacks by the op it follows), and ``<net>/<collective kind>#<k>`` for collectives
 launch order within the process group, which NCCL and gloo require to match on every
 rank), so the same op has the same name in every step and on every rank. All-reduces
 in the backward pass carry ``param = bucket<k>`` (DDP launches one per bucket, in
-bucket order).
+bucket order), unless the rank reduce-scatters its gradients (FSDP, ZeRO: no buckets).
 
 A step's span is its CPU range extended to its last op on a CPU trace; on a GPU trace
 it is the GPU span of the work the step launched (its iteration time is the GPU

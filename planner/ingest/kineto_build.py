@@ -88,6 +88,9 @@ def build_rank(
     queued = _queued_before(r, coll.comm_rows)
     if queued:
         meta["queued_before"] = queued
+    if len(o.c_pg):
+        meta["collectives"] = _collective_meta(r, o, op_names, op_id)
+        meta["process_groups"] = {pg: coll.groups[pg] for pg in sorted(set(o.c_pg))}
     return RankModel(
         rank_name, ops, Occurrences(o.step.astype(np.int64), op_id, o.start, o.end - o.start),
         spans, op_names, edges, _rf_to_op(r, coll, et_step, op_at_row, op_names), notes, meta,
@@ -295,3 +298,25 @@ def _layer_reads(
     ops = [op_names[i] if i >= 0 else "" for i in op_at_row[owner].tolist()]
     events = [(ev.names[ev.name_code[i]], ev.args.get(i, {})) for i in rows.tolist()]
     return kineto_params.layer_reads(events, ops, r.step[rows].tolist())
+
+
+def _collective_meta(
+    r: _Rows, o: _Occ, op_names: list[str], op_id: np.ndarray
+) -> dict[str, dict[str, Any]]:
+    """Collective op -> what it does (``kind``), the c10d op it was called as (``call``,
+    None without one), the backend record or kernel that ran and timed it
+    (``backend``) and its process group (``group``), from its first occurrence."""
+    names, code = r.ev.names, r.ev.name_code
+    out: dict[str, dict[str, Any]] = {}
+    for j, i in enumerate(op_id[o.n_comp :].tolist()):
+        name = op_names[i]
+        if name in out:
+            continue
+        call = int(o.c_call[j])
+        out[name] = {
+            "kind": o.text[o.n_comp + j],
+            "call": names[code[call]] if call >= 0 else None,
+            "backend": names[code[o.rows[o.n_comp + j]]],
+            "group": o.c_pg[j],
+        }
+    return out

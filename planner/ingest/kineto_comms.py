@@ -21,51 +21,33 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from planner.errors import InputError
+from planner.ingest.kineto_calls import (
+    DTYPE_BYTES,
+    GATHERING,
+    KINDS,
+    Calls,
+    call_bytes,
+    call_kind,
+    collective_kind,
+    enclosing_call,
+    find_calls,
+    group_info,
+    numel,
+    queued_call,
+    record_elems,
+)
 from planner.ingest.kineto_events import CPU_OP_CATS, RankEvents, id_problem
 from planner.ingest.kineto_steps import by_lane
 from planner.model.arrays import unique
 
 BACKEND = re.compile(r"^(nccl|gloo|rccl|hccl|mpi|ucc|xccl|mccl):(\w+)$", re.IGNORECASE)
-
-#: Element sizes of the dtype names Kineto writes (`Input type`, record_param_comms `dtype`).
-DTYPE_BYTES: dict[str, int] = {
-    "float": 4, "float32": 4, "int": 4, "int32": 4, "unsigned int": 4,
-    "double": 8, "float64": 8, "long": 8, "long int": 8, "int64": 8, "long long": 8,
-    "complexfloat": 8, "c10::complex<float>": 8, "c10::complex<double>": 16,
-    "half": 2, "c10::half": 2, "bfloat16": 2, "c10::bfloat16": 2, "short": 2, "short int": 2,
-    "signed char": 1, "unsigned char": 1, "char": 1, "byte": 1, "bool": 1, "int8": 1,
-    "uint8": 1, "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1,
-}  # fmt: skip
-_KIND = {
-    "allreduce": "all_reduce", "alltoall": "all_to_all", "alltoallv": "all_to_all",
-    "allgather": "all_gather", "reducescatter": "reduce_scatter", "broadcast": "broadcast",
-    "barrier": "barrier", "send": "send", "recv": "recv", "sendrecv": "send_recv",
-    "reduce": "reduce", "gather": "gather", "scatter": "scatter",
-}  # fmt: skip
-_KIND_SUFFIXES = ("coalesced", "intotensor", "tensor", "base", "single")
-#: Kinds whose output is larger than their input (FSDP/ZeRO): their size is the larger.
-_GATHERING = frozenset({"all_gather", "reduce_scatter", "gather", "scatter"})
-
-
-def collective_kind(raw: str) -> str:
-    """Normalised collective kind (``all_reduce``, ``all_gather``, ...) of a backend name:
-    ``_allgather_base``, ``all_gather_into_tensor_coalesced`` -> ``all_gather``."""
-    key = raw.lower().replace("_", "")
-    changed = True
-    while changed and key not in _KIND:
-        changed = False
-        for suffix in _KIND_SUFFIXES:
-            if key.endswith(suffix) and len(key) > len(suffix):
-                key, changed = key[: -len(suffix)], True
-    return _KIND.get(key, raw.lower().strip("_"))
-
 
 # ----------------------------------------------------------------------------- patterns
 
@@ -166,7 +148,7 @@ def nbytes_of(args: dict[str, Any], kind: str = "") -> int:
     gathering kinds), else `Input Dims` x `Input type` of the first input."""
     if "In msg nelems" in args:
         nelems = _int(args["In msg nelems"])
-        if kind in _GATHERING:
+        if kind in GATHERING:
             nelems = max(nelems, _int(args.get("Out msg nelems")))
         return nelems * DTYPE_BYTES.get(str(args.get("dtype", "float")).lower(), 4)
     dims = args.get("Input Dims")
@@ -174,7 +156,7 @@ def nbytes_of(args: dict[str, Any], kind: str = "") -> int:
     if not isinstance(dims, list) or not dims:
         return 0
     dtype = str(types[0]).lower() if isinstance(types, list) and types else "float"
-    return _numel(dims[0]) * DTYPE_BYTES.get(dtype, 4)
+    return numel(dims[0]) * DTYPE_BYTES.get(dtype, 4)
 
 
 def _int(value: Any) -> int:
@@ -182,18 +164,6 @@ def _int(value: Any) -> int:
         return max(0, int(value))
     except (TypeError, ValueError, OverflowError):
         return 0
-
-
-def _numel(shape: Any, depth: int = 0) -> int:
-    """Elements of a shape, or of a TensorList of shapes; 0 for anything odd."""
-    if not isinstance(shape, list) or not shape or depth > 4:
-        return 0
-    if all(isinstance(x, list) for x in shape):
-        return sum(_numel(s, depth + 1) for s in shape)
-    if not all(isinstance(x, int) and 0 <= x < 1 << 40 for x in shape):
-        return 0
-    total = int(np.prod(shape, dtype=np.float64))
-    return total if total < 1 << 62 else 0
 
 
 # ----------------------------------------------------------------------------- collectives
@@ -212,6 +182,8 @@ class Collectives:
     launcher: list[int]  # row of the CPU op that launched it, -1 unknown
     anchor: list[int]  # row whose time places it in a step (the record or the launch)
     comm_rows: np.ndarray  # every event that is communication (never compute)
+    call: list[int] = field(default_factory=list)  # row of its c10d op, -1 without one
+    groups: dict[str, dict[str, Any]] = field(default_factory=dict)  # `kineto_calls.group_info`
 
     def __len__(self) -> int:
         return len(self.row)
@@ -232,10 +204,11 @@ def find_collectives(
     gpu_ann = ev.name_flags(BACKEND.match) & ev.cat_flags({"gpu_user_annotation"})
     out = Collectives([], [], [], [], [], [], [], [], np.flatnonzero(is_kernel | gpu_ann))
     taken = np.zeros(len(ev), dtype=bool)
+    calls = find_calls(ev)
     _from_records(ev, out, backend & (step_of >= 0), is_kernel, gpu_ann, launch_row,
-                  enclosing, taken, kernel_kind)  # fmt: skip
+                  enclosing, taken, kernel_kind, calls)  # fmt: skip
     _from_kernels(ev, out, is_kernel & ~taken & (step_of >= 0), launch_row, enclosing,
-                  hit, kernel_kind, patterns)  # fmt: skip
+                  hit, kernel_kind, patterns, calls)  # fmt: skip
     return out
 
 
@@ -271,8 +244,10 @@ def _from_records(
     enclosing: np.ndarray,
     taken: np.ndarray,
     kernel_kind: list[str],
+    calls: Calls,
 ) -> None:
-    """One collective per backend record, timed by its GPU annotation or kernels."""
+    """One collective per backend record, timed by its GPU annotation or kernels; its
+    kind, bytes and launcher from the c10d op it runs (`kineto_calls`)."""
     names, code, ts, end, lane = ev.names, ev.name_code, ev.ts, ev.end, ev.lane
     kernels = np.flatnonzero(is_kernel & (launch_row >= 0))
     kernel_by_launch = by_lane(
@@ -280,16 +255,18 @@ def _from_records(
     )
     gpu_span = _external_ids(ev, np.flatnonzero(gpu_ann))
     rpc_by_lane = by_lane(np.flatnonzero(ev.name_flags("record_param_comms".__eq__)), lane, ts)
-    queues = _c10d_queues(ev)
     for a in np.flatnonzero(records)[np.argsort(ts[np.flatnonzero(records)], kind="stable")]:
         a = int(a)
         a_args = ev.args.get(a, {})
         kind = collective_kind(BACKEND.match(names[code[a]]).group(2))
-        rpc = _enclosing_rpc(ev, rpc_by_lane, a) if enclosing[a] != a else {}
+        nested = enclosing[a] != a
+        rpc = _enclosing_rpc(ev, rpc_by_lane, a) if nested else {}
         mine = _launched_in(kernel_by_launch.get(int(lane[a])), ts[a], end[a], taken)
         k_args = ev.args.get(mine[0], {}) if mine else {}
         if not kind and mine:
             kind = kernel_kind[code[mine[0]]]
+        elems = record_elems(a_args) or record_elems(rpc)
+        call = enclosing_call(ev, calls, a) if nested else queued_call(ev, calls, a, kind, elems)
         ext = _external_id(ev, a)
         g = -1 if ext is None else gpu_span.get(ext, -1)
         if g >= 0:
@@ -299,16 +276,57 @@ def _from_records(
         else:
             row, start, stop = a, int(ts[a]), int(end[a])
         taken[mine] = True
-        out.row.append(row)
-        out.start.append(start)
-        out.end.append(stop)
-        out.kind.append(kind)
-        out.pg.append(str(rpc.get("Process Group Name") or k_args.get("Process Group Name") or "0"))
-        sizes = [nbytes_of(a, kind) for a in (a_args, rpc, k_args)]
-        # gathering kinds: the record_param_comms' output count beats the input's dims
-        out.nbytes.append(max(sizes) if kind in _GATHERING else next((n for n in sizes if n), 0))
-        out.launcher.append(_launcher(ev, a, kind, enclosing, queues, out.nbytes[-1]))
-        out.anchor.append(a)
+        call_row = int(calls.rows[call]) if call >= 0 else -1
+        if nested:
+            launcher = int(enclosing[a])
+        else:
+            launcher = -1 if call < 0 else int(enclosing[call_row] if enclosing[call_row] >= 0
+                                               else call_row)  # fmt: skip
+        _add(ev, out, (row, start, stop, a, launcher), kind, call_row, (a_args, rpc, k_args))
+
+
+def _add(
+    ev: RankEvents,
+    out: Collectives,
+    where: tuple[int, int, int, int, int],
+    kind: str,
+    call_row: int,
+    args: tuple[dict[str, Any], ...],
+) -> None:
+    """Append one collective: `where` (row, start, stop, anchor, launcher); its kind is
+    its c10d op's (`call_row`, -1 without one) where that names a collective, else
+    `kind`; its group and bytes from the `args` of its record, record_param_comms and
+    kernel, and its c10d op's (`kineto_calls.call_bytes`)."""
+    call_args = ev.args.get(call_row, {}) if call_row >= 0 else {}
+    if call_row >= 0:
+        named = call_kind(ev.names[ev.name_code[call_row]])
+        kind = named if named in KINDS else kind
+    pg = str(next((a["Process Group Name"] for a in args if a.get("Process Group Name")), "0"))
+    if pg not in out.groups:
+        out.groups[pg] = group_info(ev, pg, list(args))
+    sizes = [nbytes_of(a, kind) for a in args]
+    if call_args:
+        element = next((_element(a) for a in args if _element(a)), 4)
+        sizes.append(call_bytes(call_args, kind, out.groups[pg].get("size", 1), element))
+    # gathering kinds: the larger of output and input (the record may name the shard only)
+    out.nbytes.append(max(sizes) if kind in GATHERING else next((n for n in sizes if n), 0))
+    row, start, stop, anchor, launcher = where
+    out.row.append(row)
+    out.start.append(start)
+    out.end.append(stop)
+    out.kind.append(kind)
+    out.pg.append(pg)
+    out.launcher.append(launcher)
+    out.anchor.append(anchor)
+    out.call.append(call_row)
+
+
+def _element(args: dict[str, Any]) -> int:
+    """Bytes of an element of a comm record (its ``dtype`` or first input type), 0 unknown."""
+    if "dtype" in args:
+        return DTYPE_BYTES.get(str(args["dtype"]).lower(), 0)
+    types = args.get("Input type")
+    return DTYPE_BYTES.get(str(types[0]).lower(), 0) if isinstance(types, list) and types else 0
 
 
 def _launched_in(
@@ -339,61 +357,6 @@ def _enclosing_rpc(ev: RankEvents, rpc_by_lane: dict, row: int) -> dict[str, Any
     return {}
 
 
-class _Queues:
-    """c10d ops per collective kind in time order (row, bytes), each taken once."""
-
-    WINDOW = 64
-    """How far past the oldest untaken op a record's launcher is looked for."""
-
-    def __init__(self, by_kind: dict[str, list[tuple[int, int]]]) -> None:
-        self.by_kind = by_kind
-        self.taken = {kind: [False] * len(rows) for kind, rows in by_kind.items()}
-        self.next: dict[str, int] = {}
-
-
-def _c10d_queues(ev: RankEvents) -> _Queues:
-    c10d = ev.name_flags(lambda n: n.startswith("c10d::"))
-    rows = np.flatnonzero(c10d & ev.cat_flags(CPU_OP_CATS))
-    by_kind: dict[str, list[tuple[int, int]]] = {}
-    for r in rows[np.argsort(ev.ts[rows], kind="stable")].tolist():
-        kind = collective_kind(ev.names[ev.name_code[r]].split("::", 1)[1].rstrip("_"))
-        by_kind.setdefault(kind, []).append((int(r), nbytes_of(ev.args.get(r, {}), kind)))
-    return _Queues(by_kind)
-
-
-def _launcher(
-    ev: RankEvents, a: int, kind: str, enclosing: np.ndarray, q: _Queues, nbytes: int
-) -> int:
-    """The CPU op that launched record `a`: the op around it on its thread, else (a
-    gloo worker-thread record) the c10d op that queued it: the oldest untaken one of
-    its kind and size issued before it. gloo runs queued collectives on two threads, so
-    a later one can start first; first in, first out by kind alone would swap them."""
-    if enclosing[a] != a:
-        return int(enclosing[a])
-    queue, taken = q.by_kind.get(kind, []), q.taken.get(kind, [])
-    first = q.next.get(kind, 0)
-    while first < len(queue) and taken[first]:
-        first += 1
-    q.next[kind] = first
-    pick = -1
-    for j in range(first, min(len(queue), first + q.WINDOW)):
-        row, size = queue[j]
-        if ev.ts[row] > ev.ts[a]:
-            break
-        if taken[j]:
-            continue
-        if pick < 0:
-            pick = j  # no op of its size: the oldest, as before
-        if nbytes and size == nbytes:
-            pick = j
-            break
-    if pick < 0:
-        return -1
-    taken[pick] = True
-    r = queue[pick][0]
-    return int(enclosing[r]) if enclosing[r] >= 0 else r
-
-
 def _from_kernels(
     ev: RankEvents,
     out: Collectives,
@@ -403,8 +366,10 @@ def _from_kernels(
     hit: np.ndarray,
     kernel_kind: list[str],
     patterns: tuple[CommPattern, ...],
+    calls: Calls,
 ) -> None:
-    """One collective per comm kernel that no backend record claimed."""
+    """One collective per comm kernel that no backend record claimed; its kind and
+    bytes from the c10d op around its launch where there is one."""
     size_ops = _size_ops(ev, patterns)
     for k in np.flatnonzero(kernels).tolist():
         k_args = ev.args.get(k, {})
@@ -412,17 +377,11 @@ def _from_kernels(
         kind = kernel_kind[code] or "collective"
         kind = collective_kind(str(k_args.get("Collective name") or kind))
         lr = int(launch_row[k])
-        nbytes = nbytes_of(k_args, kind)
-        if not nbytes and lr >= 0:
-            nbytes = nbytes_of(_size_op_args(ev, size_ops.get(int(hit[code])), lr), kind)
-        out.row.append(k)
-        out.start.append(int(ev.ts[k]))
-        out.end.append(int(ev.end[k]))
-        out.kind.append(kind)
-        out.pg.append(str(k_args.get("Process Group Name") or "0"))
-        out.nbytes.append(nbytes)
-        out.launcher.append(int(enclosing[lr]) if lr >= 0 and enclosing[lr] >= 0 else -1)
-        out.anchor.append(lr if lr >= 0 else k)
+        size_args = _size_op_args(ev, size_ops.get(int(hit[code])), lr) if lr >= 0 else {}
+        call = enclosing_call(ev, calls, lr) if lr >= 0 else -1
+        launcher = int(enclosing[lr]) if lr >= 0 and enclosing[lr] >= 0 else -1
+        where = (k, int(ev.ts[k]), int(ev.end[k]), lr if lr >= 0 else k, launcher)
+        _add(ev, out, where, kind, int(calls.rows[call]) if call >= 0 else -1, (k_args, size_args))
 
 
 def _size_ops(ev: RankEvents, patterns: tuple[CommPattern, ...]) -> dict[int, dict]:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from planner.errors import InputError
+from planner.ingest.kineto_calls import SHARDING
 from planner.ingest.kineto_comms import (
     BACKEND,
     Collectives,
@@ -108,6 +109,8 @@ class _Occ:
     c_launcher: np.ndarray
     c_param: list[str]
     c_anchor: np.ndarray  # row of the call that issued it (its backend record, or launch)
+    c_call: np.ndarray  # row of its c10d op, -1 without one
+    c_pg: list[str]  # its process group's name
 
 
 def _occurrences(r: _Rows, is_outer: np.ndarray, coll: Collectives, n_steps: int) -> _Occ:
@@ -150,6 +153,8 @@ def _occurrences(r: _Rows, is_outer: np.ndarray, coll: Collectives, n_steps: int
         c_launcher=c["launcher"],
         c_param=c["param"],
         c_anchor=c["anchor"],
+        c_call=c["call"],
+        c_pg=c["pg"],
     )
 
 
@@ -177,12 +182,17 @@ def _collective_order(r: _Rows, coll: Collectives, lane: list[int]) -> dict[str,
         "nbytes": np.array(coll.nbytes, dtype=np.int64)[order] if len(order) else c_row[order],
         "launcher": np.array(coll.launcher, dtype=np.int64)[order] if len(order) else c_row[order],
         "anchor": a_row[order],
+        "call": np.array(coll.call, dtype=np.int64)[order] if len(order) else c_row[order],
+        "pg": [coll.pg[i] for i in order.tolist()],
     }
     kind_ids: dict[str, int] = {}
     kind_code = np.array([kind_ids.setdefault(k, len(kind_ids)) for k in kinds], np.int64)
     out["k"] = cumcount(out["step"], out["lane"], kind_code)
-    # DDP launches one all-reduce per gradient bucket in the backward pass, in bucket order
-    bwd = np.flatnonzero(np.array([k == "all_reduce" for k in kinds], dtype=bool)
+    # DDP launches one all-reduce per gradient bucket in the backward pass, in bucket
+    # order; a rank that reduce-scatters its gradients (FSDP, ZeRO) has no DDP buckets,
+    # whatever its all-reduces are (HSDP's across replicas)
+    ddp = not SHARDING.intersection(kinds)
+    bwd = np.flatnonzero(np.array([k == "all_reduce" and ddp for k in kinds], dtype=bool)
                          & (out["phase"] == BACKWARD))  # fmt: skip
     param = [f"{k}#{i}" for k, i in zip(kinds, out["k"].tolist(), strict=True)]
     for j, i in zip(bwd.tolist(), cumcount(out["step"][bwd], out["lane"][bwd]).tolist(),

@@ -85,8 +85,8 @@ def _marker_steps(ev: RankEvents, rank: str, marker: str) -> Steps:
     if len(rows) == 0:
         raise InputError(ev.path, f"no event named {marker!r} (the --step-marker)")
     loop = not _covers_loop(ev, rows) and _one_loop(ev, rows)
-    number, start, end = _iterations(ev, rows, rows if loop else None)
-    note = f"{rank}: steps are the {len(number)} {_what(loop)} {marker!r} (--step-marker)"
+    number, start, end, said = _iterations(ev, rows, _loop_marks(ev, rows) if loop else None)
+    note = f"{rank}: steps are the {len(number)} {_what(loop)} {marker!r} (--step-marker){said}"
     return Steps(number, start, end, _main_lane(ev, rows), "marker", [note])
 
 
@@ -104,17 +104,60 @@ def _covers_loop(ev: RankEvents, rows: np.ndarray) -> bool:
 
 def _iterations(
     ev: RankEvents, rows: np.ndarray, marks: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(number, start, end) of the iterations the ranges `rows` mark: the ranges
-    themselves, or, given `marks` (the rows of every annotation of the loop, `rows`
-    among them), the time from each one's start to the next's, the last one's to the
-    end of the loop's last annotation (what the trace holds after the loop is in no
-    iteration)."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+    """(number, start, end, what a note adds) of the iterations the ranges `rows` mark:
+    the ranges themselves, or, given `marks` (the rows of the loop's annotations), the
+    time from each one's start to the next's. The work before the first start is the
+    first iteration where annotations that run in every iteration (`_loop_marks`) run
+    there (the marker ends its iteration, as ``Optimizer.step`` does), from the first
+    of them, unless that is under `LOOP_COVER` of the loop's median period; the
+    last iteration runs to the end of the loop's last annotation, and is left out as a
+    stub where that is under `LOOP_COVER` of the loop's median period (a marker that
+    ends its iteration leaves only its own last range after it). What the trace holds
+    outside them is in no iteration."""
     number, start, end = _ranges(ev, rows)
     if marks is None or len(number) < 2:
-        return number, start, end
+        return number, start, end, ""
     last = int(ev.end[marks[ev.ts[marks] >= start[-1]]].max())
-    return number, start, np.append(start[1:], last)
+    end = np.append(start[1:], last)
+    said = ""
+    period = float(np.median(np.diff(start)))
+    loop = _loop_marks(ev, rows)
+    before = loop[ev.ts[loop] < start[0]]
+    if len(before) and start[0] - ev.ts[before].min() >= LOOP_COVER * period:
+        start, end = np.insert(start, 0, ev.ts[before].min()), np.insert(end, 0, start[0])
+        said += "; the first from the loop's first annotation before the first of them"
+    if len(start) > 1 and end[-1] - start[-1] < LOOP_COVER * period:
+        said += (
+            f"; the {(end[-1] - start[-1]) / 1e3:.1f} µs from the last one on is no whole "
+            "iteration (a stub): left out"
+        )
+        start, end = start[:-1], end[:-1]
+    return np.arange(len(start), dtype=np.int64), start, end, said
+
+
+_NUMBERED = re.compile(r"#\d+$")
+
+
+def _loop_marks(ev: RankEvents, rows: np.ndarray) -> np.ndarray:
+    """The rows of the loop's annotations: `rows`, and the annotations on their thread
+    whose name (a step number dropped: ``ProfilerStep#N``) runs in every iteration from
+    one start of `rows` to the next (``Optimizer.zero_grad`` beside ``Optimizer.step``)."""
+    _, start, _ = _ranges(ev, rows)
+    ann = ev.cat_flags({"user_annotation"}) & ~ev.name_flags(_COMM_ANNOTATION.match)
+    others = np.flatnonzero(ann & (ev.lane == ev.lane[rows[0]]))
+    others = np.setdiff1d(others, rows)
+    if len(start) < 2 or not len(others):
+        return rows
+    key = [_NUMBERED.sub("", n) for n in ev.names]
+    iteration = np.searchsorted(start, ev.ts[others], side="right") - 1
+    complete = (iteration >= 0) & (iteration < len(start) - 1)
+    seen: dict[str, set[int]] = {}
+    for r, it in zip(others[complete].tolist(), iteration[complete].tolist(), strict=True):
+        seen.setdefault(key[ev.name_code[r]], set()).add(it)
+    every = {name for name, its in seen.items() if len(its) == len(start) - 1}
+    mine = np.fromiter((key[ev.name_code[r]] in every for r in others.tolist()), bool, len(others))
+    return np.sort(np.concatenate([rows, others[mine]]))
 
 
 def _one_loop(ev: RankEvents, rows: np.ndarray) -> bool:
@@ -154,10 +197,10 @@ def _fallback_steps(ev: RankEvents, rank: str) -> Steps:
         loop = not (alone and _covers_loop(ev, best[4])) and _one_loop(ev, head[4])
         _, _, _, name, mine = head if loop else best
         marks = [c[4] for c in candidates if (ev.lane[c[4]] == head_lane).all()]  # the loop's
-        number, start, end = _iterations(ev, mine, np.concatenate(marks) if loop else None)
+        number, start, end, said = _iterations(ev, mine, np.concatenate(marks) if loop else None)
         note = (
             f"{rank}: no ProfilerStep#N; steps are the {len(number)} {_what(loop)} the "
-            f"top-level annotation {name!r} (give --step-marker NAME to choose another)"
+            f"top-level annotation {name!r}{said} (give --step-marker NAME to choose another)"
         )
         return Steps(number, start, end, _main_lane(ev, mine), "annotation", [note])
     note = (

@@ -86,6 +86,8 @@ def inspect(job: Job, oracle: Mapping[str, TimeOracle] | None = None) -> dict[st
             built = {done[0]: done[1]}
         times = built.get(rank)
         carried = Counter(p.get("collective") for p in job_parameters(job, rank))
+        meta = rank_meta(job, rank)
+        called = meta.get("collectives") or {}
         transfers = [
             {
                 "name": name,
@@ -97,6 +99,7 @@ def inspect(job: Job, oracle: Mapping[str, TimeOracle] | None = None) -> dict[st
                 "time": times.time(name) if times else None,
                 "wait_mean": float(waited.get((rank, name), 0.0)),
                 "observed_in": times.observed_in.get(name, 0) if times else 0,
+                **({"collective": called[name]} if name in called else {}),
             }
             for name in graph.transfers
         ]
@@ -115,6 +118,7 @@ def inspect(job: Job, oracle: Mapping[str, TimeOracle] | None = None) -> dict[st
                 "transfers": transfers,
                 "gpu_steps": gpu_steps(job, rank),
                 "queued_before": queued_offsets(job, rank),
+                **({"process_groups": meta["process_groups"]} if "process_groups" in meta else {}),
             }
         )
     document = {

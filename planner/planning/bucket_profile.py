@@ -103,13 +103,38 @@ def profile(job: Job) -> Profile | None:
     return join([rank_profile(job, r) for r in with_ready], cpu)
 
 
+SHARDED = frozenset({"reduce_scatter"})
+"""Collective kinds of a job that shards its gradients (FSDP, ZeRO): no DDP buckets."""
+
+
+def ddp_buckets(job: Job, rank: str) -> bool:
+    """Whether the rank's gradients go out as DDP's bucket all-reduces: it has
+    all-reduces and reduces no gradient by reduce-scatter (FSDP, ZeRO), by the kinds
+    the ingest gave its collectives (rank meta ``collectives``), else by their names."""
+    graph = job.graphs[rank]
+    called = rank_meta(job, rank).get("collectives") or {}
+    kinds = {
+        (called.get(op.name) or {}).get("kind") or _named_kind(op.name)
+        for op in graph.ops.values()
+        if op.kind == "collective"
+    }
+    return "all_reduce" in kinds and not kinds & SHARDED
+
+
+def _named_kind(name: str) -> str:
+    """``net:3/all_gather#2`` -> ``all_gather``."""
+    return name.rsplit("/", 1)[-1].split("#", 1)[0]
+
+
 def rank_profile(job: Job, rank: str) -> Profile | None:
     """One rank's part of `profile` (its traced steps only; ``cpu`` its own); None without
-    gradient-ready events or when its steps disagree on the gradients."""
+    gradient-ready events, without DDP bucket all-reduces (`ddp_buckets`: an FSDP job
+    reduce-scatters its gradients, and a bucket cap sets nothing there) or when its
+    steps disagree on the gradients."""
     from planner.model.arrays import lanes as interval_lanes
 
     steps = rank_meta(job, rank).get("gradient_ready")
-    if not steps:
+    if not steps or not ddp_buckets(job, rank):
         return None
     spans = job.trace.spans
     spans = spans[spans["rank"] == rank]

@@ -16,17 +16,20 @@ from planner.errors import InputError
 from planner.measure.metrics import efficiency
 from planner.model.oracle import TimeOracle, mean_of_runs
 from planner.model.plan import Plan
-from planner.model.trace import Job
+from planner.model.trace import Job, busy_time
+from planner.planning.ticks import TICKS_PER_SECOND
 from planner.prediction import _simkernel, enforced
 from planner.prediction.compiled import (
     Compiled,
     KnownRows,
+    _device_ops,
     _plan_parts,
     capacities,
     observed_priorities,
     op_seconds,
     rank_arrays,
     rank_rows,
+    to_ticks,
 )
 from planner.prediction.event_loop import Run, _stats, bounds, overlap, run, timeline
 from planner.prediction.fidelity import RELIABLE, _error_summary
@@ -46,24 +49,34 @@ REFERENCE_PLANS = ("baseline", "observed")
 def _comparison_error(
     entries: Sequence[dict[str, Any]], steps: Sequence[dict[str, Any]], knobs: Mapping[str, float]
 ) -> dict[str, Any]:
-    """The comparison's own error: its prediction for the observed order (mean op times,
-    one op at a time per resource) against the mean measured busy time of the complete
-    steps. Meaningful only without what-if knobs; a warning above `RELIABLE`."""
+    """The comparison's own error, like with like (`observed_times` says how its sample
+    is timed): its busy time for the observed order (mean op times, no gaps, one op at
+    a time per resource) against the mean measured busy time of the complete steps
+    (``comparison_error``), its wall-clock time against their mean wall-clock time
+    (``comparison_wall_error``). Meaningful only without what-if knobs; a warning
+    naming each one above `RELIABLE`."""
     observed = next((e for e in entries if e["plan"] == "observed"), None)
-    busy = [s["measured"] for s in steps if not s.get("partial") and s["measured"] > 0]
-    if observed is None or not busy or any(knobs[k] != v for k, v in KNOBS.items()):
-        return {"comparison_error": None, "comparison_warning": None}
-    error = observed["predicted"] / float(np.mean(busy)) - 1.0
+    complete = [s for s in steps if not s.get("partial") and s["measured"] > 0]
+    none = {"comparison_error": None, "comparison_wall_error": None, "comparison_warning": None}
+    if observed is None or not complete or any(knobs[k] != v for k, v in KNOBS.items()):
+        return none
+    error = observed["predicted_busy"] / float(np.mean([s["measured"] for s in complete])) - 1.0
+    walls = [s["wall"] for s in complete if s.get("wall")]
+    wall = observed["predicted_wall"] / float(np.mean(walls)) - 1.0 if walls else None
+    off = [
+        f"{e * 100:+.1f}% off the measured {what} (predicted {what} against measured {what})"
+        for e, what in ((error, "busy time"), (wall, "wall-clock time"))
+        if e is not None and abs(e) > RELIABLE
+    ]
     warning = None
-    if abs(error) > RELIABLE:
+    if off:
         warning = (
-            f"the plan comparison predicts the observed order {error * 100:+.1f}% off the "
-            "measured busy time (mean op times, one op at a time per resource): its plan "
-            "gains are uncertain by as much; each plan's replayed gain (the traced steps "
-            "replayed with the plan, the replay error above being its error) is the one to "
-            "go by"
+            f"the plan comparison predicts the observed order {' and '.join(off)} (mean op "
+            "times, no gaps, one op at a time per resource): its plan gains are uncertain "
+            "by as much; each plan's replayed gain (the traced steps replayed with the plan, "
+            "the replay error above being its error) is the one to go by"
         )
-    return {"comparison_error": error, "comparison_warning": warning}
+    return {"comparison_error": error, "comparison_wall_error": wall, "comparison_warning": warning}
 
 
 def _knobs(**given: float) -> dict[str, float]:
@@ -175,6 +188,8 @@ def _compare_rank(
         )
         if not priority and not control:
             extra[name] = {"note": "plan orders nothing: same as baseline"}
+    if "observed" in runs:
+        extra["observed"].update(observed_times(compiled, runs["observed"]))
     base = float(runs["baseline"].makespan.mean())
     observed = float(runs["observed"].makespan.mean()) if "observed" in runs else None
     out = []
@@ -194,6 +209,21 @@ def _compare_rank(
             entry["timeline"] = timeline(compiled, result)
         out.append(entry)
     return out
+
+
+def observed_times(compiled: Compiled, observed: Run) -> dict[str, float]:
+    """The observed order's recorded sample timed as a traced step is:
+    ``predicted_busy``, the union of the spans of the ops a step's busy time counts
+    (a GPU rank's device work, `_device_ops`; every op on a CPU rank), and
+    ``predicted_wall``, from the first of those ops' start to the last op's end (a GPU
+    step's clock starts at its first device op)."""
+    assert observed.start is not None
+    device = _device_ops(compiled)
+    timed = device if device.any() else np.ones(len(device), dtype=bool)
+    start, took = to_ticks(observed.start), to_ticks(observed.seconds)
+    busy = busy_time(start[timed], took[timed]) / TICKS_PER_SECOND
+    wall = float((observed.start + observed.seconds).max() - observed.start[timed].min())
+    return {"predicted_busy": float(busy), "predicted_wall": wall}
 
 
 def replayed_plan(steps: Sequence[Mapping[str, Any]], name: str) -> dict[str, Any] | None:
