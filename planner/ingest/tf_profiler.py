@@ -97,7 +97,7 @@ class _Lane:
 class _Host:
     """What a file's ``/host`` plane says: executor ops and step markers by group."""
 
-    ops: list[tuple[int, str, str, int, int]] = field(default_factory=list)  # group node type ..
+    ops: list[tuple[int, str, str, int, int]] = field(default_factory=list)  # group, node, type, ns
     steps: dict[int, tuple[int, int]] = field(default_factory=dict)
     numbers: dict[int, int] = field(default_factory=dict)  # group -> step_num
 
