@@ -162,6 +162,12 @@ def schedule_command(
         job = select_ranks(load(paths, as_json), rank)
         plans = analysis.schedule(job, algorithm, network=network)
         document = analysis.plan_document(plans, job.graphs, job.meta)
+        if algorithm == "caramel" and document["ranks"]:  # a Horovod timeline: fusion advice
+            from planner.job.horovod_advice import fusion_advice
+
+            advice = fusion_advice(job, document["ranks"][0].get("inputs") or {})
+            if advice is not None:
+                document["horovod"] = advice
     network_notes(document, as_json)
     files = plan_files(document, fmt, output)
     for path, text in files.items():

@@ -144,6 +144,10 @@ def inspect_view(document: dict[str, Any]) -> None:
                 f"{r['rank']}: {what} ran work issued before profiling began until "
                 f"{seconds_text(end)} into the first step"
             )
+    if document.get("horovod"):
+        from planner_cli.render_horovod import horovod_view
+
+        horovod_view(document["horovod"])
     for line in document["notes"]:
         console.print(f"[yellow]note:[/yellow] {line}")
 
@@ -206,6 +210,10 @@ def plan_view(document: dict[str, Any]) -> None:
                 row.append("∞" if value is None else f"{value * 1e3:,.3f}")
             table.add_row(*row)
         show(table, secondary=("priority",))
+    if document.get("horovod"):  # a Horovod timeline's Caramel plan: the fusion advice
+        from planner_cli.render_horovod import fusion_view
+
+        fusion_view(document["horovod"])
 
 
 def _ratio(value: float | None) -> str:
@@ -261,6 +269,10 @@ def metrics_view(document: dict[str, Any]) -> None:
     if document.get("allreduce"):
         partial = {(s["rank"], s["iteration"]) for s in steps if s.get("partial")}
         allreduce_view(document["allreduce"], partial)
+    if document.get("horovod"):
+        from planner_cli.render_horovod import horovod_view
+
+        horovod_view(document["horovod"], per_iteration=True)
 
 
 def _per_rank_table(ranks: list[dict[str, Any]]) -> None:

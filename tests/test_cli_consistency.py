@@ -104,6 +104,7 @@ def test_each_analyses_every_run(capsys: pytest.CaptureFixture[str]) -> None:
         *between("mlp_ps_betweengraph"),
         *generated,
         *within("mlp_ps_ingraph"),
+        "mwms_cpu2",  # a TF2 multi-worker profile: one run of two workers' files
     ]
     assert {r["result"]["schema"] for r in document["runs"]} == {"planner.inspect/1"}
     worker1 = document["runs"][paths.index(generated[1])]["result"]["ranks"][0]["transfers"]

@@ -227,12 +227,11 @@ def _load_formats(by_format: dict[str, list[Sniffed]], notes: list[str], files: 
         return tf_timeline.load_timelines([(s.path, s.document) for s in by_format["tf_timeline"]])
     if "tf_profiler" in by_format:
         _only(by_format, "tf_profiler")
-        items = by_format["tf_profiler"]
-        if len(items) > 1:
-            raise InputError(items[1].path, "give one TF2 profiler trace at a time")
-        from planner.ingest import tf_profiler
+        from planner.ingest import tf_profiler  # one file per task of a multi-worker job
 
-        return tf_profiler.load_profiler_trace(items[0].path, items[0].document)
+        return tf_profiler.load_profiler_traces(
+            [(s.path, s.document) for s in by_format["tf_profiler"]]
+        )
     if "horovod" in by_format:
         _only(by_format, "horovod")
         items = by_format["horovod"]

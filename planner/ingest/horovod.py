@@ -84,6 +84,7 @@ class _Events:
     others: Counter[str] = field(default_factory=Counter)
     other_time: Counter[str] = field(default_factory=Counter)
     cycles: int = 0
+    cycle_ts: list[int] = field(default_factory=list)
 
 
 def _number(value: Any, path: Path, index: int, what: str) -> int:
@@ -126,6 +127,7 @@ def _read(events: list[Any], path: Path) -> _Events:
             names[pid] = str(e["args"].get("name", pid))
         elif ph == "i" and name == "CYCLE_START":
             out.cycles += 1
+            out.cycle_ts.append(_number(e.get("ts"), path, index, "ts"))
         elif ph == "X" and isinstance(name, str) and _RANK.match(name):
             ticks[pid][int(name)] = _number(e.get("ts"), path, index, "ts")
         elif ph == "B":
@@ -223,8 +225,35 @@ def load_horovod(path: Path, document: Any) -> Job:
             "residual_median": 0.0,
             "residual_max": 0.0,
         },
+        "horovod_allreduces": allreduce_records(found, iteration),
     }
     return Job("horovod", graphs, trace, (str(path),), tuple(notes), meta)
+
+
+def allreduce_records(found: _Events, iteration: list[int]) -> dict[str, Any]:
+    """Each all-reduce as the fusion what-if replays it (`planner.planning.horovod_fusion`),
+    ns of the coordinator's clock: its tensor, iteration, bytes, when the first and the last
+    rank asked for it (the last: when it was ready everywhere), its ``ALLREDUCE`` span and
+    its fused all-reduce (`_fused`); and the median time between ``CYCLE_START`` marks (the
+    background loop's period, None without two marks)."""
+    reduces = found.reduces
+    fused = np.zeros(len(reduces), dtype=np.int64)
+    for k, group in enumerate(_fused(reduces)):
+        fused[group] = k
+    ready = [(min(x.ticks.values()), max(x.ticks.values())) if x.ticks else (x.start, x.start)
+             for x in reduces]  # fmt: skip
+    gaps = np.diff(np.sort(np.array(found.cycle_ts, dtype=np.int64)))
+    return {
+        "tensor": [x.tensor for x in reduces],
+        "iteration": list(iteration),
+        "nbytes": [x.nbytes for x in reduces],
+        "ready_first": [first * 1000 for first, _ in ready],
+        "ready_last": [last * 1000 for _, last in ready],
+        "start": [x.start * 1000 for x in reduces],
+        "end": [x.end * 1000 for x in reduces],
+        "fused": fused.tolist(),
+        "cycle_period": int(np.median(gaps)) * 1000 if len(gaps) else None,
+    }
 
 
 def _tables(

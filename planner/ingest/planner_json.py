@@ -28,6 +28,7 @@ LEFT_OUT = {
     "queued_before": "the stream work queued before the first step",
     "parameters": "the parameter table (DDP bucket advice)",
     "gradient_ready": "the order the gradients were ready in",
+    "horovod_allreduces": "each Horovod all-reduce's ready time (the fusion advice)",
 }
 
 

@@ -70,11 +70,14 @@ def is_execution_trace(head: bytes) -> bool:
 
 def is_tf_profiler(head: bytes) -> bool:
     """True when the first bytes look like a TF2 profiler trace-viewer JSON document
-    (processes ``/host:CPU`` and ``/device:GPU:0``; ``highres-ticks`` metadata)."""
+    (processes ``/host:CPU`` and ``/device:GPU:0``; ``highres-ticks`` metadata, which
+    TF timelines, whose processes are ``/job:...``, lack)."""
     text = head.lstrip()
-    if not text.startswith(b"{") or b'"/job:' in head:
+    if not text.startswith(b"{"):
         return False
-    return b'"/host:CPU"' in head or (b'"highres-ticks"' in head and b'"/device:' in head)
+    if b'"highres-ticks"' in head and (b'"/device:' in head or b'"/host:' in head):
+        return True  # a multi-worker job's events may name devices by /job:...
+    return b'"/host:CPU"' in head and b'"/job:' not in head
 
 
 def looks_like_xplane(data: bytes) -> bool:
