@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner_cli.render import bytes_text, new_table, out, seconds_text
+from planner_cli.terminal import number_column, show, text_column
 
 
 def _percent(value: float) -> str:
@@ -22,35 +23,37 @@ def horovod_view(h: dict[str, Any], per_iteration: bool = False) -> None:
         f"{bytes_text(h.get('bytes_per_iteration', 0))} all-reduced per iteration"
     )
     columns = ("tensor", "bytes", "all-reduces", "negotiation", "wait", "transfer", "wire")
-    for column in columns:
-        tensors.add_column(column, justify="left" if column == "tensor" else "right")
+    text_column(tensors, columns[0])
+    for column in columns[1:]:
+        number_column(tensors, column)
     for t in h["tensors"]:
         tensors.add_row(
             t["tensor"], bytes_text(t["nbytes"]), str(t["allreduces"]),
             *(seconds_text(t[k]) for k in ("negotiate", "wait", "transfer", "wire")),
         )  # fmt: skip
-    console.print(tensors)
+    show(tensors, secondary=("wire", "negotiation"))
     fused = new_table(title=f"Fused all-reduces ({h['fused']['allreduces']} in all)")
-    for column in ("tensors", "times", "bytes", "time"):
-        fused.add_column(column, justify="left" if column == "tensors" else "right")
+    text_column(fused, "tensors")
+    for column in ("times", "bytes", "time"):
+        number_column(fused, column)
     for g in h["fused"]["groups"]:
         fused.add_row("\n".join(g["tensors"]), str(g["count"]), bytes_text(g["nbytes"]),
                       seconds_text(g["time"]))  # fmt: skip
     if h["fused"]["groups"]:
-        console.print(fused)
+        show(fused)
     if per_iteration:
         steps = new_table(title="Horovod: negotiation wait vs transfer per iteration")
         columns = ("iteration", "tensors", "wait", "wait covered", "transfer",
                    "transfer covered", "span")  # fmt: skip
         for column in columns:
-            steps.add_column(column, justify="right")
+            number_column(steps, column)
         for s in h["steps"]:
             steps.add_row(
                 str(s["iteration"]), str(s["tensors"]),
                 *(seconds_text(s[k]) for k in ("wait", "wait_covered", "transfer",
                                                "transfer_covered", "span")),
             )  # fmt: skip
-        console.print(steps)
+        show(steps, secondary=("transfer covered", "wait covered"))
         console.print(
             "wait: from the first to the last rank's request, summed over the tensors "
             "(covered: the time it spans); transfer: the ALLREDUCE spans likewise"
@@ -69,12 +72,13 @@ def fusion_view(h: dict[str, Any]) -> None:
         f"R² {net.get('r2', float('nan')):.3f})"
     )
     rows = new_table(title="Horovod's all-reduces against the threshold")
-    for column in ("tensors", "per iteration", "bytes", "vs threshold"):
-        rows.add_column(column, justify="left" if column == "tensors" else "right")
+    text_column(rows, "tensors")
+    for column in ("per iteration", "bytes", "vs threshold"):
+        number_column(rows, column)
     for r in h["fused"]["allreduces"]:
         rows.add_row("\n".join(r["tensors"]), f"{r['per_iteration']:.2f}",
                      bytes_text(r["nbytes"]), r["vs_threshold"] or "-")  # fmt: skip
-    console.print(rows)
+    show(rows)
     fused = h["fused"]
     console.print(
         f"per iteration: {fused['small_alone_per_iteration']:.2f} all-reduce(s) of one tensor "
@@ -92,13 +96,13 @@ def fusion_view(h: dict[str, Any]) -> None:
         f"{error['buffers_matched']:.0%} of the iterations"
     )
     table = new_table(title="Fusion settings replayed (gain: per iteration, median)")
-    for column in ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME (ms)", "span", "gain", "gain %"):
-        table.add_column(column, justify="right")
+    for column in ("fusion threshold (B)", "cycle (ms)", "span", "gain", "gain %"):
+        number_column(table, column)
     for c in h["candidates"]:
         table.add_row(str(c["HOROVOD_FUSION_THRESHOLD"]), f"{c['HOROVOD_CYCLE_TIME']:g}",
                       seconds_text(c["predicted_span"]), seconds_text(c["gain"]),
                       _percent(c["gain_fraction"]))  # fmt: skip
-    console.print(table)
+    show(table, secondary=("gain",))
     best, chosen = h["best"], h["recommended"]
     if chosen is not None:
         console.print(

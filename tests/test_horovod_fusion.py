@@ -171,12 +171,12 @@ def test_each_tensor_alone_and_all_in_one_cycle(planned: dict[str, Any]) -> None
 def test_inspect_and_metrics_show_the_horovod_tables(capsys) -> None:  # noqa: ANN001
     path = need(HOROVOD)
     raw = _raw_allreduces(path)
-    code, out, _ = run_cli(["inspect", path], capsys)
+    code, out, _ = run_cli(["inspect", path, "--wide"], capsys)
     assert code == 0
     iterations = max(r["k"] for r in raw) + 1
     assert f"Horovod: 4 ranks, {iterations} iterations" in out
     assert all(t in out for t in {r["tensor"] for r in raw})
-    code, out, _ = run_cli(["metrics", path], capsys)
+    code, out, _ = run_cli(["metrics", path, "--wide"], capsys)
     assert code == 0
     table = out[out.index("negotiation wait vs transfer per iteration") :]
     rows = [line for line in table.splitlines() if line.startswith("│")]
