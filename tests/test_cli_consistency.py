@@ -99,6 +99,8 @@ def test_each_analyses_every_run(capsys: pytest.CaptureFixture[str]) -> None:
     assert paths == [
         "cnn_enforced/arrival",
         "cnn_enforced/none",
+        "cnn_enforced_tac/arrival",
+        "cnn_enforced_tac/sender",
         *between("cnn_ps_betweengraph"),
         *within("cnn_ps_ingraph"),
         *between("mlp_ps_betweengraph"),
