@@ -125,9 +125,10 @@ def _fit_view(report: dict[str, Any]) -> None:
         f"f(d) = {report['a'] * 1e6:.3f} µs + d x {report['b'] * 1e9:.4f} ns/B"
         f"   R^2 = {report['r2']:.4f}   ({report['points']} points)"
     )
-    residuals = render.new_table(title="Residuals (µs)")
-    for column in ("bytes", "measured", "predicted", "residual"):
-        render.number_column(residuals, column)
+    residuals = render.new_table(title="Residuals")
+    render.number_column(residuals, "bytes")
+    for column in ("measured", "predicted", "residual"):
+        render.number_column(residuals, render.with_unit(column, "µs"))
     for r in report["residuals"]:
         residuals.add_row(
             str(r["nbytes"]),

@@ -128,7 +128,8 @@ def verify_command(
 
 def _verify_view(document: dict[str, Any]) -> None:
     console = render.out()
-    table = render.new_table(title=f"Plan {document['plan']} ({document['transfers']} transfers)")
+    transfers = render.counted(document["transfers"], "transfer")
+    table = render.new_table(title=f"Plan {document['plan']} ({transfers})")
     ranks = document["ranks"]
     busy = any(r.get("measured_busy_time") is not None for r in ranks)
     keys = ("measured_iteration_time", "measured_busy_time", "predicted_iteration_time")

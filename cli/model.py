@@ -197,7 +197,10 @@ def read_network(path: Path) -> NetworkModel:
 
 
 def _rate(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4g}"
+    """A throughput to 4 significant figures, whole from 1000 up (never ``1.1e+04``)."""
+    if value is None:
+        return "-"
+    return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.4g}"
 
 
 SHOWN_ROWS = 16
@@ -222,8 +225,9 @@ def model_view(document: dict[str, Any]) -> None:
     if rec:
         console.print(
             f"[bold]recommendation:[/bold] {rec['label']} with {rec['workers']} workers: "
-            f"{render.seconds_text(rec['iteration_time'])} per iteration, {rec['throughput']:.4g} "
-            f"{unit}, scaling efficiency {rec['scaling_efficiency']:.2f} ({rec['reason']})"
+            f"{render.seconds_text(rec['iteration_time'])} per iteration, "
+            f"{_rate(rec['throughput'])} {unit}, scaling efficiency "
+            f"{rec['scaling_efficiency']:.2f} ({rec['reason']})"
         )
     elif val.get("recommendation_withheld"):
         console.print(f"[bold red]no recommendation:[/bold red] {val['recommendation_withheld']}")
@@ -302,12 +306,15 @@ def _curve_tables(document: dict[str, Any]) -> None:
     )
     rate = document["assumptions"]["throughput_unit"]
     for title, key in (
-        (f"Iteration time vs workers (§III), in {unit[0]}", "iteration_time"),
+        ("Iteration time vs workers (§III)", "iteration_time"),
         (f"Throughput ({rate}) vs workers (§III)", "throughput"),
     ):
         table = render.new_table(title=title)
-        for column in ("workers", *(c["label"] for c in curves)):
-            render.number_column(table, column)
+        render.number_column(table, "workers")
+        for label in (c["label"] for c in curves):  # a time's unit under its header
+            render.number_column(
+                table, label if key == "throughput" else render.with_unit(label, unit)
+            )
         if key == "throughput":
             render.number_column(table, "ideal")
         render.text_column(table, "best")

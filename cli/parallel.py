@@ -67,7 +67,8 @@ def analyze_ranks_command(
     else:
         job = document["job"]
         render.out().print(
-            f"{job['ranks']} ranks, {job['common_iterations']} common iterations; "
+            f"{job['ranks']} ranks, "
+            f"{render.counted(job['common_iterations'], 'common iteration')}; "
             f"efficiency E mean {_ratio(job['mean_efficiency'])}, "
             f"min {_ratio(job['min_efficiency'])}; "
             f"mean iteration {render.seconds_text(job['mean_iteration'])}; "

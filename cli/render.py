@@ -18,6 +18,7 @@ from planner_cli.terminal import (
     err,
     number_column,
     out,
+    paragraph,
     show,
     text_column,
     time_cell,
@@ -44,11 +45,12 @@ def error(line: str) -> None:
 
 
 def note(line: str, as_json: bool, error: bool = False) -> None:
-    """A side remark (files written, gate results) on stderr; silent in JSON mode
-    except for errors."""
+    """A side remark (files written, gate results, warnings) on stderr, wrapped to the
+    terminal's width as one paragraph (`terminal.paragraph`); silent in JSON mode except
+    for errors, which stay one line there."""
     if as_json and not error:
         return
-    click.echo(line, err=True)
+    click.echo(line if as_json else paragraph(line, err().width), err=True)
 
 
 def emit(document: dict[str, Any], as_json: bool, view: Callable[[dict[str, Any]], None]) -> None:
@@ -97,6 +99,11 @@ def seconds_text(value: float | None) -> str:
     if value >= 1e-3:
         return f"{value * 1e3:.2f} ms"
     return f"{value * 1e6:.1f} µs"
+
+
+def counted(n: int, noun: str) -> str:
+    """`n` and its noun, plural unless 1: ``1 step``, ``5 steps``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def bytes_text(value: int) -> str:
@@ -401,7 +408,7 @@ def sweep_model_line(sweep: dict[str, Any]) -> str:
             f"without it the traced buckets replay {sweep['uncalibrated_replay_error']:+.1%}"
         )
     if worst is not None:
-        parts.append(f"worst step error {worst:.1%} over {sweep.get('steps')} steps")
+        parts.append(f"worst step error {worst:.1%} over {counted(sweep['steps'], 'step')}")
     rule = sweep.get("first_bucket_rule")
     parts.append(
         "an explicit cap also limits the first bucket (as in the trace)"

@@ -6,8 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner_cli.render import bytes_text, new_table, out, seconds_text
-from planner_cli.terminal import number_column, show, text_column
+from planner_cli.render import bytes_text, counted, new_table, out, seconds_text
+from planner_cli.terminal import (
+    number_column,
+    show,
+    text_column,
+    time_cell,
+    time_unit,
+    with_unit,
+)
 
 
 def _percent(value: float) -> str:
@@ -17,47 +24,54 @@ def _percent(value: float) -> str:
 def horovod_view(h: dict[str, Any], per_iteration: bool = False) -> None:
     """Per tensor its all-reduces, negotiation, wait and transfer; the fused buffers;
     with `per_iteration`, each iteration's wait vs transfer."""
-    console = out()
     tensors = new_table(
-        title=f"Horovod: {h['ranks']} ranks, {h['iterations']} iterations, "
+        title=f"Horovod: {counted(h['ranks'], 'rank')}, {counted(h['iterations'], 'iteration')}, "
         f"{bytes_text(h.get('bytes_per_iteration', 0))} all-reduced per iteration"
     )
-    columns = ("tensor", "bytes", "all-reduces", "negotiation", "wait", "transfer", "wire")
-    text_column(tensors, columns[0])
-    for column in columns[1:]:
+    keys = ("negotiate", "wait", "transfer", "wire")
+    unit = time_unit(t[k] for t in h["tensors"] for k in keys)
+    times = [with_unit(c, unit) for c in ("negotiation", "wait", "transfer", "wire")]
+    text_column(tensors, "tensor")
+    for column in ("bytes", "all-reduces", *times):
         number_column(tensors, column)
     for t in h["tensors"]:
         tensors.add_row(
             t["tensor"], bytes_text(t["nbytes"]), str(t["allreduces"]),
-            *(seconds_text(t[k]) for k in ("negotiate", "wait", "transfer", "wire")),
+            *(time_cell(t[k], unit) for k in keys),
         )  # fmt: skip
-    show(tensors, secondary=("wire", "negotiation"))
+    show(tensors, secondary=(times[3], times[0]))
     fused = new_table(title=f"Fused all-reduces ({h['fused']['allreduces']} in all)")
+    unit = time_unit(g["time"] for g in h["fused"]["groups"])
     text_column(fused, "tensors")
-    for column in ("times", "bytes", "time"):
+    for column in ("times", "bytes", with_unit("time", unit)):
         number_column(fused, column)
     for g in h["fused"]["groups"]:
         fused.add_row("\n".join(g["tensors"]), str(g["count"]), bytes_text(g["nbytes"]),
-                      seconds_text(g["time"]))  # fmt: skip
+                      time_cell(g["time"], unit))  # fmt: skip
     if h["fused"]["groups"]:
         show(fused)
     if per_iteration:
-        steps = new_table(title="Horovod: negotiation wait vs transfer per iteration")
-        columns = ("iteration", "tensors", "wait", "wait covered", "transfer",
-                   "transfer covered", "span")  # fmt: skip
-        for column in columns:
-            number_column(steps, column)
-        for s in h["steps"]:
-            steps.add_row(
-                str(s["iteration"]), str(s["tensors"]),
-                *(seconds_text(s[k]) for k in ("wait", "wait_covered", "transfer",
-                                               "transfer_covered", "span")),
-            )  # fmt: skip
-        show(steps, secondary=("transfer covered", "wait covered"))
-        console.print(
-            "wait: from the first to the last rank's request, summed over the tensors "
-            "(covered: the time it spans); transfer: the ALLREDUCE spans likewise"
+        _per_iteration(h["steps"])
+
+
+def _per_iteration(rows: list[dict[str, Any]]) -> None:
+    """Each iteration's negotiation wait and transfer, summed and covered."""
+    steps = new_table(title="Horovod: negotiation wait vs transfer per iteration")
+    keys = ("wait", "wait_covered", "transfer", "transfer_covered", "span")
+    unit = time_unit(s[k] for s in rows for k in keys)
+    times = [with_unit(c, unit) for c in ("wait", "wait covered", "transfer",
+                                          "transfer covered", "span")]  # fmt: skip
+    for column in ("iteration", "tensors", *times):
+        number_column(steps, column)
+    for s in rows:
+        steps.add_row(
+            str(s["iteration"]), str(s["tensors"]), *(time_cell(s[k], unit) for k in keys)
         )
+    show(steps, secondary=(times[3], times[1]))
+    out().print(
+        "wait: from the first to the last rank's request, summed over the tensors "
+        "(covered: the time it spans); transfer: the ALLREDUCE spans likewise"
+    )
 
 
 def fusion_view(h: dict[str, Any]) -> None:
@@ -96,13 +110,15 @@ def fusion_view(h: dict[str, Any]) -> None:
         f"{error['buffers_matched']:.0%} of the iterations"
     )
     table = new_table(title="Fusion settings replayed (gain: per iteration, median)")
-    for column in ("fusion threshold (B)", "cycle (ms)", "span", "gain", "gain %"):
+    unit = time_unit(c[k] for c in h["candidates"] for k in ("predicted_span", "gain"))
+    span, gain = with_unit("span", unit), with_unit("gain", unit)
+    for column in ("fusion threshold (B)", "cycle (ms)", span, gain, "gain %"):
         number_column(table, column)
     for c in h["candidates"]:
         table.add_row(str(c["HOROVOD_FUSION_THRESHOLD"]), f"{c['HOROVOD_CYCLE_TIME']:g}",
-                      seconds_text(c["predicted_span"]), seconds_text(c["gain"]),
+                      time_cell(c["predicted_span"], unit), time_cell(c["gain"], unit),
                       _percent(c["gain_fraction"]))  # fmt: skip
-    show(table, secondary=("gain",))
+    show(table, secondary=(gain,))
     best, chosen = h["best"], h["recommended"]
     if chosen is not None:
         console.print(

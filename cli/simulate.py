@@ -355,12 +355,12 @@ def _sweep_table(knob: str, r: dict[str, Any]) -> None:
     names = list(r["points"][0]["plans"]) if r["points"] else []
     unit = render.time_unit(p["plans"][n]["predicted"] for p in r["points"] for n in names)
     table = render.new_table(
-        title=f"Sweep of {knob} on {r['rank']}: predicted time in {unit[0]} (speedup vs baseline)"
+        title=f"Sweep of {knob} on {r['rank']}: predicted time (speedup vs baseline)"
     )
     render.number_column(table, knob)
     render.number_column(table, "rho")
     for name in names:
-        render.text_column(table, name)
+        render.text_column(table, render.with_unit(name, unit))
         table.columns[-1].justify = "right"
     for point in r["points"]:
         table.add_row(

@@ -14,6 +14,7 @@ stdout or stderr is, else 80. rich is imported on first output, so that `--versi
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +49,7 @@ def out() -> Console:
 
 
 def err() -> Console:
-    """The console for stderr (progress bars)."""
+    """The console for stderr (progress bars; its width is the notes')."""
     if "err" not in _state:
         from rich.console import Console
 
@@ -56,6 +57,23 @@ def err() -> Console:
             stderr=True, no_color=_state.get("no_color", False), highlight=False
         )
     return _state["err"]
+
+
+def paragraph(text: str, width: int) -> str:
+    """`text` (a note or a warning) wrapped to `width` columns as one paragraph: its lines
+    after the first indented by two spaces, words never cut (a path longer than a line
+    takes the line it needs). A path after the first word stays beside it: ``wrote
+    PATH``, ``skipped PATH: ...`` keep their verb and path on one line."""
+    lines: list[str] = []
+    for part in text.splitlines() or [""]:
+        first, _, rest = part.partition(" ")
+        if "/" in rest.split(" ", 1)[0]:  # the space kept by textwrap: a no-break one
+            part = f"{first}\N{NO-BREAK SPACE}{rest}"
+        wrapped = textwrap.wrap(
+            part, width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False
+        )
+        lines.extend(line.replace("\N{NO-BREAK SPACE}", " ") for line in wrapped or [""])
+    return "\n".join(lines)
 
 
 def detail(what: str) -> bool:

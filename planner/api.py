@@ -57,7 +57,25 @@ def expand_globs(paths: Iterable[str | Path]) -> list[Path]:
 
 
 def _holds_traces(folder: Path) -> bool:
-    return any(p.is_file() and p.name.endswith(TRACE_SUFFIXES) for p in folder.iterdir())
+    """Whether `folder` is a run: it holds a trace file. A JSON file that is no trace (a
+    folder of runs keeps its measured step times beside them: ``measured.json``) does
+    not make it one; the names of the others decide, plain JSON files sniffed last."""
+    files = sorted(
+        (p for p in folder.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES)),
+        key=lambda p: (p.name.endswith(".json"), p.name),
+    )
+    return any(not p.name.endswith(".json") or not _other_json(p) for p in files)
+
+
+def _other_json(path: Path) -> bool:
+    """Whether a plain JSON file is valid JSON of no format planner reads (one that cannot
+    be read is left for its reader to name)."""
+    from planner.ingest import detect
+
+    try:
+        return detect.sniff(path).format == "unknown_json"
+    except (InputError, OSError):
+        return False
 
 
 def find_runs(folder: Path) -> list[Path]:
@@ -111,12 +129,13 @@ def resolve(paths: Iterable[str | Path]) -> list[Path]:
             runs, beside = runs_beside_traces(path), True
         if runs:
             names = ", ".join(str(r.relative_to(path)) for r in runs)
+            plural = "s" if len(runs) != 1 else ""
             what, ask = (
-                (f"holds trace files beside {len(runs)} run folders", "give one run folder, "
-                 "or the trace files themselves")
+                (f"holds trace files beside {len(runs)} run folder{plural}", "give one run "
+                 "folder, or the trace files themselves")
                 if beside
-                else (f"a folder of {len(runs)} runs", "give one of them, or --each to "
-                      "analyse every run")
+                else (f"a folder of {len(runs)} run{plural}", "give one of them, or --each "
+                      "to analyse every run")
             )  # fmt: skip
             raise InputError(path, f"{what} ({names}); {ask}")
     return expanded

@@ -137,6 +137,7 @@ def test_convert_says_what_the_planner_trace_does_not_carry(tmp_path, capsys):
     `convert` says so, and so do `inspect` and `analyze` of the file it wrote."""
     target = tmp_path / "demo.json"
     code, _, err = run_cli(["convert", DEMO, "-o", target], capsys)
+    err = " ".join(err.split())  # the note as one paragraph, wrapped to the terminal
     assert code == 0 and "does not carry the parameter server's work" in err
     assert "the executor's queue per op" in err
     code, out, _ = run_cli(["inspect", target, "--json"], capsys)

@@ -99,7 +99,7 @@ def test_each_analyses_every_run(capsys: pytest.CaptureFixture[str]) -> None:
     assert paths == [
         "cnn_enforced/arrival",
         "cnn_enforced/none",
-        "cnn_enforced_tac/arrival",
+        "cnn_enforced_tac/arrival",  # the TAC plan enforced (traces/tf/README.md)
         "cnn_enforced_tac/sender",
         *between("cnn_ps_betweengraph"),
         *within("cnn_ps_ingraph"),
@@ -256,3 +256,74 @@ def test_analyze_of_one_rank_selected_from_a_ddp_job(capsys: pytest.CaptureFixtu
     report = json.loads(out)
     assert [r["rank"] for r in report["metrics"]["ranks"]] == ["rank1"]
     assert report["bucket_sweep"] is not None
+
+
+def test_the_arrival_caution_cites_the_job_it_was_measured_on(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The demo (the mlp job) said "on the cnn job the replay missed the enforced step by
+    7.5%" as if of itself: the figure is cited as the generated cnn job's, with where to
+    read it, and is the one the library holds."""
+    from planner.prediction.enforced import UNCERTAINTY, caution
+
+    code, _, err = run_cli(["simulate", DEMO, "--samples", "3"], capsys)
+    assert code == 0
+    said = " ".join(err.split())
+    assert "on the cnn job" not in said
+    cited = (
+        "measured against runs that enforced a plan (the generated TF cnn job: planner docs "
+        f"algorithms), the replay missed the enforced step by {UNCERTAINTY['arrival']:.1%}"
+    )
+    assert cited in said and cited in caution("arrival")
+    assert "7.5%" in (REPO / "docs" / "commands" / "simulate.md").read_text(encoding="utf-8")
+
+
+def _header(out: str, title: str) -> str:
+    """The header lines (names and units) of the table titled `title`, joined."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if title in line)
+    top = next(i for i in range(start, len(lines)) if lines[i].startswith("┏"))
+    end = next(i for i in range(top, len(lines)) if lines[i].startswith("┡"))
+    return "\n".join(lines[top + 1 : end])
+
+
+def test_time_columns_name_their_unit(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue #46 point 5: the unit of a table's times is under its headers, not in its
+    title (the model's iteration times, a sweep's predicted times, the network fit's
+    residuals), and a throughput is a plain number (``1.129e+04`` before)."""
+    code, out, _ = run_cli(["model", DEMO], capsys, columns=120)
+    assert code == 0 and "Iteration time vs workers (§III)," not in out
+    header = _header(out, "Iteration time vs workers")
+    assert header.count("(ms)") == 3 and all(a in header for a in ("1ps", "p2p", "ring"))
+    assert not re.search(r"\de\+\d", out), "a throughput in e-notation"
+    code, out, _ = run_cli(
+        ["simulate", DEMO, "--samples", "3", "--sweep", "bandwidth-scale=0.5:2:2"],
+        capsys,
+        columns=120,
+    )
+    assert code == 0 and "predicted time in" not in out
+    assert _header(out, "Sweep of bandwidth_scale").count("(ms)") == 4
+    code, out, _ = run_cli(
+        ["fit-network", REPO / "traces" / "net" / "gloo_2ranks_loopback.csv"], capsys
+    )
+    assert code == 0 and "Residuals (µs)" not in out
+    assert _header(out, "Residuals").count("(µs)") == 3
+
+
+def test_the_ci_summary_counts_its_steps_in_agreement(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`metrics --markdown` said "1 steps checked": the count agrees with its noun, on
+    the demo's steps and on its first step alone."""
+    from planner.reporting import ci
+
+    summary = tmp_path / "summary.md"
+    code, _, err = run_cli(["metrics", DEMO, "--markdown", summary], capsys)
+    assert code == 0, err
+    document = json.loads(run_cli(["metrics", DEMO, "--json"], capsys)[1])
+    steps = len(document["steps"])
+    assert steps > 1
+    assert f"\n{steps} steps checked (tensorflow), 0 failing." in summary.read_text()
+    one = {**document, "steps": document["steps"][:1]}
+    text = ci.markdown_summary(one, ci.Thresholds())
+    assert "\n1 step checked (tensorflow), 0 failing." in text

@@ -95,6 +95,17 @@ def inputs(args: list[str]) -> list[str]:
     return out
 
 
+def command_part(args: list[str]) -> list[str]:
+    """The subcommand and its own arguments: the group's options (`--detail`, `--wide`,
+    ...) taken out wherever they stand, as `planner` itself does (`hoist_globals`)."""
+    from planner_cli.main import GLOBAL_FLAGS, GLOBAL_VALUED, hoist_globals
+
+    hoisted, i = hoist_globals(args), 0
+    while i < len(hoisted) and hoisted[i].split("=", 1)[0] in GLOBAL_FLAGS | GLOBAL_VALUED:
+        i += 1 if hoisted[i] in GLOBAL_FLAGS or "=" in hoisted[i] else 2
+    return hoisted[i:]
+
+
 def expand(args: list[str]) -> list[str]:
     out = []
     for arg in args:
@@ -131,7 +142,7 @@ def test_examples_run(
         args = shlex.split(line)[1:]
         assert not SHELL_ONLY & set(args), f"{page.name}: not a plain command: {line}"
         args = expand(args)
-        missing = [p for p in inputs(args) if not Path(p).exists() and p not in DEMOS]
+        missing = [p for p in inputs(command_part(args)) if not Path(p).exists() and p not in DEMOS]
         assert not missing, f"{page.name}: `{line}` reads {missing[0]}, which is not in the repo"
         status, _, err = run_cli(args, capsys)
         assert status == code, f"{page.name}: `{line}` exited {status}: {err[-500:]}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 from collections import Counter, defaultdict
 from pathlib import Path
 from statistics import median
@@ -22,6 +23,9 @@ from planner.prediction import horovod_replay
 from tests.test_schemas import validate
 
 HOROVOD = SHARED / "public" / "external" / "horovod_tf_cpu_mpi4" / "horovod_timeline.json"
+UNIT_IN_CELL = re.compile(r"\d (ms|µs|s) *│")
+"""A time whose unit sits in its cell (each cell its own unit, before): one unit per
+table, under its headers."""
 
 
 def _raw_allreduces(path: Path) -> list[dict[str, Any]]:
@@ -147,6 +151,7 @@ def test_the_schedule_text_says_threshold_buffers_and_verdict(capsys) -> None:  
     assert "Horovod's all-reduces against the threshold" in out
     assert "Fusion settings replayed" in out
     assert ("recommended: HOROVOD_FUSION_THRESHOLD=" in out) != ("no setting recommended" in out)
+    assert not UNIT_IN_CELL.search(out) and "span" in out and re.search(r"\((ms|µs|s)\)", out)
 
 
 def test_each_tensor_alone_and_all_in_one_cycle(planned: dict[str, Any]) -> None:
@@ -176,8 +181,9 @@ def test_inspect_and_metrics_show_the_horovod_tables(capsys) -> None:  # noqa: A
     iterations = max(r["k"] for r in raw) + 1
     assert f"Horovod: 4 ranks, {iterations} iterations" in out
     assert all(t in out for t in {r["tensor"] for r in raw})
+    assert not UNIT_IN_CELL.search(out)
     code, out, _ = run_cli(["metrics", path, "--wide"], capsys)
-    assert code == 0
+    assert code == 0 and not UNIT_IN_CELL.search(out)
     table = out[out.index("negotiation wait vs transfer per iteration") :]
     rows = [line for line in table.splitlines() if line.startswith("│")]
     assert len(rows) == iterations

@@ -1,11 +1,14 @@
 """Text output that fits a terminal (issue #46 point 4): every command's tables at 80
 columns, on the bundled TF demo and a 2-rank DDP run, with no line longer and no cell cut
-(rich marks a cut with ``…``); ``COLUMNS`` is honoured when piped; `--detail` prints the
-tables the default leaves out, `--wide` the columns."""
+(rich marks a cut with ``…``), and its notes and warnings on stderr wrapped likewise;
+``COLUMNS`` is honoured when piped; `--detail` prints the tables the default leaves out,
+`--wide` the columns, and each command's page says so where its output leaves any out."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +17,8 @@ import pytest
 from conftest import DEMO, REPO, RESNET_IN_REPO, run_cli
 
 NET_CSV = REPO / "traces" / "net" / "gloo_2ranks_loopback.csv"
+UNIT_IN_CELL = re.compile(r"\d (ms|µs|s|ns) *│")
+"""A time whose unit sits in its cell: a table's unit belongs in its headers."""
 SAMPLES = ("--samples", "5")
 
 RUNS: dict[str, list[object]] = {
@@ -70,6 +75,55 @@ def test_each_command_fits_80_columns(name: str, capsys: pytest.CaptureFixture[s
         assert code == 0, err
         assert out.strip(), f"{name}: no text output"
         _check_fits(out, 80, f"{name} {' '.join(extra)}")
+        _check_fits(err, 80, f"{name} {' '.join(extra)} (stderr)")
+        cells = [line for line in out.splitlines() if UNIT_IN_CELL.search(line)]
+        assert not cells, f"{name}: a unit in a cell, not the header:\n" + "\n".join(cells)
+        if not extra:
+            _check_page_names_the_options(RUNS[name][0], out)
+
+
+def _check_page_names_the_options(command: str, out: str) -> None:
+    """Where the output leaves tables or columns out (its closing line says so), the
+    command's page in docs/commands names the option that brings them back."""
+    page = (REPO / "docs" / "commands" / f"{command}.md").read_text(encoding="utf-8")
+    for option in ("--detail", "--wide"):
+        if f"{option} adds" in out:
+            assert option in page, f"docs/commands/{command}.md does not mention {option}"
+
+
+def test_notes_on_stderr_wrap_as_paragraphs(capsys: pytest.CaptureFixture[str]) -> None:
+    """The demo's warnings (each a 300-character line before) are wrapped to COLUMNS, one
+    paragraph each: a first line flush left, the rest indented; joined, each is the text
+    the JSON carries. With --json nothing is said on stderr."""
+    code, out, err = run_cli(["simulate", DEMO, *SAMPLES], capsys, columns=60)
+    assert code == 0, err
+    lines = err.splitlines()
+    assert len(lines) > 2 and max(len(line) for line in lines) <= 60
+    starts = [i for i, line in enumerate(lines) if not line.startswith("  ")]
+    assert all(lines[i].startswith("worker0: ") for i in starts)
+    notes = [
+        " ".join(" ".join(lines[a:b]).split())
+        for a, b in zip(starts, [*starts[1:], None], strict=True)
+    ]
+    code, raw, json_err = run_cli(["simulate", DEMO, *SAMPLES, "--json"], capsys, columns=60)
+    assert code == 0 and json_err == ""
+    rank = json.loads(raw)["comparison"]["ranks"][0]
+    cautions = {(p.get("replayed") or {}).get("caution") for p in rank["plans"]} - {None}
+    assert f"worker0: {rank['comparison_warning']}" in notes
+    assert notes[-1] == f"worker0: replayed: {cautions.pop()}"
+
+
+def test_a_written_file_stays_on_its_line() -> None:
+    """`wrote PATH` is never split between the verb and a path longer than the line; a
+    long note breaks between words only."""
+    from planner_cli.terminal import paragraph
+
+    path = "/tmp/" + "x" * 90 + "/report.json"
+    assert paragraph(f"wrote {path}", 80) == f"wrote {path}"
+    text = "rank0: " + " ".join(f"word{i}" for i in range(40))
+    wrapped = paragraph(text, 40).splitlines()
+    assert max(map(len, wrapped)) <= 40 and all(line.startswith("  ") for line in wrapped[1:])
+    assert " ".join(" ".join(wrapped).split()) == text
 
 
 def test_verify_fits_80_columns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,8 +1,9 @@
 """Find the input files, sniff their format from content, and load one Job.
 
 The file name is only a hint: a RunMetadata is recognised by parsing, JSON by its
-keys. In a directory, files that are not traces (meta.json, a client GraphDef or TF
-timelines beside RunMetadata) are skipped with a note; named explicitly, an
+keys. In a directory, files that are not traces are skipped, with a note (a client
+GraphDef or TF timelines beside RunMetadata, a JSON of another kind) or without one
+where they are the run's own (`run_metadata`: meta.json, a plan); named explicitly, an
 unrecognised file is an error. A TensorFlow XPlane protobuf is refused with what to
 give instead (skipped, with a note, in a directory). A file that cannot be read or
 parsed is an error in a directory too (a truncated rank file must not become a
@@ -174,7 +175,7 @@ def load(paths: Iterable[str | Path], progress: Progress | None = None) -> Job:
         if item.format == "unknown_json":
             if explicit:
                 raise InputError(path, "JSON is not a trace this planner reads")
-            if not run_metadata(path):  # a run's own description: nothing to say
+            if not run_metadata(item):  # a run's own description: nothing to say
                 notes.append(f"skipped {path}: not a trace")
             continue
         if item.escaped:
@@ -260,14 +261,20 @@ def _load_formats(by_format: dict[str, list[Sniffed]], notes: list[str], files: 
     raise InputError(where, "no readable trace among the inputs")
 
 
-RUN_METADATA = re.compile(r"meta(_rank\d+)?\.json|summary\.json")
-"""Files a recorded run keeps beside its traces (what was run, how: the bundled demos'
-meta.json, meta_rank<N>.json and summary.json): passed over in a folder without a note."""
+RUN_METADATA = re.compile(r"(meta(_rank\d+)?|(tf_)?summary|steps|spec)\.json")
+"""Files a recorded run keeps beside its traces (what was run, how, its step times: the
+recordings' meta.json, meta_rank<N>.json, summary.json, tf_summary.json, steps.json and
+the lab's spec.json): passed over in a folder without a note."""
 
 
-def run_metadata(path: Path) -> bool:
-    """Whether a JSON file that is no trace is a run's own description (`RUN_METADATA`)."""
-    return RUN_METADATA.fullmatch(path.name) is not None
+def run_metadata(item: Sniffed) -> bool:
+    """Whether a JSON file that is no trace is a run's own: its description by name
+    (`RUN_METADATA`), or a document planner wrote (``"schema": "planner.…"``: the plan a
+    run enforced, kept beside its traces). Any other is named in a note."""
+    if RUN_METADATA.fullmatch(item.path.name) is not None:
+        return True
+    schema = item.document.get("schema") if isinstance(item.document, dict) else None
+    return isinstance(schema, str) and schema.startswith("planner.")
 
 
 FORMAT_NAMES = {

@@ -166,13 +166,14 @@ def split_ranks(paths: Sequence[Path]) -> tuple[list[list[Path]] | None, list[st
     notes: list[str] = []
     try:
         for path, explicit in detect.expand(paths):
-            found = detect.sniff(path).format
+            item = detect.sniff(path)
+            found = item.format
             if found == "kineto":
                 kineto.append(path)
             elif found == "execution_trace":
                 traces[(path.parent, path.name)] = path
             elif found == "unknown_json" and not explicit:
-                if not detect.run_metadata(path):
+                if not detect.run_metadata(item):
                     notes.append(f"skipped {path}: not a trace")
             else:
                 return None, []

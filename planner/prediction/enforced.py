@@ -144,13 +144,15 @@ def control_message(
 
 def caution(mode: str | None) -> str | None:
     """What a plan's replayed gain in `mode` does not model, and how far it missed where
-    it was measured, for every output that prints it; None where nothing is known."""
+    it was measured, for every output that prints it, on any job (the figure is cited
+    as the cnn job's, never as the job at hand's); None where nothing is known."""
     if mode not in UNCERTAINTY:
         return None
     return (
         "enforced by arrival, each transfer also waits for the worker's and the PS's "
-        "executors to dispatch its marker and read, which the traced run never shows: on "
-        f"the cnn job the replay missed the enforced step by {UNCERTAINTY[mode]:.1%} "
+        "executors to dispatch its marker and read, which the traced run never shows: "
+        "measured against runs that enforced a plan (the generated TF cnn job: planner docs "
+        f"algorithms), the replay missed the enforced step by {UNCERTAINTY[mode]:.1%} "
         "(median, either way), so a gain smaller than that is not one"
     )
 

@@ -251,7 +251,8 @@ def markdown_summary(document: Mapping[str, Any], thresholds: Thresholds) -> str
     lines = [
         f"### planner metrics: {verdict}",
         "",
-        f"{len(all_cases)} steps checked ({document.get('framework', '?')}), "
+        f"{len(all_cases)} step{'' if len(all_cases) == 1 else 's'} checked "
+        f"({document.get('framework', '?')}), "
         f"{len(failed)} failing.",
         "",
     ]
