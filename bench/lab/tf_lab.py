@@ -165,8 +165,10 @@ def run_tf(ns: str, job: str, spec: dict, args: argparse.Namespace, where: Path,
         reversed_plan = _reversed(where / "plan" / "priorities_tac.json", where / "plan")
         if reversed_plan is not None:
             out = where / "plan" / f"{REVERSED}-window.pb"
+            # the loss and the global step read after every read: backwards, their edges
+            # would close cycles, and are left out (--drop-cyclic)
             tools.planner_cli("export", "--graphdef", str(graph), "--plan", str(reversed_plan),
-                              "-o", str(out), "--enforce", "window")  # fmt: skip
+                              "-o", str(out), "--enforce", "window", "--drop-cyclic")  # fmt: skip
             configs.append({"label": f"{REVERSED}-window", "graph": str(out)})
         record["configs"] = configs
         record["predicted"] = {"configs": predicted, "sweep": {}}
