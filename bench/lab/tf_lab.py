@@ -200,7 +200,10 @@ def run_tf(ns: str, job: str, spec: dict, args: argparse.Namespace, where: Path,
                     "applied_by": {},
                 }
             )
-        record["order_held"] = _orders_held(ns, env, base, configs, where, args, tools)
+        try:
+            record["order_held"] = _orders_held(ns, env, base, configs, where, args, tools)
+        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:  # keep the figures
+            record["notes"].append(f"order check failed: {str(exc)[-300:]}")
     finally:
         for proc in procs:
             proc.kill()
@@ -243,6 +246,7 @@ def _orders_held(ns, env, base, configs, where: Path, args, tools) -> dict:  # n
         if plan not in (*PLANS, REVERSED):
             continue
         folder = where / "order" / label
+        folder.mkdir(parents=True, exist_ok=True)
         client(
             ns, env,
             base | {"mode": "trace", "graphs": {label: config["graph"]},
