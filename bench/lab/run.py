@@ -515,6 +515,16 @@ def table(rate: str, check: dict | None, record: dict, threshold: float) -> str:
             )
         )
     lines.append(line)
+    held = record.get("order_held") or {}
+    if held:
+        lines.append(
+            "\nOrder held (`planner verify` of a few traced steps of each enforced "
+            "configuration, both workers): "
+            + "; ".join(
+                f"{label} {h['in_order']}/{h['steps']}" if "steps" in h else f"{label} n/a"
+                for label, h in held.items()
+            )
+        )
     return "\n".join(lines) + "\n"
 
 

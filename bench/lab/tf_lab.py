@@ -33,7 +33,8 @@ FETCHES = ["Momentum/update", "truediv:0", "global_step/Read/ReadVariableOp:0"]
 ADDRESSES = {"ps": ["127.0.0.2"], "worker": ["127.0.0.3", "127.0.0.4"]}
 SOURCES = [a for job in ("ps", "worker") for a in ADDRESSES[job]]
 PLANS = ("tic", "tac")
-MODES = ("arrival", "sender")
+MODES = ("arrival", "sender", "window")
+REVERSED = "tac-reversed"  # TAC's order backwards, enforced by window: does the order matter?
 
 
 def cluster(ns: str, env: dict, where: Path, port: int = 40000) -> tuple[str, list]:
@@ -120,9 +121,13 @@ def run_tf(ns: str, job: str, spec: dict, args: argparse.Namespace, where: Path,
             report = tools.planner_cli(
                 "analyze", str(trace_dir), "-o", str(where / "plan"), "--force", "-j", "1"
             )
-            sender = tools.planner_cli("simulate", str(trace_dir), "--enforce", "sender", "-j", "1")
+            gains = {"arrival": _gains(report.get("simulation", {}))}
+            for mode in MODES[1:]:
+                replayed = tools.planner_cli(
+                    "simulate", str(trace_dir), "--enforce", mode, "-j", "1"
+                )
+                gains[mode] = _gains(replayed)
         phases["analyze"] = load.total()
-        gains = {"arrival": _gains(report.get("simulation", {})), "sender": _gains(sender)}
         configs = [{"label": "plain", "graph": str(graph)}]
         if not args.no_aa:
             configs.append({"label": "plain-aa", "graph": str(graph)})
@@ -157,6 +162,14 @@ def run_tf(ns: str, job: str, spec: dict, args: argparse.Namespace, where: Path,
                         "predicted_s": untraced * (1 - gain),
                         "predicted_gain": gain,
                     }
+        reversed_plan = _reversed(where / "plan" / "priorities_tac.json", where / "plan")
+        if reversed_plan is not None:
+            out = where / "plan" / f"{REVERSED}-window.pb"
+            # the loss and the global step read after every read: backwards, their edges
+            # would close cycles, and are left out (--drop-cyclic)
+            tools.planner_cli("export", "--graphdef", str(graph), "--plan", str(reversed_plan),
+                              "-o", str(out), "--enforce", "window", "--drop-cyclic")  # fmt: skip
+            configs.append({"label": f"{REVERSED}-window", "graph": str(out)})
         record["configs"] = configs
         record["predicted"] = {"configs": predicted, "sweep": {}}
         record["repeats"] = []
@@ -187,6 +200,10 @@ def run_tf(ns: str, job: str, spec: dict, args: argparse.Namespace, where: Path,
                     "applied_by": {},
                 }
             )
+        try:
+            record["order_held"] = _orders_held(ns, env, base, configs, where, args, tools)
+        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:  # keep the figures
+            record["notes"].append(f"order check failed: {str(exc)[-300:]}")
     finally:
         for proc in procs:
             proc.kill()
@@ -194,3 +211,58 @@ def run_tf(ns: str, job: str, spec: dict, args: argparse.Namespace, where: Path,
             proc.wait(timeout=30)
         time.sleep(0.1)
     return record
+
+
+def _reversed(priorities: Path, where: Path) -> Path | None:
+    """TAC's plan with each rank's order reversed (its messages still before their data),
+    written beside it; None without a TAC plan."""
+    if not priorities.exists():
+        return None
+    document = json.loads(priorities.read_text())
+    for rank in document["ranks"]:
+        transfers = sorted(rank["transfers"], key=lambda t: t["order_index"])
+        units: list[list[dict]] = []  # a read's control message stays with its data
+        for t in transfers:
+            if units and units[-1][-1]["name"] == t["name"].replace("recv:", "recv:^", 1):
+                units[-1].append(t)
+            else:
+                units.append([t])
+        flat = [t for unit in reversed(units) for t in unit]
+        for i, t in enumerate(flat):
+            t["order_index"] = t["priority"] = i
+        rank["transfers"] = flat
+    out = where / f"priorities_{REVERSED}.json"
+    out.write_text(json.dumps(document, indent=1) + "\n")
+    return out
+
+
+def _orders_held(ns, env, base, configs, where: Path, args, tools) -> dict:  # noqa: ANN001
+    """Per enforced configuration, a few traced steps and `planner verify` of its plan
+    on them: the steps (over both workers) whose reads arrived in the plan's order."""
+    held = {}
+    for config in configs:
+        label = config["label"]
+        plan = label.rsplit("-", 1)[0]
+        if plan not in (*PLANS, REVERSED):
+            continue
+        folder = where / "order" / label
+        folder.mkdir(parents=True, exist_ok=True)
+        client(
+            ns, env,
+            base | {"mode": "trace", "graphs": {label: config["graph"]},
+                    "trace_dir": str(folder / "run"), "untraced": 0, "traced": args.traced_steps},
+            folder, args.job_timeout,
+        )  # fmt: skip
+        priorities = where / "plan" / f"priorities_{plan}.json"
+        try:
+            document = tools.planner_cli("verify", str(priorities), str(folder / "run"))
+        except RuntimeError as exc:  # verify exits 1 on an unmatched transfer: say so
+            held[label] = {"error": str(exc)[-300:]}
+            continue
+        steps = document["steps"]
+        held[label] = {
+            "in_order": sum(s["in_plan_order"] for s in steps),
+            "steps": len(steps),
+            "compliance": document["compliance"],
+        }
+    return held
