@@ -53,9 +53,14 @@ def test_import_planner_is_cheap() -> None:
         ),
         (["schedule", str(DEMO), "--json"], {"numba", "matplotlib"}),
         (["simulate", str(DEMO), "--samples", "20", "--json"], {"numba", "matplotlib"}),
+        # the quick start and a 2-rank DDP job: the replay's Python loop, the graph's own
+        # views (no networkx), no figures without -o
+        (["analyze", "--json"], {"numba", "networkx", "matplotlib"}),
+        (["analyze", str(RESNET_IN_REPO), "-j", "1"], {"numba", "networkx", "matplotlib"}),
     ],
-    ids=["metrics-tf", "inspect-torch", "schedule-tf", "simulate-small"],
-)
+    ids=["metrics-tf", "inspect-torch", "schedule-tf", "simulate-small", "analyze-demo",
+         "analyze-ddp"],
+)  # fmt: skip
 def test_commands_load_only_what_they_need(argv: list[str], absent: set[str]) -> None:
     loaded = _loaded(argv)
     assert "numpy" in loaded  # the command did read its input
