@@ -179,7 +179,7 @@ def report_ranks(
         waits = pipeline.job_waits(ranks)
         opened: dict[str, dict[str, float]] = {}
         planned, inputs = pipeline.caramel_inputs(ranks, folded.times, waits, opened)
-        task = partial(pipeline.reference_plan, **inputs, benchmark=network)
+        task = partial(pipeline.reference_plan, **inputs, benchmark=network, store=store)
         referenced = mapper(task, [source_of[planned[0]["rank"]]], None, lazy=True)
         warming = _warming(mapper, ranks, samples, workers, dask_address is not None)
         metrics = pipeline.job_metrics(ranks, waits)
