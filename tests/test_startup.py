@@ -67,3 +67,12 @@ def test_commands_load_only_what_they_need(argv: list[str], absent: set[str]) ->
     if argv[0] != "inspect":  # inspect reads the numpy columns alone (Trace.table)
         assert "pandas" in loaded
     assert not loaded & absent, sorted(loaded & absent)
+
+
+def test_analyze_draws_the_report_figures_in_a_process_of_their_own(tmp_path) -> None:  # noqa: ANN001
+    """`analyze -o`: matplotlib loads in the drawer process while the report is computed
+    (`planner.reporting.html.drawing`), never in the command's own process."""
+    out = tmp_path / "out"
+    loaded = _loaded(["analyze", "-o", str(out)])
+    assert "pandas" in loaded and not loaded & {"matplotlib", "numba", "networkx"}
+    assert "<svg" in (out / "report.html").read_text()
