@@ -83,7 +83,5 @@ def analysis_files(
         meta = {"planner": "analyze", "best_plan": best}
         files[output / "timeline.json"] = dumps(chrome_trace(chosen, meta))
     names = sorted({path.name for path in files} | {"report.html"})
-    files[output / "report.html"] = render_html(
-        report, files=names, workers=workers, drawer=drawer
-    )
+    files[output / "report.html"] = render_html(report, files=names, workers=workers, drawer=drawer)
     return files
