@@ -326,8 +326,8 @@ ACCELERATED = not os.environ.get("PLANNER_NO_NUMBA") and find_spec("numba") is n
 imported only when the loop is first compiled."""
 
 SMALL_WORK = 400_000
-"""Op dispatches (ops x samples, summed over the calls of a process) run by the Python loop
-before numba is loaded. Importing numba and loading its cached machine code costs about
+"""Op dispatches (ops x samples run, summed over the calls of a process) run by the Python
+loop before numba is loaded. Importing numba and loading its cached machine code costs about
 0.6 s of CPU and 110 MiB per process, the time of about 450,000 dispatches of the Python
 loop (`_pyloop`, 1.4 µs each), so that the demo and small jobs (a 2-rank DDP job of 600
 ops a rank: 200,000 a rank) never load numba, and larger work pays at most twice the
@@ -354,7 +354,8 @@ def compiled() -> Callable[..., None]:
 
 def loads_compiled(ops: int, samples: int) -> bool:
     """Whether replaying and comparing one rank of `ops` ops at `samples` samples is
-    expected to pass SMALL_WORK in a process, and so to load numba (where installed)."""
+    expected to pass SMALL_WORK in a process, and so to load numba (where installed), if
+    its samples draw (a rank whose first samples never do runs one sample a call)."""
     return ACCELERATED and REPLAYS_PER_SAMPLE * ops * samples > SMALL_WORK
 
 
