@@ -15,6 +15,19 @@ Peak memory is each child's own peak RSS (``wait4``), not this process's.
    <= 1/3 of HTA's peak RSS). Beside them, the in-process time of each (imports done), the
    same work without the interpreter start and the imports.
 
+3. The answer (issue 46, point 8): `planner analyze` of the demo and of the 2-rank DDP job
+   `traces/torch/resnet_ddp`, as `--json` and as `-o DIR` (the HTML report too): wall
+   time, CPU time (user + sys of the process and every process it waited for) and peak
+   RSS (its largest process); target: the whole process under 1.0 s. With
+   `--baseline PYTHONPATH`, the same commands of another checkout (its `planner` and
+   `planner_cli` on that path) run interleaved with them, for a before/after table.
+4. Against HTA on every single-rank trace of ../shared/traces/public/external (a folder
+   holding one Kineto trace; the others are listed with why not): `planner analyze
+   FOLDER --json` vs a process that runs HTA's `TraceAnalysis(trace_dir=...)` and
+   `get_temporal_breakdown()`; targets: planner faster, at no more peak RSS.
+
+    nice python bench/bench_startup.py --only analyze external [--baseline DIR/.pp:DIR]
+
 HTA is `pip install holistictraceanalysis`; without it, or without ../shared, those rows
 are skipped with the reason. The children run without PYTHONDONTWRITEBYTECODE, so that the
 warm-up leaves the planner's compiled modules (.pyc) as any install has them (pip compiles
@@ -39,8 +52,28 @@ DLRM = SHARED / "public/param/et_replay/tests/inputs/dlrm_kineto.tar.gz.extracte
 DDP = ROOT / "traces" / "torch" / "resnet_ddp"
 TINY = ROOT / "traces" / "torch" / "hta_trace_compare_base.json.gz"
 DEMO = ROOT / "traces" / "demo"
+EXTERNAL = SHARED / "public" / "external"
 PLANNER = [str(Path(sys.executable).parent / "planner")]  # the console script users run
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+BASELINE = "baseline: "
+"""A case whose name starts so runs with `--baseline`'s PYTHONPATH (`run`)."""
+
+HTA_BREAKDOWN = """
+import contextlib, io, logging, sys, warnings
+logging.disable(logging.CRITICAL)
+warnings.filterwarnings("ignore")
+from hta.common import trace as hta_trace
+from hta.trace_analysis import TraceAnalysis
+original = hta_trace.transform_correlation_to_index
+def widened(df, symbol_table):  # bench_vs_hta.widen_hta_correlation: HTA 0.5 under pandas 3
+    if "correlation" in df.columns:
+        df["correlation"] = df["correlation"].astype("int64")
+    return original(df, symbol_table)
+hta_trace.transform_correlation_to_index = widened
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    breakdown = TraceAnalysis(trace_dir=sys.argv[1]).get_temporal_breakdown(visualize=False)
+print(len(breakdown))
+"""
 
 HTA_PROCESS = """
 import resource, sys, time
@@ -65,38 +98,48 @@ print(f"INPROC {done - imported:.6f} IMPORTS {imported - start:.6f}")
 """
 
 
-def run(argv: list[str]) -> tuple[float, float, str]:
-    """(wall seconds, peak RSS MiB, stdout) of one child process."""
+def run(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, float, str, float]:
+    """(wall seconds, peak RSS MiB, stdout, CPU seconds) of one child process: its RSS is
+    that of its largest process, its CPU time that of it and every process it waited for."""
     start = time.perf_counter()
     child = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT, text=True, env=ENV
-    )
+        argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT, text=True,
+        env=env or ENV,
+    )  # fmt: skip
     out = child.stdout.read() if child.stdout else ""
     _, status, usage = os.wait4(child.pid, 0)
     wall = time.perf_counter() - start
     child.returncode = os.waitstatus_to_exitcode(status)
     if child.returncode not in (0, 1):
         raise SystemExit(f"{' '.join(argv)} exited {child.returncode}")
-    return wall, usage.ru_maxrss / 1024, out
+    return wall, usage.ru_maxrss / 1024, out, usage.ru_utime + usage.ru_stime
 
 
-def interleaved(cases: dict[str, list[str]], repeats: int) -> dict[str, dict[str, float]]:
-    """Median wall time, RSS and in-process time of each case, runs interleaved."""
-    samples: dict[str, list[tuple[float, float, str]]] = {name: [] for name in cases}
-    for argv in cases.values():  # one warm-up each: page cache, .pyc, numba cache
-        run(argv)
+def interleaved(
+    cases: dict[str, list[str]], repeats: int, baseline: str | None = None
+) -> dict[str, dict[str, float]]:
+    """Median wall time, RSS, CPU and in-process time of each case, runs interleaved; a
+    case named ``BASELINE ...`` runs with PYTHONPATH `baseline`."""
+    samples: dict[str, list[tuple[float, float, str, float]]] = {name: [] for name in cases}
+    envs = {
+        name: {**ENV, "PYTHONPATH": baseline} if baseline and name.startswith(BASELINE) else ENV
+        for name in cases
+    }
+    for name, argv in cases.items():  # one warm-up each: page cache, .pyc, numba cache
+        run(argv, envs[name])
     for _ in range(repeats):
         for name, argv in cases.items():
-            samples[name].append(run(argv))
+            samples[name].append(run(argv, envs[name]))
     result = {}
     for name, runs in samples.items():
-        inproc = [float(o.split()[1]) for _, _, o in runs if o.startswith("INPROC")]
-        imports = [float(o.split()[3]) for _, _, o in runs if o.startswith("INPROC")]
-        workers = [float(o.split()[5]) for _, _, o in runs if o.startswith("INPROC") and
+        inproc = [float(o.split()[1]) for _, _, o, _ in runs if o.startswith("INPROC")]
+        imports = [float(o.split()[3]) for _, _, o, _ in runs if o.startswith("INPROC")]
+        workers = [float(o.split()[5]) for _, _, o, _ in runs if o.startswith("INPROC") and
                    len(o.split()) > 5]  # fmt: skip
         result[name] = {
-            "wall": statistics.median(w for w, _, _ in runs),
-            "rss": statistics.median(r for _, r, _ in runs),
+            "wall": statistics.median(w for w, _, _, _ in runs),
+            "rss": statistics.median(r for _, r, _, _ in runs),
+            "cpu": statistics.median(c for _, _, _, c in runs),
             "inproc": statistics.median(inproc) if inproc else float("nan"),
             "imports": statistics.median(imports) if imports else float("nan"),
             "workers": statistics.median(workers) if workers else 0.0,
@@ -185,15 +228,113 @@ def against_hta(repeats: int) -> None:
         )
 
 
+def figures(f: dict[str, float]) -> str:
+    return f"{f['wall']:6.3f} s wall {f['cpu']:6.3f} s CPU {f['rss']:6.1f} MiB"
+
+
+def the_answer(repeats: int, baseline: str | None) -> None:
+    """`planner analyze` of the demo and of a 2-rank DDP job, --json and -o DIR."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cases = {}
+        for job, paths in (("demo", []), ("resnet_ddp", [str(DDP)])):
+            outputs = (("--json", ["--json"]), ("-o DIR", ["-o", f"{tmp}/{job}", "--force"]))
+            for mode, extra in outputs:
+                argv = [*PLANNER, "analyze", *paths, *extra]
+                cases[f"{job} {mode}"] = argv
+                if baseline:
+                    cases[f"{BASELINE}{job} {mode}"] = argv
+        result = interleaved(cases, repeats, baseline)
+    print(f"planner analyze, median of {repeats} fresh processes (interleaved), whole process:")
+    for name, f in result.items():
+        if name.startswith(BASELINE):
+            continue
+        line = f"  {name:<18} {figures(f)}  target < 1.0 s: {verdict(f['wall'] < 1.0)}"
+        before = result.get(BASELINE + name)
+        if before:
+            line += f"\n  {'  before':<18} {figures(before)}"
+        print(line)
+
+
+def single_rank_traces() -> tuple[dict[str, Path], list[str]]:
+    """(name -> the one Kineto trace of each folder of ../shared/traces/public/external
+    that holds one, the other folders with why not)."""
+    from planner.ingest.files import read_head
+    from planner.ingest.sniffers import is_kineto
+
+    found, others = {}, []
+    for folder in sorted(p for p in EXTERNAL.iterdir() if p.is_dir()):
+        traces = [p for p in sorted(folder.rglob("*")) if p.name.endswith((".json", ".json.gz"))]
+        kineto = [p for p in traces if is_kineto(read_head(p))]
+        if len(kineto) == 1 and len(traces) == 1:
+            found[folder.name] = kineto[0]
+        else:
+            why = "no Kineto trace" if not kineto else f"{len(traces)} trace files"
+            others.append(f"{folder.name} ({why})")
+    return found, others
+
+
+def external(repeats: int, baseline: str | None) -> None:
+    """planner analyze vs HTA's load + temporal breakdown on each single-rank trace."""
+    if not EXTERNAL.is_dir():
+        print(f"external traces: skipped, {EXTERNAL} is not present")
+        return
+    why = hta_available()
+    if why:
+        print(f"external traces vs HTA: skipped, {why}")
+        return
+    found, others = single_rank_traces()
+    print(
+        f"single-rank traces of {EXTERNAL.relative_to(SHARED.parent)}: `planner analyze DIR "
+        f"--json` vs HTA TraceAnalysis(trace_dir=DIR) + get_temporal_breakdown(), median of "
+        f"{repeats}, interleaved (not single-rank: {', '.join(others)}):"
+    )
+    for name, trace in found.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / trace.name).symlink_to(trace)
+            cases = {
+                "planner": [*PLANNER, "analyze", tmp, "--json"],
+                "HTA": [sys.executable, "-c", HTA_BREAKDOWN, tmp],
+            }
+            if baseline:
+                cases[BASELINE + "planner"] = cases["planner"]
+            result = interleaved(cases, repeats, baseline)
+        ours, hta = result["planner"], result["HTA"]
+        faster, leaner = ours["wall"] < hta["wall"], ours["rss"] <= hta["rss"]
+        print(f"  {name}")
+        print(f"    planner analyze  {figures(ours)}")
+        if baseline:
+            print(f"      before         {figures(result[BASELINE + 'planner'])}")
+        print(f"    HTA              {figures(hta)}")
+        print(
+            f"    planner {hta['wall'] / ours['wall']:.2f}x faster (target > 1: "
+            f"{verdict(faster)}), at {ours['rss'] / hta['rss']:.2f} of HTA's peak RSS "
+            f"(target <= 1: {verdict(leaner)})"
+        )
+
+
+SECTIONS = ("startup", "ingest", "analyze", "external")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--skip-hta", action="store_true")
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    parser.add_argument(
+        "--baseline",
+        metavar="PYTHONPATH",
+        help="Also run the analyze rows with this PYTHONPATH (another checkout), interleaved.",
+    )
     args = parser.parse_args()
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
-    startup(args.repeats)
-    if not args.skip_hta:
+    if "startup" in args.only:
+        startup(args.repeats)
+    if "ingest" in args.only and not args.skip_hta:
         against_hta(args.repeats)
+    if "analyze" in args.only:
+        the_answer(args.repeats, args.baseline)
+    if "external" in args.only and not args.skip_hta:
+        external(args.repeats, args.baseline)
 
 
 if __name__ == "__main__":

@@ -537,33 +537,35 @@ def test_a_damaged_kept_rank_reads_as_none(tmp_path: Path) -> None:
     assert back is not None and back.trace.rows == job.trace.rows
 
 
-def _count_reads(monkeypatch: pytest.MonkeyPatch, module: Any) -> dict[str, int]:
-    """Counts the calls of `module.load_one_rank` (each one reads a rank's trace)."""
+def _count_reads(monkeypatch: pytest.MonkeyPatch, *modules: Any) -> dict[str, int]:
+    """Counts the calls of each module's `load_one_rank` (each one reads a rank's trace)."""
     reads = {"n": 0}
-    real = module.load_one_rank
+    for module in modules:
+        real = module.load_one_rank
 
-    def counted(paths):  # type: ignore[no-untyped-def]
-        reads["n"] += 1
-        return real(paths)
+        def counted(paths, real=real):  # type: ignore[no-untyped-def]
+            reads["n"] += 1
+            return real(paths)
 
-    monkeypatch.setattr(module, "load_one_rank", counted)
+        monkeypatch.setattr(module, "load_one_rank", counted)
     return reads
 
 
 def test_analyze_reads_each_rank_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The first pass keeps each rank (`rank_store`) and the second reads it from there,
-    not from its trace; without the store (a worker elsewhere) the report is the same."""
+    """The first pass keeps each rank (`rank_store`) and the reference rank's plan and the
+    second pass read it from there, not from its trace; without the store (a worker
+    elsewhere) the report is the same."""
     from planner.export.files import dumps
-    from planner.job import rank_analysis, rank_store
+    from planner.job import pipeline, rank_analysis, rank_store
 
     folder = need(ANALYZE_JOBS["dlrm_8_ranks"])
     ranks, notes = parallel.split_ranks([folder])
-    reads = _count_reads(monkeypatch, rank_analysis)
+    reads = _count_reads(monkeypatch, rank_analysis, pipeline)
     kept, _, _ = rank_analysis.report_ranks(ranks, workers=1, samples=4, notes=notes)
     assert reads["n"] == len(ranks) == 8
     monkeypatch.setattr(rank_store, "save", lambda *args: False)
     again, _, _ = rank_analysis.report_ranks(ranks, workers=1, samples=4, notes=notes)
-    assert reads["n"] == 8 + 16
+    assert reads["n"] == 8 + 8 + 8 + 1  # both passes and the reference plan
     assert dumps(kept) == dumps(again)
 
 

@@ -17,6 +17,7 @@ from planner.job.verdict import with_verdict
 from planner.prediction import simulate as sim
 from planner.reporting import Thresholds, failures, junit_xml, markdown_summary, render_html
 from planner.reporting.ci import unchecked
+from planner.reporting.html import drawing
 from planner.reporting.markup import MAX_ROWS, NOT_AVAILABLE, seconds
 from planner.reporting.measured_sections import summary_section
 from tests.conftest import DEMO, REPO, SHARED, need, run_cli
@@ -96,6 +97,10 @@ def test_sections_drawn_by_forked_processes_make_the_same_page(
     assert "could not be drawn" in _sections(one)["steps"]
     assert "left-out" in _sections(one) and _sections(one)["timeline"].count("<svg") == 2
     assert render_html(report, files=["report.json"], workers=2) == one
+    # drawn by a process forked ahead that loaded matplotlib meanwhile (`analyze -o`)
+    with drawing(2) as drawer:
+        assert drawer is not None
+        assert render_html(report, files=["report.json"], drawer=drawer) == one
 
 
 def test_report_degrades_without_metrics() -> None:

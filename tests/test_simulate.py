@@ -17,7 +17,7 @@ from planner.job import analysis
 from planner.model.arrays import lanes
 from planner.model.graph import Op, build_graph
 from planner.model.plan import Plan
-from planner.prediction import _simkernel
+from planner.prediction import _pyloop, _simkernel
 from planner.prediction import event_loop as sim
 
 sys.path.insert(0, str(REPO))  # bench.synthetic
@@ -131,6 +131,7 @@ def test_determinism_for_a_seed():
 
 @pytest.mark.skipif(not _simkernel.ACCELERATED, reason="numba not installed")
 def test_compiled_and_python_loops_agree():
+    """numba's loop, its interpreted form and the Python-list loop (`_pyloop`)."""
     from bench.synthetic import layered_dag
 
     graph, oracle = layered_dag(6, 9, recvs_per_layer=3, seed=2)
@@ -141,13 +142,14 @@ def test_compiled_and_python_loops_agree():
     ticks = sim.to_ticks(sim.op_seconds(compiled, oracle))
     rand = sim._draws(1, range(8), len(graph))
     outs = []
-    for loop in (_simkernel.compiled(), _simkernel.python_list_schedule):
+    for loop in (_simkernel.compiled(), _simkernel.python_list_schedule, _pyloop.list_schedule):
         start, lane = np.zeros((8, len(graph)), np.int64), np.zeros((8, len(graph)), np.int64)
         makespan, done = np.zeros(8, np.int64), np.zeros(8, np.int64)
         loop(ticks, *arrays, rand, True, start, lane, makespan, done)
         outs.append((start, lane, makespan, done))
-    for x, y in zip(*outs, strict=True):
-        assert np.array_equal(x, y)
+    for other in outs[1:]:
+        for x, y in zip(outs[0], other, strict=True):
+            assert np.array_equal(x, y)
     assert len(set(outs[0][2].tolist())) > 1  # the samples differ
 
 

@@ -53,12 +53,26 @@ def test_import_planner_is_cheap() -> None:
         ),
         (["schedule", str(DEMO), "--json"], {"numba", "matplotlib"}),
         (["simulate", str(DEMO), "--samples", "20", "--json"], {"numba", "matplotlib"}),
+        # the quick start and a 2-rank DDP job: the replay's Python loop, the graph's own
+        # views (no networkx), no figures without -o
+        (["analyze", "--json"], {"numba", "networkx", "matplotlib"}),
+        (["analyze", str(RESNET_IN_REPO), "-j", "1"], {"numba", "networkx", "matplotlib"}),
     ],
-    ids=["metrics-tf", "inspect-torch", "schedule-tf", "simulate-small"],
-)
+    ids=["metrics-tf", "inspect-torch", "schedule-tf", "simulate-small", "analyze-demo",
+         "analyze-ddp"],
+)  # fmt: skip
 def test_commands_load_only_what_they_need(argv: list[str], absent: set[str]) -> None:
     loaded = _loaded(argv)
     assert "numpy" in loaded  # the command did read its input
     if argv[0] != "inspect":  # inspect reads the numpy columns alone (Trace.table)
         assert "pandas" in loaded
     assert not loaded & absent, sorted(loaded & absent)
+
+
+def test_analyze_draws_the_report_figures_in_a_process_of_their_own(tmp_path) -> None:  # noqa: ANN001
+    """`analyze -o`: matplotlib loads in the drawer process while the report is computed
+    (`planner.reporting.html.drawing`), never in the command's own process."""
+    out = tmp_path / "out"
+    loaded = _loaded(["analyze", "-o", str(out)])
+    assert "pandas" in loaded and not loaded & {"matplotlib", "numba", "networkx"}
+    assert "<svg" in (out / "report.html").read_text()

@@ -403,7 +403,7 @@ WARM = (
     "planner.job.rank_replay",
     "planner.job.rank_store",
 )
-"""Modules every rank task imports (pandas, networkx, the readers and the analysis: ~0.55 s
+"""Modules every rank task imports (pandas, the readers and the analysis: ~0.4 s
 of CPU per process), loaded before a local pool starts: its workers are forked (Linux) with them
 loaded, instead of each importing them again, and the parent needs them for the join."""
 

@@ -364,16 +364,21 @@ def reference_plan(
     rows: Mapping[str, list[Any]],
     channels: int = 1,
     benchmark: Any = None,
+    store: str | None = None,
 ) -> dict[str, Any]:
     """One task: the job's Caramel plan on the DAG of the reference rank at `source` (its
     paths, or the rank loaded in this process), from the job-level inputs of
     `caramel_inputs` (`plan_on`); ``{"plan": Plan, "network": the fit of the transfers'
-    rows}`` or an error record."""
+    rows}`` or an error record. A rank given by its paths comes from `store` where the
+    first pass kept it there (`rank_store`: 2 ms, where its trace takes 0.1 s and more)."""
+    from planner.job import rank_store
+
     if not isinstance(source, Sequence):
         job = source
     else:
+        job = rank_store.load(store, source, keep=True) if store is not None else None
         try:
-            job = load_one_rank(source)
+            job = job or load_one_rank(source)
         except InputError as exc:
             return {"error": [exc.path, exc.problem]}
     (rank,) = job.ranks

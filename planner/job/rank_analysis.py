@@ -169,8 +169,8 @@ def report_ranks(
         tempfile.TemporaryDirectory(prefix="planner-ranks-") as store,
         ExitStack() as stack,
     ):
-        forked, mapper, results = _first_pass(stack, rank_inputs, workers, dask_address,
-                                              store, folded, samples)  # fmt: skip
+        _, mapper, results = _first_pass(stack, rank_inputs, workers, dask_address,
+                                         store, folded, samples)  # fmt: skip
         ranks = pipeline.checked(results)
         if not ranks or any(r["recvs"] or r["caramel"] is None for r in ranks):
             return None
@@ -179,9 +179,9 @@ def report_ranks(
         waits = pipeline.job_waits(ranks)
         opened: dict[str, dict[str, float]] = {}
         planned, inputs = pipeline.caramel_inputs(ranks, folded.times, waits, opened)
-        task = partial(pipeline.reference_plan, **inputs, benchmark=network)
+        task = partial(pipeline.reference_plan, **inputs, benchmark=network, store=store)
         referenced = mapper(task, [source_of[planned[0]["rank"]]], None, lazy=True)
-        warming = _warming(mapper, ranks, samples, workers, forked)
+        warming = _warming(mapper, ranks, samples, workers, dask_address is not None)
         metrics = pipeline.job_metrics(ranks, waits)
         (planned_reference,) = referenced
         if "error" in planned_reference:
@@ -235,18 +235,19 @@ def _first_pass(
 
 def _warming(
     mapper: Any, ranks: Sequence[Mapping[str, Any]], samples: int, workers: int | None,
-    forked: bool,
+    on_dask: bool,
 ) -> Iterable[dict[str, Any]]:  # fmt: skip
-    """On Dask (or in this one process) the other workers would wait for the plan: they
-    load the replay's compiled loop meanwhile, ahead of the second pass's tasks, where
-    one rank's replay is more than the Python loop's share (the records are taken at the
-    end: dropping a lazy map cancels what has not started); a local pool's second pass
-    has it from this process already."""
+    """On Dask the other workers would wait for the plan: they load the replay's compiled
+    loop meanwhile, ahead of the second pass's tasks, where one rank's replay is expected
+    to pass the Python loop's share (the records are taken at the end: dropping a lazy
+    map cancels what has not started). A local pool's second pass has it from this
+    process already where it needs it (`_first_pass_loading`); in this one process the
+    map would run only after the replays, for nothing."""
     from planner.job.parallel import pool_size
     from planner.prediction import _simkernel
 
-    most = samples * max(r["inspect"]["ops"] for r in ranks)
-    if forked or most <= _simkernel.SMALL_WORK:
+    ops = max(r["inspect"]["ops"] for r in ranks)
+    if not on_dask or not _simkernel.loads_compiled(ops, samples):
         return ()
     return mapper(warm_task, [[]] * pool_size(workers, len(ranks)), None, lazy=True)
 
@@ -373,8 +374,8 @@ def _first_pass_loading(records: Iterable[dict[str, Any]], samples: int) -> list
     results = []
     for record in records:
         results.append(record)
-        if loading is None and samples * record.get("inspect", {}).get("ops", 0) > (
-            _simkernel.SMALL_WORK
+        if loading is None and _simkernel.loads_compiled(
+            record.get("inspect", {}).get("ops", 0), samples
         ):
             loading = threading.Thread(target=load, name="planner-warm", daemon=True)
             loading.start()

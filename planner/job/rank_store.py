@@ -66,9 +66,10 @@ def save(folder: str, paths: Sequence[str], job: Job) -> bool:
     return True
 
 
-def load(folder: str, paths: Sequence[str]) -> Job | None:
-    """The Job `save` kept for `paths` under `folder`, the file removed (each is read
-    once); None when there is none to read."""
+def load(folder: str, paths: Sequence[str], keep: bool = False) -> Job | None:
+    """The Job `save` kept for `paths` under `folder`, the file removed (the second pass
+    reads each once) unless `keep` (the reference rank's plan reads it before); None
+    when there is none to read."""
     target = path_of(folder, paths)
     try:
         with open(target, "rb") as stored:
@@ -76,7 +77,8 @@ def load(folder: str, paths: Sequence[str]) -> Job | None:
         job = _job(arrays)
     except (OSError, ValueError, KeyError, TypeError, IndexError):  # not one `save` wrote
         return None
-    target.unlink(missing_ok=True)
+    if not keep:
+        target.unlink(missing_ok=True)
     from planner.job.summaries import plain_text
 
     return plain_text(job)

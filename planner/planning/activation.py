@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.model.graph import OpGraph
+from planner.model.graph import OpGraph, topological_sort
 from planner.model.oracle import TimeOracle
 from planner.planning.ticks import TICKS_PER_SECOND, set_bit_pairs, to_ticks
 
@@ -93,9 +93,7 @@ class _Stage1:
 
 
 def _stage1(graph: OpGraph, ticks_of: Mapping[str, float], params: Sequence[str]) -> _Stage1:
-    import networkx as nx  # here: a rank's tasks that plan nothing need not load it
-
-    names = list(nx.topological_sort(graph.dag))
+    names = topological_sort(graph)
     index = {n: i for i, n in enumerate(names)}
     n_ops, n_param = len(names), len(params)
     ticks = _compute_ticks(graph, names, ticks_of)
@@ -156,7 +154,7 @@ def _params_below(
     graph: OpGraph, names: list[str], index: Mapping[str, int], param_of: np.ndarray
 ) -> list[int]:
     """Which parameters each op lies strictly above (Python-int bitsets), bottom up."""
-    succ = graph.dag.succ
+    succ = graph.succ
     below: list[int] = [0] * len(names)
     for i in range(len(names) - 1, -1, -1):
         b = 0
@@ -221,7 +219,7 @@ def _boundaries(
     ticks_in_order = ticks[[index[n] for n in full]]
     prefix = np.concatenate([[0], np.cumsum(ticks_in_order)])
     last = np.full(len(names), -1, dtype=np.int64)  # last position among strict ancestors
-    pred = graph.dag.pred
+    pred = graph.pred
     for i, n in enumerate(names):
         m = -1
         for u in pred[n]:

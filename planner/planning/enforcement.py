@@ -49,7 +49,7 @@ def enforcement_edges(graph: OpGraph, activation: Activation) -> Enforcement:
         for n in activation.needed[p]:
             step[n] = i
         step[p] = i
-    pred, succ = graph.dag.pred, graph.dag.succ
+    pred, succ = graph.pred, graph.succ
     added: dict[str, list[str]] = {}
 
     def reach(source: str, low: int, high: int) -> set[str]:
@@ -111,4 +111,4 @@ def activation_positions(graph: OpGraph, order: Sequence[str]) -> dict[str, int]
     """When each op becomes ready in the sequential run `order`: the position of its
     last predecessor (-1 for a root). The property Stage 2 guarantees is checked on this."""
     pos = {n: k for k, n in enumerate(order)}
-    return {n: max((pos[u] for u in graph.dag.pred[n]), default=-1) for n in graph.ops}
+    return {n: max((pos[u] for u in graph.pred[n]), default=-1) for n in graph.ops}

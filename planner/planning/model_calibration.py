@@ -84,7 +84,7 @@ def _param_layer(graph: OpGraph, param: str, depth: int = 3) -> str | None:
     for _ in range(depth):
         nxt = []
         for name in frontier:
-            for succ in graph.dag.successors(name):
+            for succ in graph.succ[name]:
                 kind = _layer_kind(graph.ops[succ].type)
                 if kind is not None:
                     return kind

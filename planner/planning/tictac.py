@@ -31,10 +31,11 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from heapq import heapify, heappop, heappush
 
 import numpy as np
 
-from planner.model.graph import OpGraph
+from planner.model.graph import OpGraph, topological_sort
 from planner.model.oracle import TimeOracle
 from planner.model.plan import Plan, dense_priorities
 from planner.planning.ticks import TICKS_PER_SECOND, set_bit_pairs, to_ticks
@@ -68,12 +69,11 @@ def communication_dependencies(graph: OpGraph) -> dict[str, frozenset[str]]:
 
     A recv's dep holds itself (and, should a recv not be a root, the recvs above it).
     """
-    import networkx as nx  # here: a rank's tasks that plan nothing need not load it
-
     dep: dict[str, frozenset[str]] = {}
-    for name in nx.topological_sort(graph.dag):
+    pred = graph.pred
+    for name in topological_sort(graph):
         own = {name} if graph.ops[name].kind == "recv" else set()
-        dep[name] = frozenset(own.union(*(dep[u] for u in graph.dag.pred[name])))
+        dep[name] = frozenset(own.union(*(dep[u] for u in pred[name])))
     return dep
 
 
@@ -178,15 +178,40 @@ def _recv_order(graph: OpGraph, key: Mapping[str, Number]) -> tuple[str, ...]:
     In a worker partition every recv is a root and this is a plain sort; a recv fed by
     another recv must still follow it, or a sender counter would wait forever.
     """
-    if all(graph.dag.in_degree(r) == 0 for r in key):
+    pred = graph.pred
+    if all(not pred[r] for r in key):
         return tuple(sorted(key, key=lambda r: (key[r], r)))
-    import networkx as nx
+    # the lowest (key, name) among the recvs whose upstream recvs are all placed: the one
+    # order there is (networkx's lexicographical_topological_sort, without networkx)
+    above = {r: _ancestors(pred, r).intersection(key) for r in key}
+    below: dict[str, list[str]] = {r: [] for r in key}
+    for r, upstream in above.items():
+        for a in upstream:
+            below[a].append(r)
+    waiting = {r: len(upstream) for r, upstream in above.items()}
+    ready = [(key[r], r) for r in key if not waiting[r]]
+    heapify(ready)
+    order = []
+    while ready:
+        _, r = heappop(ready)
+        order.append(r)
+        for b in below[r]:
+            waiting[b] -= 1
+            if not waiting[b]:
+                heappush(ready, (key[b], b))
+    return tuple(order)
 
-    upstream = nx.DiGraph()
-    upstream.add_nodes_from(key)
-    for r in key:
-        upstream.add_edges_from((a, r) for a in nx.ancestors(graph.dag, r) if a in key)
-    return tuple(nx.lexicographical_topological_sort(upstream, key=lambda r: (key[r], r)))
+
+def _ancestors(pred: Mapping[str, Mapping[str, None]], node: str) -> set[str]:
+    """The ops with a path to `node` (`OpGraph.pred`)."""
+    seen: set[str] = set()
+    stack = list(pred[node])
+    while stack:
+        u = stack.pop()
+        if u not in seen:
+            seen.add(u)
+            stack.extend(pred[u])
+    return seen
 
 
 def _tic_plan(graph: OpGraph, rank: str, m_plus: Mapping[str, Number], records: dict) -> Plan:
@@ -268,8 +293,6 @@ class _Classes:
     """
 
     def __init__(self, graph: OpGraph, ticks: np.ndarray) -> None:
-        import networkx as nx
-
         names = list(graph.ops)
         index = {name: i for i, name in enumerate(names)}
         self.recvs = graph.recvs
@@ -277,9 +300,9 @@ class _Classes:
         recv_bit = {name: 1 << j for j, name in enumerate(self.recvs)}
 
         # op.dep as Python-int bitsets over the recvs, in one topological pass.
-        pred = graph.dag.pred
+        pred = graph.pred
         bits: dict[str, int] = {}
-        for v in nx.topological_sort(graph.dag):
+        for v in topological_sort(graph):
             b = recv_bit.get(v, 0)
             for u in pred[v]:
                 b |= bits[u]

@@ -1,11 +1,12 @@
 """The list-scheduling loop of `planner.prediction.event_loop`, over plain integer arrays.
 
 One function, `python_list_schedule` (with the helpers it calls, `_HELPERS`), is the
-whole discrete-event loop. It is compiled with numba when numba is installed (``pip
-install numba``) and the work is large enough to pay for loading numba (`list_schedule`
-picks), and otherwise runs as plain Python; both run the same code on the same arrays and
-random draws, so they return identical schedules (the Python form is ~100x slower). Set
-``PLANNER_NO_NUMBA=1`` to force the Python form.
+whole discrete-event loop, written for numba, which compiles it when numba is installed
+(``pip install numba``) and the work is large enough to pay for loading numba
+(`list_schedule` picks). Smaller work runs `planner.prediction._pyloop`, the same loop
+over Python lists (about 1.4 µs a dispatch: 5x the interpreted form of this one, 50x
+slower than numba's); all three return identical schedules from the same arrays and
+random draws. Set ``PLANNER_NO_NUMBA=1`` to force the Python loop.
 
 Per resource the ready ops sit in buckets, one per priority number (a min-heap of
 bucket ids per resource gives the lowest number) plus one bucket of unprioritized
@@ -23,6 +24,8 @@ from importlib.util import find_spec
 from typing import Any
 
 import numpy as np
+
+from planner.prediction import _pyloop
 
 
 def python_list_schedule(
@@ -51,12 +54,24 @@ def python_list_schedule(
     (-1 = unprioritized), buckets sorted by (resource, priority); bstart/hstart/ustart/
     lstart: segment starts of buckets, per-resource bucket heaps, unprioritized lists
     and lanes. done_out[s] < n means a cycle left ops unrun.
+
+    A sample reads a draw only where a resource picks among several ready ops: where
+    the first never did, every row follows its very path, and its results fill them all
+    (a GPU stream runs its ops in one order).
     """
     for s in range(rand.shape[0]):
-        makespan[s], done_out[s] = _sample(
+        makespan[s], done_out[s], drew = _sample(
             dur, succ_ptr, succ_idx, indeg0, res, cap, bucket, bstart, hstart, ustart, lstart,
             rand, s, record, out_start, out_lane,
         )  # fmt: skip
+        if s == 0 and not drew:
+            for r in range(1, rand.shape[0]):
+                makespan[r] = makespan[0]
+                done_out[r] = done_out[0]
+                if record:
+                    out_start[r, :] = out_start[0, :]
+                    out_lane[r, :] = out_lane[0, :]
+            return
 
 
 def _sample(
@@ -76,8 +91,9 @@ def _sample(
     record: bool,
     out_start: np.ndarray,
     out_lane: np.ndarray,
-) -> tuple[int, int]:
-    """Sample `s` of `python_list_schedule` (its row of `rand`): (makespan, ops run).
+) -> tuple[int, int, bool]:
+    """Sample `s` of `python_list_schedule` (its row of `rand`): (makespan, ops run,
+    whether it drew: a resource picked among several ready ops).
 
     (speed) One loop: the phases of an instant (the ready ops join their buckets, the
     touched resources pick, the next completions) stay in it, for numba compiles the
@@ -90,6 +106,7 @@ def _sample(
     dirty = np.zeros(cap.shape[0], np.bool_)
     dlist = np.empty(cap.shape[0], np.int64)
     t, kr, done, esize, nd = 0, 0, 0, 0, 0
+    drew = False
     while True:
         # newly ready ops join their resource's bucket
         for q in range(nready):
@@ -120,6 +137,8 @@ def _sample(
                 k = bc + ucount[r]
                 if k == 0:
                     break
+                if k > 1:
+                    drew = True
                 j = int(rand[s, kr] * k)
                 kr += 1
                 if j >= k:
@@ -166,7 +185,7 @@ def _sample(
                 if indeg[v] == 0:
                     ready[nready] = v
                     nready += 1
-    return t, done
+    return t, done, drew
 
 
 def _sample_arrays(
@@ -306,11 +325,17 @@ ACCELERATED = not os.environ.get("PLANNER_NO_NUMBA") and find_spec("numba") is n
 """Whether the compiled loop is available (numba installed, not disabled); numba itself is
 imported only when the loop is first compiled."""
 
-SMALL_WORK = 30_000
-"""Op dispatches (ops x samples, summed over the calls of a process) run by the Python loop
-before numba is loaded. Importing numba and loading the cached machine code costs about
-0.5-0.8 s per process; the Python loop takes about 5-20 µs per dispatch, so small
-graphs and few samples (the demo, a CI gate) finish sooner without numba."""
+SMALL_WORK = 400_000
+"""Op dispatches (ops x samples run, summed over the calls of a process) run by the Python
+loop before numba is loaded. Importing numba and loading its cached machine code costs about
+0.6 s of CPU and 110 MiB per process, the time of about 450,000 dispatches of the Python
+loop (`_pyloop`, 1.4 µs each), so that the demo and small jobs (a 2-rank DDP job of 600
+ops a rank: 200,000 a rank) never load numba, and larger work pays at most twice the
+better choice's time."""
+
+REPLAYS_PER_SAMPLE = 4
+"""A rank's replay and plan comparison dispatch about this many times samples x ops
+(the demo: 4.1, a rank of `traces/torch/resnet_ddp`: 3.3): `loads_compiled`'s estimate."""
 
 _state: dict[str, Any] = {"python_work": 0, "compiled": None}
 
@@ -327,17 +352,26 @@ def compiled() -> Callable[..., None]:
     return _state["compiled"]
 
 
+def loads_compiled(ops: int, samples: int) -> bool:
+    """Whether replaying and comparing one rank of `ops` ops at `samples` samples is
+    expected to pass SMALL_WORK in a process, and so to load numba (where installed), if
+    its samples draw (a rank whose first samples never do runs one sample a call)."""
+    return ACCELERATED and REPLAYS_PER_SAMPLE * ops * samples > SMALL_WORK
+
+
 def list_schedule(*args: Any) -> None:
     """`python_list_schedule` on the same arguments, run by the loop that finishes first:
-    the Python loop while this process's work stays under SMALL_WORK, then numba."""
-    work = int(args[0].shape[0]) * int(args[11].shape[0])
-    if not ACCELERATED or (
-        _state["compiled"] is None and _state["python_work"] + work <= SMALL_WORK
-    ):
-        _state["python_work"] += work
-        python_list_schedule(*args)
+    numba once loaded; before, the Python loop (`_pyloop`), whose first sample stands for
+    all where it never drew, while this process's dispatches stay under SMALL_WORK; then
+    numba (loaded then)."""
+    if _state["compiled"] is not None:
+        compiled()(*args)
         return
-    compiled()(*args)
+    budget = max(SMALL_WORK - _state["python_work"], 0) if ACCELERATED else None
+    finished, work = _pyloop.list_schedule(*args, budget=budget)
+    _state["python_work"] += work
+    if not finished:  # every row again: the first costs numba next to nothing
+        compiled()(*args)
 
 
 def warm() -> None:

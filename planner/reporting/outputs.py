@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from planner.model.graph import OpGraph
+    from planner.reporting.html import Drawer
 
 
 TO_APPLY = ("bucket_plan", "control_deps")
@@ -28,7 +29,11 @@ def recommends(report: Mapping[str, Any], plan: str) -> bool:
 
 
 def analysis_files(
-    report: dict[str, Any], graphs: Mapping[str, OpGraph], output: Path, workers: int | None = 1
+    report: dict[str, Any],
+    graphs: Mapping[str, OpGraph],
+    output: Path,
+    workers: int | None = 1,
+    drawer: Drawer | None = None,
 ) -> dict[Path, str]:
     """Path -> text of every file: report.json and report.html, the verdict for CI
     (summary.md, junit.xml: `verdict_files`), the priority files of every plan,
@@ -36,7 +41,8 @@ def analysis_files(
     traced step and the best plan's predicted schedule, per rank; `graphs`: rank -> its
     DAG, for the events' labels).
 
-    `workers`: processes that draw report.html's sections (`render_html`).
+    `workers`: processes that draw report.html's sections (`render_html`), or `drawer`
+    (`html.drawing`: a process that loaded matplotlib while the report was computed).
 
     Rank names come from the inputs: the file name part made of each
     (`planner.export.files.file_names`) is recorded in the report as ``file_names``.
@@ -77,5 +83,5 @@ def analysis_files(
         meta = {"planner": "analyze", "best_plan": best}
         files[output / "timeline.json"] = dumps(chrome_trace(chosen, meta))
     names = sorted({path.name for path in files} | {"report.html"})
-    files[output / "report.html"] = render_html(report, files=names, workers=workers)
+    files[output / "report.html"] = render_html(report, files=names, workers=workers, drawer=drawer)
     return files
