@@ -16,10 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
-import networkx as nx
 import numpy as np
 
-from planner.model.graph import OpGraph
+from planner.model.graph import OpGraph, is_acyclic
 from planner.model.plan import Plan
 
 MESSAGE = "recv:^"
@@ -58,7 +57,7 @@ def contracted(graph: OpGraph, units: Mapping[str, str]) -> OpGraph | None:
         dst=pairs[:, 1],
         control=np.array(list(edges.values()), dtype=bool),
     )
-    return merged if nx.is_directed_acyclic_graph(merged.dag) else None
+    return merged if is_acyclic(merged.src, merged.dst, len(merged)) else None
 
 
 def expanded(plan: Plan, units: Mapping[str, str]) -> Plan:
