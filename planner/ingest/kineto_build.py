@@ -27,6 +27,7 @@ from planner.ingest.kineto_events import (
     RankEvents,
 )
 from planner.ingest.kineto_gpu import step_spans
+from planner.ingest.kineto_groups import assign_groups
 from planner.ingest.kineto_ops import OpMemo, _Occ, _occurrences, _ops, _Rows, _rows
 from planner.ingest.kineto_params import LAYER_PARAMS
 from planner.ingest.kineto_rank import Occurrences, RankModel
@@ -60,6 +61,7 @@ def build_rank(
         notes.append(f"{ev.path}: {escaped_note(ev.escaped)}")
     r, is_outer = _rows(ev, rank_name, steps, notes)
     coll = find_collectives(ev, r.is_gpu, r.launch_row, r.enclosing, r.step, patterns)
+    assign_groups(ev, coll, r.phase)
     o = _occurrences(r, is_outer, coll, len(steps.number))
     ops, op_names, op_id = _ops(o, ev, {} if op_memo is None else op_memo)
     op_at_row = np.full(len(ev), -1, dtype=np.int64)
