@@ -148,6 +148,10 @@ def inspect_view(document: dict[str, Any]) -> None:
         from planner_cli.render_horovod import horovod_view
 
         horovod_view(document["horovod"])
+    if document.get("communication"):
+        from planner_cli.render_communication import communication_view
+
+        communication_view(document["communication"])
     for line in document["notes"]:
         console.print(f"[yellow]note:[/yellow] {line}")
 
@@ -273,6 +277,10 @@ def metrics_view(document: dict[str, Any]) -> None:
         from planner_cli.render_horovod import horovod_view
 
         horovod_view(document["horovod"], per_iteration=True)
+    if document.get("communication"):
+        from planner_cli.render_communication import communication_view
+
+        communication_view(document["communication"])
 
 
 def _per_rank_table(ranks: list[dict[str, Any]]) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.ingest import kineto_dag, kineto_params, limits
+from planner.ingest import kineto_dag, kineto_exposure, kineto_params, limits
 from planner.ingest.files import escaped_note
 from planner.ingest.kineto_comms import (
     BUILTIN_PATTERNS,
@@ -93,6 +93,7 @@ def build_rank(
     if len(o.c_pg):
         meta["collectives"] = _collective_meta(r, o, op_names, op_id)
         meta["process_groups"] = {pg: coll.groups[pg] for pg in sorted(set(o.c_pg))}
+        meta["exposed"] = _exposed(r, o, op_names, op_id, coll.comm_rows)
     return RankModel(
         rank_name, ops, Occurrences(o.step.astype(np.int64), op_id, o.start, o.end - o.start),
         spans, op_names, edges, _rf_to_op(r, coll, et_step, op_at_row, op_names), notes, meta,
@@ -300,6 +301,20 @@ def _layer_reads(
     ops = [op_names[i] if i >= 0 else "" for i in op_at_row[owner].tolist()]
     events = [(ev.names[ev.name_code[i]], ev.args.get(i, {})) for i in rows.tolist()]
     return kineto_params.layer_reads(events, ops, r.step[rows].tolist())
+
+
+def _exposed(
+    r: _Rows, o: _Occ, op_names: list[str], op_id: np.ndarray, comm_rows: np.ndarray
+) -> dict[int, dict[str, int]]:
+    """Per step, each collective's ns that no compute of the rank hid
+    (`kineto_exposure`)."""
+    n = o.n_comp
+    found = kineto_exposure.exposed(o.start[n:], o.end[n:],
+                                    kineto_exposure.busy(r.ev, r.is_gpu, comm_rows))  # fmt: skip
+    out: dict[int, dict[str, int]] = {}
+    for step, i, ns in zip(o.step[n:].tolist(), op_id[n:].tolist(), found.tolist(), strict=True):
+        out.setdefault(int(step), {})[op_names[i]] = int(ns)
+    return out
 
 
 def _collective_meta(

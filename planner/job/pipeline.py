@@ -100,7 +100,7 @@ def job_metrics(results: Sequence[dict[str, Any]], waits: Waits | None = None) -
             "not the ranks of one all-reduce job (a trace cut before its collectives?)"
         )
         raise InputError(lacking["sources"][0], problem)
-    return {
+    document = {
         "schema": "planner.metrics/1",
         "framework": ranks[0]["framework"],
         "steps": steps,
@@ -108,6 +108,12 @@ def job_metrics(results: Sequence[dict[str, Any]], waits: Waits | None = None) -
         "allreduce": None if kinds == {True} else _allreduce(ranks, frame, waited, alignment),
         "notes": notes,
     }
+    from planner.measure.communication import join
+
+    found = join(r.get("communication") for r in ranks)
+    if found is not None:  # per process group, kind and phase; hidden vs exposed
+        document["communication"] = found
+    return document
 
 
 def job_waits(ranks: Sequence[dict[str, Any]]) -> Waits:

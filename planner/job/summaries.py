@@ -71,12 +71,14 @@ def summary_of(
     oracle: Mapping[str, TimeOracle] | None = None,
     metrics: bool = True,
 ) -> dict[str, Any]:
-    """The summary of one rank's `job` (read from `paths`): its metrics, collectives, the
-    terms of its oracle bounds and, with `plans` and collectives, of the job's Caramel
-    plan (else ``"caramel"`` is None). `oracle`: the rank's `stages.oracles`, when the
-    caller has it (computed once, handed on). Without `metrics` its ``document`` is None:
+    """The summary of one rank's `job` (read from `paths`): its metrics, its communication
+    rows (`communication.rank_rows`), collectives, the terms of its oracle bounds and,
+    with `plans` and collectives, of the job's Caramel plan (else ``"caramel"`` is None).
+    `oracle`: the rank's `stages.oracles`, when the caller has it (computed once, handed
+    on). Without `metrics` its ``document`` is None:
     a plan or a replay needs the other terms only (`pipeline.job_metrics` needs it)."""
     from planner.job import stages
+    from planner.measure.communication import rank_rows
     from planner.model.trace import rank_meta
 
     if oracle is None:
@@ -92,6 +94,7 @@ def summary_of(
         "inputs": [str(p) for p in paths],
         "sources": list(job.sources),
         "document": document,
+        "communication": rank_rows(job, rank) if metrics else None,
         "collectives": coll,
         "bounds": _bound_terms(job, rank, oracle[rank].times),
         "caramel": _caramel_terms(job, rank, oracle[rank].times) if plans and collective else None,
