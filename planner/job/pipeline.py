@@ -108,10 +108,19 @@ def job_metrics(results: Sequence[dict[str, Any]], waits: Waits | None = None) -
         "allreduce": None if kinds == {True} else _allreduce(ranks, frame, waited, alignment),
         "notes": notes,
     }
+    return with_communication(document, ranks)
+
+
+def with_communication(
+    document: dict[str, Any], ranks: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """`document` (a job's metrics or inspection) with the ranks' communication rows
+    joined (`communication.join`: per process group, kind and phase, hidden vs exposed)
+    where a rank has collectives."""
     from planner.measure.communication import join
 
     found = join(r.get("communication") for r in ranks)
-    if found is not None:  # per process group, kind and phase; hidden vs exposed
+    if found is not None:
         document["communication"] = found
     return document
 
