@@ -472,3 +472,5 @@ def bucket_sweep_view(sweep: dict[str, Any]) -> None:
     )
     if sweep.get("network_note"):
         console.print(f"[yellow]note:[/yellow] {sweep['network_note']}")
+    if sweep.get("process_groups"):
+        console.print(f"[yellow]note:[/yellow] bucket sweep: {sweep['process_groups']['note']}")

@@ -13,6 +13,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import REPO, run_cli
 from test_schemas import validate
@@ -157,3 +158,73 @@ def test_exposed_is_the_time_no_innermost_op_computed(tmp_path: Path) -> None:
     (exposed,) = step.values()
     # the all-reduce 150..500: mm hides 150..200, add 450..500; 250 µs exposed
     assert exposed == 250_000
+
+
+def test_caramel_and_the_bucket_advice_plan_only_the_data_parallel_group(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """On the 2x2 job, Caramel's plan (one process, and one rank per process) holds the
+    DDP buckets of each rank's data-parallel group and no tensor-parallel all-reduce, and
+    names the group it left alone; the bucket advice profiles the buckets the raw records
+    hold (``[9296]`` and ``[8256]`` floats) and says the same."""
+    from planner.job import analysis, stages
+    from planner.planning import bucket_profile
+
+    raw = sorted({r["bytes"] for r in _raw(0)[1] if r["group"] == "3"})
+    assert raw == [33024, 37184]
+    job = detect.load([TP_DP])
+    one = stages.plan_document(analysis.schedule(job, "caramel"), job.graphs, job.meta)
+    code, out, err = run_cli(["schedule", "-a", "caramel", TP_DP, "--json"], capsys)
+    assert code == 0, err
+    for document in (one, json.loads(out)):
+        validate(document)
+        for entry in document["ranks"]:
+            meta = job.meta["ranks"][entry["rank"]]
+            planned = [meta["collectives"][t["name"]]["group"] for t in entry["transfers"]]
+            dp = {g for g, d in meta["process_groups"].items() if d["role"] == "data_parallel"}
+            assert len(planned) == 2 and set(planned) == dp
+            assert sorted(t["nbytes"] for t in entry["transfers"]) == raw
+            groups = entry["inputs"]["process_groups"]
+            assert [g["desc"] for g in groups["left_alone"]] == ["tp"]
+            assert "left alone tp (tensor parallel" in groups["note"]
+    profile = bucket_profile.profile(job)
+    assert sorted(profile.observed_buckets.tolist()) == raw
+    sweep = stages.bucket_sweep(job)
+    assert sweep["process_groups"]["left_alone"][0]["role"] == "tensor_parallel"
+
+
+def test_fsdp_gets_no_caramel_plan_and_no_bucket_sweep(capsys: pytest.CaptureFixture[str]) -> None:
+    """An FSDP job reduce-scatters its gradients: no Caramel plan (exit 2, the reason
+    named, in one process or one rank per process), no bucket sweep in its report, and a
+    note that says why."""
+    from planner.job import analysis, stages
+
+    fsdp = REPO / "traces" / "torch" / "fsdp" / "fsdp2_reshard"
+    job = detect.load([fsdp])
+    assert "caramel" not in stages.algorithms_for(job)
+    for workers in ("1", "2"):
+        code, out, err = run_cli(["schedule", "-a", "caramel", "-j", workers, fsdp], capsys)
+        assert code == 2 and out == "" and "reduce-scattered (FSDP/ZeRO)" in err
+    report = analysis.analyze(job, samples=3)
+    assert report["bucket_sweep"] is None and "caramel" not in report["plans"]
+    assert any("reduce-scattered (FSDP/ZeRO)" in n for n in report["inspect"]["notes"])
+
+
+def test_a_collective_waits_only_for_the_ranks_of_its_group() -> None:
+    """Two tensor-parallel groups run the same op apart: with each row's group, a rank
+    waits for its group's last rank, not for the other group's (the clocks aligned on an
+    op every rank runs)."""
+    from planner.model import waits
+
+    rows = {
+        "rank": np.array(["r0", "r1", "r2", "r3"] * 2, dtype=object),
+        "iteration": np.zeros(8, dtype=np.int64),
+        "op": np.array(["net/a"] * 4 + ["net:tp/t"] * 4, dtype=object),
+        "start": np.array([0, 0, 0, 0, 1000, 1010, 1100, 1200], dtype=np.int64),
+        "duration": np.array([50, 50, 50, 50, 300, 290, 200, 100], dtype=np.int64),
+    }
+    alone, _ = waits.split_waits(rows)
+    assert alone[4:].tolist() == [200, 190, 100, 0]  # all four taken as one collective
+    rows["group"] = np.array(["0"] * 4 + ["1", "1", "2", "2"], dtype=object)
+    grouped, alignment = waits.split_waits(rows)
+    assert alignment is not None and grouped[4:].tolist() == [10, 0, 100, 0]

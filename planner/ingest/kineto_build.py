@@ -16,6 +16,7 @@ import numpy as np
 
 from planner.ingest import kineto_dag, kineto_exposure, kineto_params, limits
 from planner.ingest.files import escaped_note
+from planner.ingest.kineto_calls import SHARDING
 from planner.ingest.kineto_comms import (
     BUILTIN_PATTERNS,
     Collectives,
@@ -27,7 +28,7 @@ from planner.ingest.kineto_events import (
     RankEvents,
 )
 from planner.ingest.kineto_gpu import step_spans
-from planner.ingest.kineto_groups import assign_groups
+from planner.ingest.kineto_groups import SHARDED_NOTE, assign_groups
 from planner.ingest.kineto_ops import OpMemo, _Occ, _occurrences, _ops, _Rows, _rows
 from planner.ingest.kineto_params import LAYER_PARAMS
 from planner.ingest.kineto_rank import Occurrences, RankModel
@@ -62,6 +63,8 @@ def build_rank(
     r, is_outer = _rows(ev, rank_name, steps, notes)
     coll = find_collectives(ev, r.is_gpu, r.launch_row, r.enclosing, r.step, patterns)
     assign_groups(ev, coll, r.phase)
+    if SHARDING.intersection(coll.kind):
+        notes.append(f"{rank_name}: {SHARDED_NOTE}")
     o = _occurrences(r, is_outer, coll, len(steps.number))
     ops, op_names, op_id = _ops(o, ev, {} if op_memo is None else op_memo)
     op_at_row = np.full(len(ev), -1, dtype=np.int64)

@@ -11,6 +11,11 @@ one thread are of one group: the threads are told apart by what their collective
 ``"inferred"``; where no match is unique, the threads of one role form a group named
 by it (``gloo:tensor_parallel``), of no known ranks.
 
+The collectives of a group whose description states its role run on ``net:<desc>``
+(`net_lanes`): the same op names on every rank of that role, whichever group instance
+a rank is in, so that one plan serves them all; the waits for peers are still split
+within each group (`planner.model.waits`, by the ``group`` of each row).
+
 A group's ``role`` (`ROLES`) is what its description states (``role_source``
 ``"trace"``), else what its collectives show (``"inferred"``): a reduce-scatter is
 FSDP's sharding, DDP's bucket all-reduces run from autograd's ``AccumulateGrad`` hook,
@@ -45,6 +50,13 @@ DATA_ROLES = frozenset({"data_parallel"})
 """The roles whose all-reduces are DDP's gradient buckets, which the schedulers and the
 bucket advice plan."""
 
+SHARDED_NOTE = (
+    "its gradients are reduce-scattered (FSDP/ZeRO): Caramel and the DDP bucket advice "
+    "order and size DDP's gradient all-reduces, which it does not have; FSDP orders its "
+    "all-gathers and reduce-scatters per unit (see communication and fsdp in metrics)"
+)
+"""The note of a rank that shards its gradients: why no scheduler plans it."""
+
 _WORDS: tuple[tuple[frozenset[str], str], ...] = (
     (frozenset({"shard", "fsdp", "zero"}), "fsdp_shard"),
     (frozenset({"replicate", "hsdp"}), "fsdp_replicate"),
@@ -55,6 +67,26 @@ _WORDS: tuple[tuple[frozenset[str], str], ...] = (
     (frozenset({"dp", "ddp", "data"}), "data_parallel"),
 )
 _ACCUMULATE = "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"
+
+
+def net_lanes(groups: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Group name -> the resource its collectives run on: ``net`` for the default group,
+    ``net:<desc>`` for a group whose description states its role and is the rank's only
+    one of that description (``net:tp``: rank 0's group 1 and rank 2's group 2 are the
+    same place in the job, so their collectives are the same ops and a plan made on one
+    rank is every rank's), else ``net:<name>``."""
+    descs = [str(g.get("desc") or "") for g in groups.values()]
+    out = {}
+    for name, group in groups.items():
+        desc = str(group.get("desc") or "")
+        label = re.sub(r"[^A-Za-z0-9_.-]", "_", desc)[:40]
+        if name in ("0", "default_pg", ""):
+            out[name] = "net"
+        elif stated_role(desc) is not None and descs.count(desc) == 1 and label:
+            out[name] = f"net:{label}"
+        else:
+            out[name] = f"net:{name}"
+    return out
 
 
 def stated_role(desc: Any) -> str | None:

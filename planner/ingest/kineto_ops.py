@@ -27,7 +27,7 @@ from planner.ingest.kineto_events import (
     RankEvents,
 )
 from planner.ingest.kineto_gpu import gpu_rows, launches
-from planner.ingest.kineto_groups import DATA_ROLES
+from planner.ingest.kineto_groups import DATA_ROLES, net_lanes
 from planner.ingest.kineto_identity import aligned_occurrence, op_suffixes
 from planner.ingest.kineto_steps import (
     BACKWARD,
@@ -117,7 +117,8 @@ class _Occ:
 def _occurrences(r: _Rows, is_outer: np.ndarray, coll: Collectives, n_steps: int) -> _Occ:
     """Compute and collective occurrences, each sorted into its canonical order."""
     ev = r.ev
-    net_labels = ["net" if pg in ("0", "default_pg", "") else f"net:{pg}" for pg in coll.pg]
+    lane_of = net_lanes(coll.groups)
+    net_labels = [lane_of.get(pg) or f"net:{pg}" for pg in coll.pg]
     labels = sorted(set(r.lane_label.values()) | set(net_labels))
     label_code = {label: i for i, label in enumerate(labels)}
     n_lanes = int(ev.lane.max()) + 1
