@@ -37,6 +37,8 @@ def busy(
     workers[unique(ev.lane[backend])] = True
     cpu = ev.cat_flags(CPU_OP_CATS) & ~workers[ev.lane]
     rows = np.flatnonzero(cpu)
+    if not len(rows):
+        return rows, rows
     rows = rows[np.lexsort((-ev.end[rows], ev.ts[rows], ev.lane[rows]))]
     same = np.concatenate([ev.lane[rows][1:] == ev.lane[rows][:-1], [False]])
     nested = np.concatenate([ev.ts[rows][1:] < ev.end[rows][:-1], [False]])
