@@ -152,6 +152,10 @@ def inspect_view(document: dict[str, Any]) -> None:
         from planner_cli.render_communication import communication_view
 
         communication_view(document["communication"])
+    if document.get("fsdp"):
+        from planner_cli.render_communication import fsdp_view
+
+        fsdp_view(document["fsdp"])
     for line in document["notes"]:
         console.print(f"[yellow]note:[/yellow] {line}")
 
@@ -281,6 +285,10 @@ def metrics_view(document: dict[str, Any]) -> None:
         from planner_cli.render_communication import communication_view
 
         communication_view(document["communication"])
+    if document.get("fsdp"):
+        from planner_cli.render_communication import fsdp_view
+
+        fsdp_view(document["fsdp"])
 
 
 def _per_rank_table(ranks: list[dict[str, Any]]) -> None:

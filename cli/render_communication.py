@@ -56,7 +56,7 @@ def communication_view(c: dict[str, Any]) -> None:
             time_cell(e["time_per_step"], unit), time_cell(e["exposed_per_step"], unit),
             _hidden(e),
         )  # fmt: skip
-    show(table)
+    show(table, secondary=("count",))
     notes = ["time/step: the collectives' traced time per step of the ranks in the group; "
              "exposed: the part in which the rank computed nothing"]  # fmt: skip
     if any(g.get("assigned") == "inferred" for g in groups.values()):
@@ -66,3 +66,28 @@ def communication_view(c: dict[str, Any]) -> None:
         )
     for line in notes:
         out().print(line)
+
+
+def fsdp_view(f: dict[str, Any]) -> None:
+    """Per FSDP unit, kind and phase: count, time and exposed time per step, hidden share."""
+    rows = f["by_unit_kind_phase"]
+    unit = time_unit(e.get(k) for e in rows for k in ("time_per_step", "exposed_per_step"))
+    table = new_table(title="FSDP units: all-gathers exposed, reduce-scatters hidden")
+    for column in ("unit", "kind", "phase"):
+        text_column(table, column)
+    for column in ("count", with_unit("time/step", unit), with_unit("exposed/step", unit),
+                   "hidden"):  # fmt: skip
+        number_column(table, column)
+    for e in rows:
+        table.add_row(
+            e["unit"], e["kind"], e["phase"], str(e["count"]),
+            time_cell(e["time_per_step"], unit), time_cell(e["exposed_per_step"], unit),
+            _hidden(e),
+        )  # fmt: skip
+    show(table, secondary=("count",))
+    out().print(
+        "an all-gather's exposed time is the compute waiting for its unit's parameters; a "
+        "reduce-scatter's hidden share is its overlap with the backward's compute"
+    )
+    if any(u["source"] == "inferred" for u in f["units"]):
+        out().print("the trace names no FSDP unit (FSDP1): units are told apart by their bytes")

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.ingest import kineto_dag, kineto_exposure, kineto_params, limits
+from planner.ingest import kineto_dag, kineto_exposure, kineto_fsdp, kineto_params, limits
 from planner.ingest.files import escaped_note
 from planner.ingest.kineto_calls import SHARDING
 from planner.ingest.kineto_comms import (
@@ -325,8 +325,10 @@ def _collective_meta(
 ) -> dict[str, dict[str, Any]]:
     """Collective op -> what it does (``kind``), the c10d op it was called as (``call``,
     None without one), the backend record or kernel that ran and timed it
-    (``backend``) and its process group (``group``), from its first occurrence."""
+    (``backend``), its process group (``group``) and, where an FSDP2 range names it,
+    its FSDP ``unit`` (`kineto_fsdp`), from its first occurrence."""
     names, code = r.ev.names, r.ev.name_code
+    units = kineto_fsdp.units(r.ev, o.c_call.tolist())
     out: dict[str, dict[str, Any]] = {}
     for j, i in enumerate(op_id[o.n_comp :].tolist()):
         name = op_names[i]
@@ -338,5 +340,6 @@ def _collective_meta(
             "call": names[code[call]] if call >= 0 else None,
             "backend": names[code[o.rows[o.n_comp + j]]],
             "group": o.c_pg[j],
+            **({"unit": units[j]} if units[j] is not None else {}),
         }
     return out

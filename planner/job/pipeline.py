@@ -116,12 +116,16 @@ def with_communication(
 ) -> dict[str, Any]:
     """`document` (a job's metrics or inspection) with the ranks' communication rows
     joined (`communication.join`: per process group, kind and phase, hidden vs exposed)
-    where a rank has collectives."""
-    from planner.measure.communication import join
+    where a rank has collectives, and their FSDP units (`fsdp.join`) where a rank
+    reduce-scatters."""
+    from planner.measure import communication, fsdp
 
-    found = join(r.get("communication") for r in ranks)
+    found = communication.join(r.get("communication") for r in ranks)
     if found is not None:
         document["communication"] = found
+    units = fsdp.join(r.get("fsdp") for r in ranks)
+    if units is not None:
+        document["fsdp"] = units
     return document
 
 

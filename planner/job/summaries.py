@@ -72,14 +72,16 @@ def summary_of(
     metrics: bool = True,
 ) -> dict[str, Any]:
     """The summary of one rank's `job` (read from `paths`): its metrics, its communication
-    rows (`communication.rank_rows`), collectives, the terms of its oracle bounds and,
-    with `plans` and collectives, of the job's Caramel plan (else ``"caramel"`` is None;
-    ``"caramel_problem"`` says why where Caramel does not apply to its collectives).
+    rows (`communication.rank_rows`) and FSDP units (`fsdp.rank_units`), collectives, the
+    terms of its oracle bounds and, with `plans` and collectives, of the job's Caramel
+    plan (else ``"caramel"`` is None; ``"caramel_problem"`` says why where Caramel does
+    not apply to its collectives).
     `oracle`: the rank's `stages.oracles`, when the caller has it (computed once, handed
     on). Without `metrics` its ``document`` is None:
     a plan or a replay needs the other terms only (`pipeline.job_metrics` needs it)."""
     from planner.job import stages
     from planner.measure.communication import rank_rows
+    from planner.measure.fsdp import rank_units
     from planner.model.trace import rank_meta
     from planner.planning.scope import rank_problem
 
@@ -100,6 +102,7 @@ def summary_of(
         "sources": list(job.sources),
         "document": document,
         "communication": rank_rows(job, rank) if metrics else None,
+        "fsdp": rank_units(job, rank) if metrics else None,
         "collectives": coll,
         "bounds": _bound_terms(job, rank, oracle[rank].times),
         "caramel": _caramel_terms(job, rank, oracle[rank].times) if planned else None,

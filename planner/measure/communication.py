@@ -59,7 +59,7 @@ def rank_rows(job: Job, rank: str) -> dict[str, Any] | None:
         entry[1] += int(op.nbytes)
         entry[2] += int(took[i])
         if shown and entry[3] is not None:
-            entry[3] += _exposed_ns(shown, int(step[i]), op.name, int(took[i]))
+            entry[3] += exposed_ns(shown, int(step[i]), op.name, int(took[i]))
         else:
             entry[3] = None
     described = meta.get("process_groups") or {}
@@ -87,7 +87,7 @@ def rank_rows(job: Job, rank: str) -> dict[str, Any] | None:
     }
 
 
-def _exposed_ns(shown: Mapping[Any, Any], step: int, op: str, took: int) -> int:
+def exposed_ns(shown: Mapping[Any, Any], step: int, op: str, took: int) -> int:
     """The exposed ns of one occurrence as the ingest found it (rank meta ``exposed``,
     keyed by step: an int, or its text once the meta went through JSON)."""
     of_step = shown.get(step, shown.get(str(step))) or {}
