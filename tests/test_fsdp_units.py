@@ -87,3 +87,16 @@ def test_each_unit_has_its_collectives_time_and_exposed_time(
         assert e["kind"] != "reduce_scatter" or e["phase"] == "backward"
     code, out, err = run_cli(["metrics", FSDP / variant], capsys)
     assert code == 0 and "FSDP units" in out
+
+
+def test_the_replay_of_each_recorded_fsdp_setting_is_within_5_percent() -> None:
+    """The baseline an FSDP what-if would start from: each recorded setting (prefetch on
+    and off, with and without resharding, five units or two, FSDP1 and FSDP2) replayed
+    with its own op times predicts its measured step (busy time) within 5% (median over
+    the ranks' steps)."""
+    from planner.ingest import detect
+    from planner.prediction.replay import replay
+
+    for variant in sorted(p.name for p in FSDP.iterdir() if p.is_dir()):
+        document = replay(detect.load([FSDP / variant]))
+        assert abs(document["replay_error_median"]) <= 0.05, variant

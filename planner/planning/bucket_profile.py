@@ -153,12 +153,7 @@ def rank_profile(job: Job, rank: str) -> Profile | None:
     mine = mine[mine["rank"] == rank]
     ops = mine["op"].tolist()
     is_copy = np.fromiter(("copy_bucket_to_grad" in op for op in ops), bool, len(ops))
-    scope = group_scope(job.graphs[rank], rank_meta(job, rank))
-    if scope is None:
-        is_collective = np.fromiter(("all_reduce" in op for op in ops), bool, len(ops))
-    else:  # the data-parallel group's collectives only (`scope`)
-        planned = set(scope["planned"])
-        is_collective = np.fromiter((op in planned for op in ops), bool, len(ops))
+    is_collective, groups = _bucket_rows(job, rank, ops)
     iteration = mine["iteration"].to_numpy()
     start_ns = mine["start"].to_numpy()
     duration_ns = mine["duration"].to_numpy()
@@ -205,13 +200,22 @@ def rank_profile(job: Job, rank: str) -> Profile | None:
             if op.kind == "collective" and op.name.startswith("net/all_reduce#")
         )
     cpu = not any(op.resource.startswith("gpu") for op in graph.ops.values())
-    groups = None
-    if scope is not None:
-        groups = {"groups": scope["groups"], "left_alone": scope["left_alone"],
-                  "note": scope_line(scope)}  # fmt: skip
     return Profile(by_step, np.array(sizes or [], dtype=np.float64),
                    np.array([n for _, n in observed], dtype=np.float64), cpu, lanes,
                    groups)  # fmt: skip
+
+
+def _bucket_rows(job: Job, rank: str, ops: list[str]) -> tuple[np.ndarray, dict[str, Any] | None]:
+    """(per row of `ops`: a collective the advice sizes, the process groups it plans and
+    leaves alone): every all-reduce on a rank of one group, else the data-parallel
+    group's collectives only (`scope.group_scope`)."""
+    scope = group_scope(job.graphs[rank], rank_meta(job, rank))
+    if scope is None:
+        return np.fromiter(("all_reduce" in op for op in ops), bool, len(ops)), None
+    planned = set(scope["planned"])
+    groups = {"groups": scope["groups"], "left_alone": scope["left_alone"],
+              "note": scope_line(scope)}  # fmt: skip
+    return np.fromiter((op in planned for op in ops), bool, len(ops)), groups
 
 
 def join(profiles: Sequence[Profile | None], cpu: bool) -> Profile | None:
