@@ -144,10 +144,6 @@ def inspect_view(document: dict[str, Any]) -> None:
                 f"{r['rank']}: {what} ran work issued before profiling began until "
                 f"{seconds_text(end)} into the first step"
             )
-    if document.get("horovod"):
-        from planner_cli.render_horovod import horovod_view
-
-        horovod_view(document["horovod"])
     if document.get("communication"):
         from planner_cli.render_communication import communication_view
 
@@ -156,6 +152,10 @@ def inspect_view(document: dict[str, Any]) -> None:
         from planner_cli.render_communication import fsdp_view
 
         fsdp_view(document["fsdp"])
+    if document.get("horovod"):
+        from planner_cli.render_horovod import horovod_view
+
+        horovod_view(document["horovod"])
     for line in document["notes"]:
         console.print(f"[yellow]note:[/yellow] {line}")
 
@@ -277,10 +277,6 @@ def metrics_view(document: dict[str, Any]) -> None:
     if document.get("allreduce"):
         partial = {(s["rank"], s["iteration"]) for s in steps if s.get("partial")}
         allreduce_view(document["allreduce"], partial)
-    if document.get("horovod"):
-        from planner_cli.render_horovod import horovod_view
-
-        horovod_view(document["horovod"], per_iteration=True)
     if document.get("communication"):
         from planner_cli.render_communication import communication_view
 
@@ -289,6 +285,10 @@ def metrics_view(document: dict[str, Any]) -> None:
         from planner_cli.render_communication import fsdp_view
 
         fsdp_view(document["fsdp"])
+    if document.get("horovod"):
+        from planner_cli.render_horovod import horovod_view
+
+        horovod_view(document["horovod"], per_iteration=True)
 
 
 def _per_rank_table(ranks: list[dict[str, Any]]) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from planner.ingest.kineto_calls import KINDS, collective_kind
 from planner.model.trace import Job, rank_meta
 
 KEYS = ("group", "kind", "phase")
@@ -29,10 +30,14 @@ KEYS = ("group", "kind", "phase")
 
 def op_group(name: str, resource: str, called: Mapping[str, Any]) -> tuple[str, str]:
     """(group, kind) of a collective op: the ingest's (rank meta ``collectives``), else
-    its resource's (``net:3`` -> ``3``; ``net`` -> the default ``0``) and its name's."""
+    its resource's (``net:3`` -> ``3``; ``net`` -> the default ``0``) and its name's where
+    that names a kind (``net/all_reduce#2``), else ``collective`` (a Horovod tensor)."""
     meta = called.get(name) or {}
     group = meta.get("group") or (resource.split(":", 1)[1] if ":" in resource else "0")
-    kind = meta.get("kind") or name.rsplit("/", 1)[-1].split("#", 1)[0]
+    kind = meta.get("kind")
+    if not kind:
+        named = collective_kind(name.rsplit("/", 1)[-1].split("#", 1)[0])
+        kind = named if named in KINDS else "collective"
     return str(group), str(kind)
 
 
