@@ -100,8 +100,11 @@ network_option = click.option(
 
 
 def network_notes(document: dict[str, Any], as_json: bool) -> None:
-    """Say which network model each Caramel plan used, when it is not the trace's fit."""
-    notes = {e.get("inputs", {}).get("network_note") for e in document.get("ranks", [])} - {None}
+    """Say which network model each Caramel plan used, when it is not the trace's fit, and
+    which process groups it planned and left alone, on a job of several."""
+    inputs = [e.get("inputs", {}) for e in document.get("ranks", [])]
+    notes = {i.get("network_note") for i in inputs} - {None}
+    notes |= {(i.get("process_groups") or {}).get("note") for i in inputs} - {None}
     for line in sorted(notes):
         render.note(f"caramel: {line}", as_json)
 

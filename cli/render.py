@@ -151,6 +151,14 @@ def inspect_view(document: dict[str, Any]) -> None:
                 f"{r['rank']}: {what} ran work issued before profiling began until "
                 f"{seconds_text(end)} into the first step"
             )
+    if document.get("communication"):
+        from planner_cli.render_communication import communication_view
+
+        communication_view(document["communication"])
+    if document.get("fsdp"):
+        from planner_cli.render_communication import fsdp_view
+
+        fsdp_view(document["fsdp"])
     if document.get("horovod"):
         from planner_cli.render_horovod import horovod_view
 
@@ -276,6 +284,14 @@ def metrics_view(document: dict[str, Any]) -> None:
     if document.get("allreduce"):
         partial = {(s["rank"], s["iteration"]) for s in steps if s.get("partial")}
         allreduce_view(document["allreduce"], partial)
+    if document.get("communication"):
+        from planner_cli.render_communication import communication_view
+
+        communication_view(document["communication"])
+    if document.get("fsdp"):
+        from planner_cli.render_communication import fsdp_view
+
+        fsdp_view(document["fsdp"])
     if document.get("horovod"):
         from planner_cli.render_horovod import horovod_view
 
@@ -471,3 +487,5 @@ def bucket_sweep_view(sweep: dict[str, Any]) -> None:
     )
     if sweep.get("network_note"):
         console.print(f"[yellow]note:[/yellow] {sweep['network_note']}")
+    if sweep.get("process_groups"):
+        console.print(f"[yellow]note:[/yellow] bucket sweep: {sweep['process_groups']['note']}")

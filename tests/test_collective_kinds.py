@@ -104,7 +104,8 @@ def test_fsdp_collectives_have_the_kind_bytes_and_group_of_their_c10d_op(variant
         (pg,) = info["pg_config"]
         assert meta["process_groups"]["0"] == {
             "name": "0", "desc": pg["pg_desc"], "ranks": [0, 1], "size": 2,
-            "backend": pg["backend_config"],
+            "backend": pg["backend_config"], "assigned": "trace",
+            "role": "fsdp_shard", "role_source": "inferred",  # default_pg states no role
         }  # fmt: skip
         assert not any((op.param or "").startswith("bucket") for op in graph.ops.values())
         assert not bucket_profile.ddp_buckets(job, rank)
@@ -260,6 +261,8 @@ def test_an_nccl_kernel_names_its_kind_and_the_record_its_group() -> None:
     assert gather.nbytes == kernel["args"]["Out msg nelems"] * 2 and gather.resource == "net:3"
     group = job.meta["ranks"][rank]["process_groups"]["3"]
     (pg,) = [p for p in doc["distributedInfo"]["pg_config"] if p["pg_name"] == "3"]
+    described = {k: group.pop(k) for k in ("assigned", "role", "role_source")}
     assert group == {"name": "3", "desc": pg["pg_desc"], "ranks": pg["ranks"],
                      "size": pg["pg_size"], "backend": pg["backend_config"]}  # fmt: skip
+    assert described["assigned"] == "trace"  # the kernel's args name the group
     assert group["ranks"] == json.loads(kernel["args"]["Process Group Ranks"])

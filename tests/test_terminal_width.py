@@ -30,6 +30,8 @@ RUNS: dict[str, list[object]] = {
     "schedule-caramel": ["schedule", "-a", "caramel", RESNET_IN_REPO],
     "metrics-demo": ["metrics", DEMO],
     "metrics-ddp": ["metrics", RESNET_IN_REPO],
+    "metrics-groups": ["metrics", REPO / "traces" / "torch" / "tp_dp_2x2"],
+    "metrics-fsdp": ["metrics", REPO / "traces" / "torch" / "fsdp" / "fsdp1_prefetch"],
     "simulate-demo": ["simulate", DEMO, *SAMPLES, "--sweep", "bandwidth-scale=0.5:2:3"],
     "simulate-ddp": ["simulate", RESNET_IN_REPO, *SAMPLES],
     "analyze-demo": ["analyze"],

@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from planner.ingest import kineto_dag, kineto_params, limits
+from planner.ingest import kineto_dag, kineto_exposure, kineto_fsdp, kineto_params, limits
 from planner.ingest.files import escaped_note
+from planner.ingest.kineto_calls import SHARDING
 from planner.ingest.kineto_comms import (
     BUILTIN_PATTERNS,
     Collectives,
@@ -27,6 +28,7 @@ from planner.ingest.kineto_events import (
     RankEvents,
 )
 from planner.ingest.kineto_gpu import step_spans
+from planner.ingest.kineto_groups import SHARDED_NOTE, assign_groups
 from planner.ingest.kineto_ops import OpMemo, _Occ, _occurrences, _ops, _Rows, _rows
 from planner.ingest.kineto_params import LAYER_PARAMS
 from planner.ingest.kineto_rank import Occurrences, RankModel
@@ -60,6 +62,9 @@ def build_rank(
         notes.append(f"{ev.path}: {escaped_note(ev.escaped)}")
     r, is_outer = _rows(ev, rank_name, steps, notes)
     coll = find_collectives(ev, r.is_gpu, r.launch_row, r.enclosing, r.step, patterns)
+    assign_groups(ev, coll, r.phase)
+    if SHARDING.intersection(coll.kind):
+        notes.append(f"{rank_name}: {SHARDED_NOTE}")
     o = _occurrences(r, is_outer, coll, len(steps.number))
     ops, op_names, op_id = _ops(o, ev, {} if op_memo is None else op_memo)
     op_at_row = np.full(len(ev), -1, dtype=np.int64)
@@ -91,6 +96,7 @@ def build_rank(
     if len(o.c_pg):
         meta["collectives"] = _collective_meta(r, o, op_names, op_id)
         meta["process_groups"] = {pg: coll.groups[pg] for pg in sorted(set(o.c_pg))}
+        meta["exposed"] = _exposed(r, o, op_names, op_id, coll.comm_rows)
     return RankModel(
         rank_name, ops, Occurrences(o.step.astype(np.int64), op_id, o.start, o.end - o.start),
         spans, op_names, edges, _rf_to_op(r, coll, et_step, op_at_row, op_names), notes, meta,
@@ -300,13 +306,29 @@ def _layer_reads(
     return kineto_params.layer_reads(events, ops, r.step[rows].tolist())
 
 
+def _exposed(
+    r: _Rows, o: _Occ, op_names: list[str], op_id: np.ndarray, comm_rows: np.ndarray
+) -> dict[int, dict[str, int]]:
+    """Per step, each collective's ns that no compute of the rank hid
+    (`kineto_exposure`)."""
+    n = o.n_comp
+    found = kineto_exposure.exposed(o.start[n:], o.end[n:],
+                                    kineto_exposure.busy(r.ev, r.is_gpu, comm_rows))  # fmt: skip
+    out: dict[int, dict[str, int]] = {}
+    for step, i, ns in zip(o.step[n:].tolist(), op_id[n:].tolist(), found.tolist(), strict=True):
+        out.setdefault(int(step), {})[op_names[i]] = int(ns)
+    return out
+
+
 def _collective_meta(
     r: _Rows, o: _Occ, op_names: list[str], op_id: np.ndarray
 ) -> dict[str, dict[str, Any]]:
     """Collective op -> what it does (``kind``), the c10d op it was called as (``call``,
     None without one), the backend record or kernel that ran and timed it
-    (``backend``) and its process group (``group``), from its first occurrence."""
+    (``backend``), its process group (``group``) and, where an FSDP2 range names it,
+    its FSDP ``unit`` (`kineto_fsdp`), from its first occurrence."""
     names, code = r.ev.names, r.ev.name_code
+    units = kineto_fsdp.units(r.ev, o.c_call.tolist())
     out: dict[str, dict[str, Any]] = {}
     for j, i in enumerate(op_id[o.n_comp :].tolist()):
         name = op_names[i]
@@ -318,5 +340,6 @@ def _collective_meta(
             "call": names[code[call]] if call >= 0 else None,
             "backend": names[code[o.rows[o.n_comp + j]]],
             "group": o.c_pg[j],
+            **({"unit": units[j]} if units[j] is not None else {}),
         }
     return out

@@ -184,6 +184,7 @@ class Collectives:
     comm_rows: np.ndarray  # every event that is communication (never compute)
     call: list[int] = field(default_factory=list)  # row of its c10d op, -1 without one
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)  # `kineto_calls.group_info`
+    named: list[bool] = field(default_factory=list)  # its args name its group
 
     def __len__(self) -> int:
         return len(self.row)
@@ -301,7 +302,9 @@ def _add(
     if call_row >= 0:
         named = call_kind(ev.names[ev.name_code[call_row]])
         kind = named if named in KINDS else kind
-    pg = str(next((a["Process Group Name"] for a in args if a.get("Process Group Name")), "0"))
+    named = next((a["Process Group Name"] for a in args if a.get("Process Group Name")), None)
+    pg = str(named if named is not None else "0")
+    out.named.append(named is not None)
     if pg not in out.groups:
         out.groups[pg] = group_info(ev, pg, list(args))
     sizes = [nbytes_of(a, kind) for a in args]

@@ -113,11 +113,23 @@ def _add_rank(
     }
 
 
+def _groups_of(rows: dict[str, np.ndarray], ranks: dict[str, Any]) -> np.ndarray:
+    """Per collective row, its rank's process group that ran it (rank meta
+    ``collectives``; ``0`` where the meta names none)."""
+    called = {rank: meta.get("collectives") or {} for rank, meta in ranks.items()}
+    return np.array(
+        [str((called.get(r, {}).get(op) or {}).get("group", "0"))
+         for r, op in zip(rows["rank"].tolist(), rows["op"].tolist(), strict=True)],
+        dtype=object,
+    )  # fmt: skip
+
+
 def _add_waits(timings: dict[str, np.ndarray], parts: _JobParts) -> None:
     """The ``wait`` column (ns): each collective's time waiting for the last rank."""
     mask = waits.collective_rows(timings, parts.graphs)
     wait = np.zeros(len(mask), dtype=np.int64)
     rows = {k: v[mask] for k, v in timings.items()}
+    rows["group"] = _groups_of(rows, parts.meta["ranks"])
     wait[mask], alignment = waits.split_waits(rows)
     timings["wait"] = wait
     if alignment is not None:

@@ -27,6 +27,7 @@ from planner.ingest.kineto_events import (
     RankEvents,
 )
 from planner.ingest.kineto_gpu import gpu_rows, launches
+from planner.ingest.kineto_groups import DATA_ROLES, net_lanes
 from planner.ingest.kineto_identity import aligned_occurrence, op_suffixes
 from planner.ingest.kineto_steps import (
     BACKWARD,
@@ -116,7 +117,8 @@ class _Occ:
 def _occurrences(r: _Rows, is_outer: np.ndarray, coll: Collectives, n_steps: int) -> _Occ:
     """Compute and collective occurrences, each sorted into its canonical order."""
     ev = r.ev
-    net_labels = ["net" if pg in ("0", "default_pg", "") else f"net:{pg}" for pg in coll.pg]
+    lane_of = net_lanes(coll.groups)
+    net_labels = [lane_of.get(pg) or f"net:{pg}" for pg in coll.pg]
     labels = sorted(set(r.lane_label.values()) | set(net_labels))
     label_code = {label: i for i, label in enumerate(labels)}
     n_lanes = int(ev.lane.max()) + 1
@@ -190,16 +192,30 @@ def _collective_order(r: _Rows, coll: Collectives, lane: list[int]) -> dict[str,
     out["k"] = cumcount(out["step"], out["lane"], kind_code)
     # DDP launches one all-reduce per gradient bucket in the backward pass, in bucket
     # order; a rank that reduce-scatters its gradients (FSDP, ZeRO) has no DDP buckets,
-    # whatever its all-reduces are (HSDP's across replicas)
+    # whatever its all-reduces are (HSDP's across replicas); on a rank of several groups,
+    # only a data-parallel group's (`kineto_groups`: a tensor-parallel group all-reduces
+    # activation gradients in the backward)
     ddp = not SHARDING.intersection(kinds)
-    bwd = np.flatnonzero(np.array([k == "all_reduce" and ddp for k in kinds], dtype=bool)
-                         & (out["phase"] == BACKWARD))  # fmt: skip
+    several = len(coll.groups) > 1
+    buckets = [
+        k == "all_reduce" and ddp and _bucket_group(coll.groups.get(pg) or {}, several)
+        for k, pg in zip(kinds, out["pg"], strict=True)
+    ]
+    bwd = np.flatnonzero(np.array(buckets, dtype=bool) & (out["phase"] == BACKWARD))
     param = [f"{k}#{i}" for k, i in zip(kinds, out["k"].tolist(), strict=True)]
     for j, i in zip(bwd.tolist(), cumcount(out["step"][bwd], out["lane"][bwd]).tolist(),
                     strict=True):  # fmt: skip
         param[j] = f"bucket{i}"
     out["param"] = param
     return out
+
+
+def _bucket_group(group: dict[str, Any], several: bool) -> bool:
+    """Whether a group's backward all-reduces can be DDP's buckets: a data-parallel group,
+    or one whose role neither the trace states nor the rank's other groups tell."""
+    if group.get("role") in DATA_ROLES:
+        return True
+    return group.get("role_source") != "trace" and not several
 
 
 def _ops(o: _Occ, ev: RankEvents, memo: OpMemo) -> tuple[dict[str, Op], list[str], np.ndarray]:

@@ -120,10 +120,18 @@ def check_world(path: Path, rank: Any, world_size: Any) -> None:
 def _signature(meta: Mapping[str, Any], graph: OpGraph) -> dict[str, Any]:
     """What every rank of one data-parallel job shares."""
     dist = meta.get("distributed") or {}
-    groups = [
-        {k: v for k, v in g.items() if k != "ranks"} if isinstance(g, dict) else g
-        for g in (dist.get("pg_config") or [])
-    ]
+    # each rank lists the groups it belongs to: in a job of several groups per dimension
+    # (2x2 data x tensor parallel) rank 0 is in groups "1" and "3", rank 1 in "1" and "4";
+    # what they share is the groups' descriptions, sizes and backends, in any order
+    groups = sorted(
+        (
+            {k: v for k, v in g.items() if k not in ("ranks", "pg_name")}
+            if isinstance(g, dict)
+            else g
+            for g in (dist.get("pg_config") or [])
+        ),
+        key=repr,
+    )
     # the kinds and counts, not the sizes: a rank of a 128-rank job (HTA's trace_filter)
     # all-reduces 105 and 108 MB where its peer all-reduces 78 and 105 MB in the same
     # steps (variable-size or sub-group all-reduces), while ResNet and Transformer DDP

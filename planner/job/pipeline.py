@@ -100,7 +100,7 @@ def job_metrics(results: Sequence[dict[str, Any]], waits: Waits | None = None) -
             "not the ranks of one all-reduce job (a trace cut before its collectives?)"
         )
         raise InputError(lacking["sources"][0], problem)
-    return {
+    document = {
         "schema": "planner.metrics/1",
         "framework": ranks[0]["framework"],
         "steps": steps,
@@ -108,6 +108,25 @@ def job_metrics(results: Sequence[dict[str, Any]], waits: Waits | None = None) -
         "allreduce": None if kinds == {True} else _allreduce(ranks, frame, waited, alignment),
         "notes": notes,
     }
+    return with_communication(document, ranks)
+
+
+def with_communication(
+    document: dict[str, Any], ranks: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """`document` (a job's metrics or inspection) with the ranks' communication rows
+    joined (`communication.join`: per process group, kind and phase, hidden vs exposed)
+    where a rank has collectives, and their FSDP units (`fsdp.join`) where a rank
+    reduce-scatters."""
+    from planner.measure import communication, fsdp
+
+    found = communication.join(r.get("communication") for r in ranks)
+    if found is not None:
+        document["communication"] = found
+    units = fsdp.join(r.get("fsdp") for r in ranks)
+    if units is not None:
+        document["fsdp"] = units
+    return document
 
 
 def job_waits(ranks: Sequence[dict[str, Any]]) -> Waits:
@@ -330,6 +349,9 @@ def caramel_inputs(
         raise InputError(None, "no rank inputs given")
     check_same_job(ranks)
     planned = [r for r in ranks if r.get("caramel") is not None]
+    why = next((r["caramel_problem"] for r in ranks if r.get("caramel_problem")), None)
+    if why is not None:  # FSDP/ZeRO, or no data-parallel group (`scope.rank_problem`)
+        raise InputError(ranks[0]["sources"][0], why)
     if not planned:
         problem = "Caramel plans all-reduce collectives; this input has none"
         raise InputError(ranks[0]["sources"][0], f"{problem}, and no scheduler applies")
@@ -355,7 +377,7 @@ def caramel_inputs(
             own.get((it, op), 0)
             for it, op in zip(transfer["iteration"], transfer["op"], strict=True)
         )
-    return planned, {"times": times, "rows": rows}
+    return planned, {"times": times, "rows": rows, "scope": planned[0]["caramel"].get("scope")}
 
 
 def reference_plan(
@@ -365,6 +387,7 @@ def reference_plan(
     channels: int = 1,
     benchmark: Any = None,
     store: str | None = None,
+    scope: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One task: the job's Caramel plan on the DAG of the reference rank at `source` (its
     paths, or the rank loaded in this process), from the job-level inputs of
@@ -382,7 +405,7 @@ def reference_plan(
         except InputError as exc:
             return {"error": [exc.path, exc.problem]}
     (rank,) = job.ranks
-    return plan_on(job.graphs[rank], rank, times, rows, channels, benchmark)
+    return plan_on(job.graphs[rank], rank, times, rows, channels, benchmark, scope)
 
 
 def plan_on(
@@ -392,10 +415,12 @@ def plan_on(
     rows: Mapping[str, list[Any]],
     channels: int = 1,
     benchmark: Any = None,
+    scope: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The job's Caramel plan on the reference rank's `graph`
     (`stages.caramel_reference_plan`) from the inputs of `caramel_inputs`:
-    ``{"rank", "plan": Plan, "network": the fit of the transfers' rows}``."""
+    ``{"rank", "plan": Plan, "network": the fit of the transfers' rows}``; `scope`: the
+    process groups it plans (`scope.group_scope`), whose transfers alone are fitted."""
     import pandas as pd
 
     from planner.job import stages
@@ -411,8 +436,10 @@ def plan_on(
             "wait": pd.array(rows["wait"], dtype="int64"),
         }
     )
+    if scope is not None:
+        frame = frame[frame["op"].isin(scope["planned"])].reset_index(drop=True)
     own = {name: times[name] for name in graph.ops}
-    plan = stages.caramel_reference_plan(graph, rank, own, frame, channels, benchmark)
+    plan = stages.caramel_reference_plan(graph, rank, own, frame, channels, benchmark, scope)
     return {"rank": rank, "plan": plan, "network": caramel.trace_network_model(graph, frame)}
 
 

@@ -411,7 +411,7 @@ def _inspect(
     """`planner.inspect/1` of the job from the ranks' entries: each transfer's oracle
     time with the waits cut out (`pipeline._open_times`, from `opened` when the plan's
     inputs computed them) and its mean wait for peers."""
-    from planner.job.pipeline import _open_times
+    from planner.job.pipeline import _open_times, with_communication
     from planner.measure.inspection import waits_by_op
 
     mean_wait = waits_by_op(frame["rank"], frame["op"], frame["wait"])
@@ -430,7 +430,7 @@ def _inspect(
             for t in entry["transfers"]
         ]
         entries.append(entry)
-    return {
+    document = {
         "schema": "planner.inspect/1",
         "framework": ranks[0]["framework"],
         "sources": sources,
@@ -438,6 +438,7 @@ def _inspect(
         "ranks": entries,
         "clock_alignment": alignment,
     }
+    return with_communication(document, ranks)
 
 
 def _bucket_sweep(

@@ -36,7 +36,9 @@ from planner.model.oracle import NetworkModel, TimeOracle
 from planner.model.plan import Plan
 from planner.model.trace import Job, dedicated_columns, rank_meta, rank_partial_steps
 from planner.planning import buckets, caramel, tictac
+from planner.planning.activation import gradient_transfers
 from planner.planning.read_units import planned_as_units
+from planner.planning.scope import group_scope, rank_problem, scope_line
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -62,16 +64,27 @@ def algorithms_for(job: Job) -> list[str]:
     found = []
     if any(graph.recvs for graph in job.graphs.values()) or not timed:
         found += ["tic", "tac"] if timed else ["tic"]
-    if timed and any(has_collectives(graph) for graph in job.graphs.values()):
+    if timed and caramel_problem(job) is None:
         found.append("caramel")
     return found
+
+
+def caramel_problem(job: Job) -> str | None:
+    """Why Caramel does not plan the job, None where it does: it has no collectives, it
+    shards its gradients (FSDP/ZeRO: no gradient all-reduces to order), or none of its
+    process groups is data-parallel (`scope.group_scope`)."""
+    ranks = [r for r, g in job.graphs.items() if has_collectives(g)]
+    if not ranks:
+        return "Caramel plans all-reduce collectives; this input has none"
+    problems = (rank_problem(job.graphs[r], rank_meta(job, r)) for r in ranks)
+    return next((p for p in problems if p is not None), None)
 
 
 def _not_applicable(job: Job, algorithm: str, applicable: list[str]) -> str:
     """Why `algorithm` does not apply to the job, and which scheduler does."""
     timed = bool(len(job.trace.timings))
     if algorithm == "caramel":
-        why = "Caramel plans all-reduce collectives; this input has none"
+        why = caramel_problem(job) or ""
         if not timed:
             why = "Caramel needs timings; this input has none"
     elif algorithm == "tac" and not timed:
@@ -123,6 +136,7 @@ def caramel_reference_plan(
     timings: pd.DataFrame,
     channels: int = 1,
     benchmark: NetworkModel | None = None,
+    scope: Mapping[str, Any] | None = None,
 ) -> Plan:
     """Caramel's one plan for the job, made on the reference rank's DAG (gloo and NCCL
     match collectives by their order, so every rank must issue them in the same order),
@@ -130,7 +144,10 @@ def caramel_reference_plan(
     its slowest rank is ready) and the network model fitted to `timings` (``op``,
     ``duration``, ``wait`` rows of every rank's transfers). A fit that does not hold
     (`caramel.network_problem`) gives way to `benchmark` when given, else the plan
-    batches nothing; ``inputs["network_note"]`` says which and why.
+    batches nothing; ``inputs["network_note"]`` says which and why. `scope`
+    (`scope.group_scope`): on a rank of several process groups, only the data-parallel
+    groups' collectives are planned; ``inputs["process_groups"]`` names them and the
+    groups left alone.
     """
     network = caramel.trace_network_model(reference, timings)
     problem = caramel.network_problem(network)
@@ -142,8 +159,12 @@ def caramel_reference_plan(
         note = f"planned without batching: {problem}; give a benchmark model (--network)"
     else:
         note = None
+    params = None
+    if scope is not None:
+        planned = set(scope["planned"])
+        params = [p for p in gradient_transfers(reference) if p in planned]
     plan = caramel.caramel(
-        reference, times, network, rank=rank, channels=channels,
+        reference, times, network, rank=rank, channels=channels, params=params,
         batching_on=problem is None or source == "benchmark",
     )  # fmt: skip
     # a GPU op cannot be held back by the hook that applies the plan, and the reference
@@ -157,11 +178,13 @@ def caramel_reference_plan(
             or reference.ops[v].resource.startswith("gpu")
         )
     )
-    return replace(
-        plan,
-        control_edges=host,
-        inputs={**plan.inputs, "network_source": source, "network_note": note},
-    )
+    inputs = {**plan.inputs, "network_source": source, "network_note": note}
+    if scope is not None:
+        inputs["process_groups"] = {
+            "groups": scope["groups"], "left_alone": scope["left_alone"],
+            "note": scope_line(scope),
+        }  # fmt: skip
+    return replace(plan, control_edges=host, inputs=inputs)
 
 
 def caramel_rank_plans(
@@ -424,7 +447,11 @@ def bucket_sweep(
     ranks = sorted(r for r, g in job.graphs.items() if has_collectives(g))
     if not ranks:
         return None
-    fitted = caramel.trace_network_model(job.graphs[ranks[0]], job.trace.timings)
+    timings = job.trace.timings
+    scope = group_scope(job.graphs[ranks[0]], rank_meta(job, ranks[0]))
+    if scope is not None:  # the data-parallel group's transfers alone (`scope`)
+        timings = timings[timings["op"].isin(scope["planned"])]
+    fitted = caramel.trace_network_model(job.graphs[ranks[0]], timings)
     model = network or fitted
     profile = buckets.profile(job)
     if model is None:

@@ -71,13 +71,19 @@ def summary_of(
     oracle: Mapping[str, TimeOracle] | None = None,
     metrics: bool = True,
 ) -> dict[str, Any]:
-    """The summary of one rank's `job` (read from `paths`): its metrics, collectives, the
+    """The summary of one rank's `job` (read from `paths`): its metrics, its communication
+    rows (`communication.rank_rows`) and FSDP units (`fsdp.rank_units`), collectives, the
     terms of its oracle bounds and, with `plans` and collectives, of the job's Caramel
-    plan (else ``"caramel"`` is None). `oracle`: the rank's `stages.oracles`, when the
-    caller has it (computed once, handed on). Without `metrics` its ``document`` is None:
+    plan (else ``"caramel"`` is None; ``"caramel_problem"`` says why where Caramel does
+    not apply to its collectives).
+    `oracle`: the rank's `stages.oracles`, when the caller has it (computed once, handed
+    on). Without `metrics` its ``document`` is None:
     a plan or a replay needs the other terms only (`pipeline.job_metrics` needs it)."""
     from planner.job import stages
+    from planner.measure.communication import rank_rows
+    from planner.measure.fsdp import rank_units
     from planner.model.trace import rank_meta
+    from planner.planning.scope import rank_problem
 
     if oracle is None:
         oracle = stages.oracles(job) if len(job.trace.timings) else {}
@@ -86,15 +92,21 @@ def summary_of(
     graph = job.graphs[rank]
     collective = [n for n, op in graph.ops.items() if op.kind == "collective"]
     coll = _rows_of_ops(job, rank, collective, with_wait=True)
+    # FSDP/ZeRO, or no data-parallel group: no Caramel plan (`scope.rank_problem`)
+    problem = rank_problem(graph, rank_meta(job, rank)) if collective else None
+    planned = plans and collective and problem is None
     return {
         "rank": rank,
         "framework": job.framework,
         "inputs": [str(p) for p in paths],
         "sources": list(job.sources),
         "document": document,
+        "communication": rank_rows(job, rank) if metrics else None,
+        "fsdp": rank_units(job, rank) if metrics else None,
         "collectives": coll,
         "bounds": _bound_terms(job, rank, oracle[rank].times),
-        "caramel": _caramel_terms(job, rank, oracle[rank].times) if plans and collective else None,
+        "caramel": _caramel_terms(job, rank, oracle[rank].times) if planned else None,
+        "caramel_problem": problem,
         "job_signature": {
             "meta": _signature_meta(rank_meta(job, rank)),
             "collectives": [[n, int(graph.ops[n].nbytes)] for n in collective],
@@ -148,7 +160,12 @@ def _rows_of_ops(
         "duration": table["duration"][rows].tolist(),
     }
     if with_wait:
+        from planner.model.trace import rank_meta
+
         found["wait"] = table["wait"][rows].tolist() if "wait" in table else [0] * len(rows)
+        called = rank_meta(job, rank).get("collectives") or {}
+        if called:  # each row's process group: a row waits for its group's ranks only
+            found["group"] = [str((called.get(op) or {}).get("group", "0")) for op in found["op"]]
     return found
 
 
@@ -199,13 +216,17 @@ def _caramel_terms(job: Job, rank: str, times: Mapping[str, float]) -> dict[str,
     the oracle times of the ops off its transfer resources ("fixed": final here, folded
     into the job's maximum as they arrive, `fold`), the ops on those resources
     (their times wait for the waits, `_open_times`), its transfers' rows (the network
-    fit) and the priority document's `plan_material` of its transfers."""
+    fit), the priority document's `plan_material` of its transfers and the process
+    groups it plans (`scope.group_scope`: None on a rank of one group)."""
     from planner.job import stages
+    from planner.model.trace import rank_meta
+    from planner.planning.scope import group_scope
 
     graph = job.graphs[rank]
     open_resources = {graph.ops[n].resource for n in graph.transfers}
     rows = _rows_of_ops(job, rank, graph.transfers)
     return {
+        "scope": group_scope(graph, rank_meta(job, rank)),
         "fixed": [[n, t] for n, t in times.items() if graph.ops[n].resource not in open_resources],
         "open": [
             [n, op.resource, int(op.nbytes), op.is_transfer]

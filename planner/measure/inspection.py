@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from planner.measure import communication, fsdp
 from planner.model.oracle import TimeOracle, min_of_codes
 from planner.model.trace import (
     Job,
@@ -131,6 +132,12 @@ def inspect(job: Job, oracle: Mapping[str, TimeOracle] | None = None) -> dict[st
     }
     if "horovod" in job.meta:  # per tensor: all-reduces, negotiation, transfer; fused groups
         document["horovod"] = job.meta["horovod"]
+    found = communication.join(communication.rank_rows(job, rank) for rank in job.ranks)
+    if found is not None:  # per process group, kind and phase; hidden vs exposed
+        document["communication"] = found
+    units = fsdp.join(fsdp.rank_units(job, rank) for rank in job.ranks)
+    if units is not None:  # per FSDP unit: all-gathers exposed, reduce-scatters hidden
+        document["fsdp"] = units
     return document
 
 

@@ -58,3 +58,35 @@ def lanes(resource: np.ndarray, start: np.ndarray, duration: np.ndarray) -> np.n
             out[i] = len(free)
             free.append(end)
     return out
+
+
+def merged(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The union of intervals [start, end) as disjoint intervals, by start."""
+    starts, ends = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+    if not len(starts):
+        return starts, ends
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    reach = np.maximum.accumulate(e)
+    first = np.flatnonzero(np.concatenate([[True], s[1:] > reach[:-1]]))
+    return s[first], np.maximum.reduceat(e, first)
+
+
+def covered(
+    starts: np.ndarray, ends: np.ndarray, union: tuple[np.ndarray, np.ndarray]
+) -> np.ndarray:
+    """Per interval [start, end): how much of it the disjoint intervals `union` (`merged`)
+    cover."""
+    u_start, u_end = union
+    starts, ends = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+    if not len(u_start):
+        return np.zeros(len(starts), dtype=np.int64)
+    prefix = np.concatenate([[0], np.cumsum(u_end - u_start)])
+
+    def upto(t: np.ndarray) -> np.ndarray:  # the covered time before t
+        j = np.searchsorted(u_start, t, side="right")
+        last = np.maximum(j - 1, 0)
+        inside = np.clip(t - u_start[last], 0, u_end[last] - u_start[last])
+        return prefix[last] + np.where(j > 0, inside, 0)
+
+    return upto(ends) - upto(starts)

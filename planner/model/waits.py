@@ -71,7 +71,10 @@ def collective_rows(timings: pd.DataFrame | Columns, graphs: Mapping[str, OpGrap
 
 def split_waits(rows: pd.DataFrame | Columns) -> tuple[np.ndarray, ClockAlignment | None]:
     """The wait (ns) of each collective row (rank, iteration, op, start, duration), from a
-    DataFrame or numpy columns (`Trace.table`; no pandas needed).
+    DataFrame or numpy columns (`Trace.table`; no pandas needed). With a ``group`` column
+    (the process group that ran each row), a row waits only for the ranks of its own group:
+    ranks of two tensor-parallel groups run the same op (``net:tp/all_reduce#0``) apart.
+    The clocks are aligned on the occurrences of an op every rank runs, whatever its group.
 
     Returns zeros and None with fewer than two ranks or no occurrence they share.
     """
@@ -110,6 +113,10 @@ def split_waits(rows: pd.DataFrame | Columns) -> tuple[np.ndarray, ClockAlignmen
         residual_max=float(residual.max()) / 1e9,
     )
     start = start - offsets[rank_code]
+    if "group" in rows:  # the occurrence of an op within each group
+        groups = np.unique(np.asarray(rows["group"], dtype=object).astype(str),
+                           return_inverse=True)[1]  # fmt: skip
+        occurrence = np.unique(occurrence * (groups.max() + 1) + groups, return_inverse=True)[1]
     last = np.full(occurrence.max() + 1, np.iinfo(np.int64).min, dtype=np.int64)
     np.maximum.at(last, occurrence, start)
     seen = np.bincount(occurrence)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
 from planner.model.trace import Job, rank_meta
+from planner.planning.scope import group_scope, scope_line
 
 
 def _union(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -51,6 +53,8 @@ class Profile:
     observed_buckets: np.ndarray
     cpu: bool
     lanes: int  # the most collectives a rank ever had in flight at once
+    # on ranks of several process groups: the groups it plans and leaves alone
+    groups: dict[str, Any] | None = None
     # kappa -> per step the latest rank's backward work per gradient (`backward_work`)
     work: dict[float, list[np.ndarray]] = field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -149,7 +153,7 @@ def rank_profile(job: Job, rank: str) -> Profile | None:
     mine = mine[mine["rank"] == rank]
     ops = mine["op"].tolist()
     is_copy = np.fromiter(("copy_bucket_to_grad" in op for op in ops), bool, len(ops))
-    is_collective = np.fromiter(("all_reduce" in op for op in ops), bool, len(ops))
+    is_collective, groups = _bucket_rows(job, rank, ops)
     iteration = mine["iteration"].to_numpy()
     start_ns = mine["start"].to_numpy()
     duration_ns = mine["duration"].to_numpy()
@@ -197,7 +201,21 @@ def rank_profile(job: Job, rank: str) -> Profile | None:
         )
     cpu = not any(op.resource.startswith("gpu") for op in graph.ops.values())
     return Profile(by_step, np.array(sizes or [], dtype=np.float64),
-                   np.array([n for _, n in observed], dtype=np.float64), cpu, lanes)  # fmt: skip
+                   np.array([n for _, n in observed], dtype=np.float64), cpu, lanes,
+                   groups)  # fmt: skip
+
+
+def _bucket_rows(job: Job, rank: str, ops: list[str]) -> tuple[np.ndarray, dict[str, Any] | None]:
+    """(per row of `ops`: a collective the advice sizes, the process groups it plans and
+    leaves alone): every all-reduce on a rank of one group, else the data-parallel
+    group's collectives only (`scope.group_scope`)."""
+    scope = group_scope(job.graphs[rank], rank_meta(job, rank))
+    if scope is None:
+        return np.fromiter(("all_reduce" in op for op in ops), bool, len(ops)), None
+    planned = set(scope["planned"])
+    groups = {"groups": scope["groups"], "left_alone": scope["left_alone"],
+              "note": scope_line(scope)}  # fmt: skip
+    return np.fromiter((op in planned for op in ops), bool, len(ops)), groups
 
 
 def join(profiles: Sequence[Profile | None], cpu: bool) -> Profile | None:
@@ -218,7 +236,7 @@ def join(profiles: Sequence[Profile | None], cpu: bool) -> Profile | None:
         for step, steps in p.steps.items():
             by_step.setdefault(step, []).extend(steps)
     lanes = max(p.lanes for p in traced)
-    return Profile(by_step, first.sizes, first.observed_buckets, cpu, lanes)
+    return Profile(by_step, first.sizes, first.observed_buckets, cpu, lanes, first.groups)
 
 
 def _bucket_index(param: str | None) -> int:

@@ -407,4 +407,5 @@ def _document(
         "caps": rows,
         **empty,
         **fields,
+        **({"process_groups": p.groups} if p.groups else {}),
     }

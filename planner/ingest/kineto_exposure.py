@@ -1,0 +1,55 @@
+"""How much of each collective of one rank the rank's compute hid, from its events.
+
+A collective is exposed while the rank computes nothing: on a GPU rank, while no compute
+kernel runs (memcpy, memset and the collectives' own kernels are no compute); on a CPU
+rank, while no innermost CPU op runs on a thread that computes. The innermost ops, not
+the outermost: a synchronous collective's wait (``work.wait()``, which records nothing)
+happens inside an outer op (an autograd Function's range, FSDP's pre-forward) that
+would otherwise hide it. The c10d ops only enqueue or wait, and the communication
+backend's worker threads (``pt_gloo_runloop``) only communicate: neither computes.
+The gaps between innermost ops (Python between two ops) count as exposed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.ingest.kineto_comms import BACKEND
+from planner.ingest.kineto_events import CPU_OP_CATS, RankEvents
+from planner.model.arrays import covered, merged, unique
+
+
+def busy(
+    ev: RankEvents, is_gpu: np.ndarray, comm_rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The disjoint intervals (ns) in which the rank computed: its GPU compute kernels
+    on a GPU rank, else its innermost CPU ops (the module's docstring)."""
+    names = ev.names
+    if is_gpu.any():
+        rows = is_gpu.copy()
+        rows[comm_rows] = False
+        rows &= ~ev.name_flags(lambda n: n[:6].lower() in ("memcpy", "memset"))
+        rows &= ev.cat_flags({"kernel"})
+        picked = np.flatnonzero(rows)
+        return merged(ev.ts[picked], ev.end[picked])
+    backend = ev.name_flags(BACKEND.match)
+    workers = np.zeros(int(ev.lane.max()) + 1 if len(ev) else 0, dtype=bool)
+    workers[unique(ev.lane[backend])] = True
+    cpu = ev.cat_flags(CPU_OP_CATS) & ~workers[ev.lane]
+    rows = np.flatnonzero(cpu)
+    if not len(rows):
+        return rows, rows
+    rows = rows[np.lexsort((-ev.end[rows], ev.ts[rows], ev.lane[rows]))]
+    same = np.concatenate([ev.lane[rows][1:] == ev.lane[rows][:-1], [False]])
+    nested = np.concatenate([ev.ts[rows][1:] < ev.end[rows][:-1], [False]])
+    leaf = rows[~(same & nested)]  # nothing starts inside it on its thread
+    c10d = np.fromiter((n.startswith("c10d::") for n in names), bool, len(names))
+    leaf = leaf[~c10d[ev.name_code[leaf]]]
+    return merged(ev.ts[leaf], ev.end[leaf])
+
+
+def exposed(
+    start: np.ndarray, end: np.ndarray, intervals: tuple[np.ndarray, np.ndarray]
+) -> np.ndarray:
+    """Per collective [start, end): the ns of it outside the compute `intervals`."""
+    return (np.asarray(end) - np.asarray(start)) - covered(start, end, intervals)
