@@ -13,7 +13,7 @@ from planner.export.files import write_atomic
 from planner_cli import render
 from planner_cli.options import json_option
 
-MODES = ("arrival", "sender", "window")
+MODES = ("arrival", "sender")
 """`planner.export.tf_graph.MODES`, spelled here so that parsing options imports no
 protobuf."""
 
@@ -38,8 +38,7 @@ _file = click.Path(exists=True, dir_okay=False, path_type=Path)
     show_default=True,
     help="arrival: each transfer leaves the PS after the previous one arrived (the plan's "
     "recv order; one small Identity per transfer on the worker). sender: chain the PS-side "
-    "reads (send order only; no new nodes). window: both, two transfers in flight (the "
-    "round trip overlaps a transfer).",
+    "reads (send order only; no new nodes).",
 )
 @json_option
 def export_command(

@@ -126,7 +126,7 @@ def build_plans(job: Job, which: str, channels: int = 1) -> dict[str, dict[str, 
 )
 @click.option(
     "--enforce",
-    type=click.Choice(["arrival", "sender", "window"]),
+    type=click.Choice(["arrival", "sender"]),
     default="arrival",
     show_default=True,
     help="TF: replay each plan as planner export --enforce MODE applies it.",
@@ -223,7 +223,7 @@ def simulate(
 _TF_ENFORCE = (
     "; a TF plan as planner export --enforce applies it in the mode beside its gain: "
     "arrival, one transfer of a rank at a time and a control message each; sender, the "
-    "PS's reads in order; window, both, two transfers of a rank in flight"
+    "PS's reads in order"
 )
 """What the replayed column means of a TF plan: said on a TF job only."""
 

@@ -59,18 +59,6 @@ def test_sender_chains_the_ps_reads_and_leaves_the_transfers_free() -> None:
     assert len(waits) == 0 and len(alone) == 0
 
 
-def test_window_chains_the_ps_reads_and_releases_a_read_two_places_on() -> None:
-    """Mode window: the PS reads in plan order (as sender), and read k+2 released by the
-    arrival of every transfer of read k, one message later (as arrival, two apart); the
-    transfers share their link (none alone)."""
-    feeder = {0: 10, 1: 10, 2: 11, 3: 12}
-    src, dst, waits, alone = enforced.chain(ORDER, INDEX, feeder, "window")
-    assert enforced.WINDOW == 2
-    pairs = list(zip(src.tolist(), dst.tolist(), strict=True))
-    assert pairs == [(11, 10), (10, 12), (2, 12)]  # b -> a -> c on the PS; b's arrival -> c
-    assert waits.tolist() == [12] and len(alone) == 0
-
-
 def test_an_unknown_mode_is_refused() -> None:
     with pytest.raises(ValueError, match="arrival"):
         enforced.chain(ORDER, INDEX, {}, "receiver")

@@ -22,11 +22,6 @@ to those reads, each at its first place in the plan, in one of two modes (`MODES
 - ``sender``: the reads chained directly (``^prev_read``): the PS produces and sends
   the tensors in plan order, pipelined, with no new node; but the receiver pulls them
   over concurrent RPCs, so their arrival order is not enforced.
-- ``window``: both at a distance of `WINDOW`: the reads chained on the PS, and read
-  k+`WINDOW` waits for read k's arrival marker. At most `WINDOW` transfers of a rank
-  are in flight, each released while the one before it is still on the wire: the round
-  trip of ``arrival`` overlaps a transfer, and the order is held up to neighbours that
-  share the link at once.
 
 A plan names a transfer as `planner` ingested it:
 
@@ -70,8 +65,7 @@ _READ_OPS = frozenset({"ReadVariableOp", "Identity"})
 _PARTITION_NAME = re.compile(r"^(?P<src>.+)_S\d+$")
 _RANK = re.compile(r"^(?P<job>[A-Za-z_]+?)(?P<task>\d+)$")
 MARKER_SCOPE = "planner/arrived"
-MODES = ("arrival", "sender", "window")
-WINDOW = 2  # mode window: a rank's transfers in flight at once
+MODES = ("arrival", "sender")
 
 
 @dataclass
@@ -283,16 +277,11 @@ def _dtype_attr(node: tfpb.NodeDef) -> tfpb.AttrValue | None:
 
 
 def arrival_markers(
-    graph: tfpb.GraphDef,
-    orders: Mapping[str, Sequence[str]],
-    where: str = "<plan>",
-    window: int = 1,
+    graph: tfpb.GraphDef, orders: Mapping[str, Sequence[str]], where: str = "<plan>"
 ) -> tuple[list[tfpb.NodeDef], list[tuple[str, str]], _Chains]:
-    """Mode ``arrival`` (`window` 1): per rank, the read of each transfer waits until the
-    previous transfer has arrived; mode ``window``: until the transfer `window` places
-    before it has, the reads chained on the PS as well (see the module docstring). The
-    marker nodes, the control edges (marker -> the read it releases; read -> next read),
-    and the chains."""
+    """Mode ``arrival``: per rank, the read of each transfer waits until the previous
+    transfer has arrived (see the module docstring). The marker nodes, the control
+    edges (marker -> next read), and the chains."""
     index = _Index(graph)
     chains = _chains(index, orders, where)
     taken = set(index.nodes)
@@ -300,10 +289,7 @@ def arrival_markers(
     edges: list[tuple[str, str]] = []
     for rank, chain in chains.reads.items():
         task = rank if rank and rank != "*" else index.default_task
-        if window > 1:  # the PS's sends in plan order
-            edges.extend(zip(chain[:-1], chain[1:], strict=True))
-        released = zip(chain[:-window], chain[window:], strict=True)
-        for position, (read, following) in enumerate(released):
+        for position, (read, following) in enumerate(zip(chain[:-1], chain[1:], strict=True)):
             dtype = _dtype_attr(index.nodes[read])
             if dtype is None:  # no typed output to receive: order the reads themselves
                 edges.append((read, following))
@@ -357,17 +343,16 @@ def rewrite_with_plan(
     each transfer's read waits for the previous transfer's arrival on the rank
     (`arrival_markers`; the plan's recv order, at one round trip per transfer); with
     ``sender``, the chain of sender-side reads (`chain_edges`; the PS's send order, no
-    new nodes, pipelined); with ``window``, both, the markers `WINDOW` reads apart. A
-    control_deps file: its edges between the nodes of their ends."""
+    new nodes, pipelined). A control_deps file: its edges between the nodes of their
+    ends."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     where = str(plan)
     orders = plan_orders(plan, rank)
     markers: list[tfpb.NodeDef] = []
     chains = _Chains()
-    if orders is not None and mode in ("arrival", "window"):
-        window = WINDOW if mode == "window" else 1
-        markers, edges, chains = arrival_markers(graph, orders, where, window)
+    if orders is not None and mode == "arrival":
+        markers, edges, chains = arrival_markers(graph, orders, where)
     elif orders is not None:
         edges, chains = chain_edges(graph, orders, where)
     else:

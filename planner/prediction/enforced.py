@@ -14,9 +14,6 @@ transfers has in the plan:
   the DAG", no two transfers of a rank at once);
 - ``sender``: the reads chained on the PS, so the PS sends in plan order, but the
   worker's concurrent RecvTensor RPCs still share the link.
-- ``window``: the reads chained on the PS, and read k+`WINDOW` released one control
-  message after every transfer of read k arrived: `WINDOW` transfers of a rank share
-  the link at most.
 
 `chain` gives the control edges each mode adds to the replayed step, the transfers that
 then wait for a control message (`control_message`) and those it leaves alone on their
@@ -32,8 +29,7 @@ import numpy as np
 
 from planner.model.trace import busy_time
 
-MODES = ("arrival", "sender", "window")
-WINDOW = 2  # `planner.export.tf_graph.WINDOW`: a rank's transfers in flight in mode window
+MODES = ("arrival", "sender")
 READS = ("ReadVariableOp", "Identity")  # the PS ops whose values the TF module orders
 SMALL = 1024  # bytes: a transfer no larger carries a control message, not a tensor
 # the arrival replay's median |error| against the enforced runs' step on the cnn job: 16
@@ -89,33 +85,23 @@ def chain(
     transfer -> the PS op it receives from, where the replay holds one; else the
     transfers themselves) after every transfer of the read before, one control message
     later; every planned transfer alone. ``sender``: each read after the read before
-    it, no message, no transfer alone. ``window``: each read after the read before it,
-    and after every transfer of the read `WINDOW` places before, one message later; no
-    transfer alone."""
+    it, no message, no transfer alone."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     groups = read_groups(order, index)
     alone: list[int] = []
-    released: list[tuple[list[int], list[int]]] = []  # (arrived transfers, reads released)
-    steps: list[tuple[list[int], list[int]]] = []
     if mode == "arrival":  # each read released by the arrival of the read before it
         alone = [i for g in groups for i in g]
-        released = [
+        steps = [
             (before, sorted({feeder.get(i, i) for i in after}))
             for before, after in pairwise(groups)
         ]
-    if mode in ("sender", "window"):  # each PS read after the read before it
+    else:  # each PS read after the read before it
         reads = [r for g in groups if (r := sorted({feeder[i] for i in g if i in feeder}))]
         steps = list(pairwise(reads))
-    if mode == "window":  # and released by the arrival of the read WINDOW places before
-        released = [
-            (before, sorted({feeder.get(i, i) for i in after}))
-            for before, after in zip(groups[:-WINDOW], groups[WINDOW:], strict=True)
-        ]
-    steps += released
     src = [u for before, after in steps for u in before for _ in after]
     dst = [v for before, after in steps for _ in before for v in after]
-    waits = [v for _, after in released for v in after]
+    waits = [v for _, after in steps for v in after] if mode == "arrival" else []
     as_array = lambda xs: np.asarray(xs, dtype=np.int64)  # noqa: E731
     return as_array(src), as_array(dst), as_array(waits), as_array(alone)
 
