@@ -33,8 +33,8 @@ FETCHES = ["Momentum/update", "truediv:0", "global_step/Read/ReadVariableOp:0"]
 ADDRESSES = {"ps": ["127.0.0.2"], "worker": ["127.0.0.3", "127.0.0.4"]}
 SOURCES = [a for job in ("ps", "worker") for a in ADDRESSES[job]]
 PLANS = ("tic", "tac")
-MODES = ("arrival", "sender", "window")
-REVERSED = "tac-reversed"  # TAC's order backwards, enforced by window: does the order matter?
+MODES = ("arrival", "sender")
+REVERSED = "tac-reversed"  # TAC's order backwards, enforced by arrival: does the order matter?
 
 
 def cluster(ns: str, env: dict, where: Path, port: int = 40000) -> tuple[str, list]:
@@ -164,12 +164,12 @@ def run_tf(ns: str, job: str, spec: dict, args: argparse.Namespace, where: Path,
                     }
         reversed_plan = _reversed(where / "plan" / "priorities_tac.json", where / "plan")
         if reversed_plan is not None:
-            out = where / "plan" / f"{REVERSED}-window.pb"
+            out = where / "plan" / f"{REVERSED}-arrival.pb"
             # the loss and the global step read after every read: backwards, their edges
             # would close cycles, and are left out (--drop-cyclic)
             tools.planner_cli("export", "--graphdef", str(graph), "--plan", str(reversed_plan),
-                              "-o", str(out), "--enforce", "window", "--drop-cyclic")  # fmt: skip
-            configs.append({"label": f"{REVERSED}-window", "graph": str(out)})
+                              "-o", str(out), "--enforce", "arrival", "--drop-cyclic")  # fmt: skip
+            configs.append({"label": f"{REVERSED}-arrival", "graph": str(out)})
         record["configs"] = configs
         record["predicted"] = {"configs": predicted, "sweep": {}}
         record["repeats"] = []
