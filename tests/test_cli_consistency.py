@@ -103,6 +103,7 @@ def test_each_analyses_every_run(capsys: pytest.CaptureFixture[str]) -> None:
         "cnn_enforced_tac/sender",
         *between("cnn_ps_betweengraph"),
         *within("cnn_ps_ingraph"),
+        "lab_mlp_1500mbit",  # the lab's mlp trace phase (docs/validation.md)
         *between("mlp_ps_betweengraph"),
         *generated,
         *within("mlp_ps_ingraph"),

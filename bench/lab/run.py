@@ -52,6 +52,12 @@ JOBS: dict[str, dict] = {
     "ddp-tiny": {"kind": "ddp", "width": 128, "layers": 6, "batch": 32},
     # the generated TF cnn job (in-graph, 1 ps + 2 workers; ../shared/traces)
     "tf-cnn": {"kind": "tf", "graph": TF_GRAPHS / "cnn_ps_ingraph" / "graph.pb"},
+    # the repo's TF mlp job (in-graph, 1 ps + 2 workers; 6 dense layers, kernels up to 16 MiB)
+    "tf-mlp": {
+        "kind": "tf",
+        "graph": ROOT / "traces" / "tf" / "mlp_ps_ingraph" / "run1" / "graph.pb.gz",
+        "fetches": ["Momentum"],  # the train op (the averaged loss depends on it)
+    },
 }
 PLAIN = "plain"
 AA = "plain-aa"  # a second copy of the plain job: the A/A pair, the comparison's noise floor

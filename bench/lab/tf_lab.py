@@ -14,6 +14,7 @@ predicted gains replayed as ``--enforce arrival`` applies them), `planner simula
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import random
 import statistics
@@ -85,7 +86,10 @@ def run_tf(ns: str, job: str, spec: dict, args: argparse.Namespace, where: Path,
     """One TF job at one rate: trace, analyze, export, interleaved measurement.
     `tools` is bench.lab.run (planner_cli, _env, summarize), passed to avoid a cycle."""
     env = {**tools._env(), "CUDA_VISIBLE_DEVICES": ""}
-    graph = spec["graph"]
+    graph = Path(spec["graph"])
+    if graph.suffix == ".gz":  # the client and the export read the GraphDef's bytes
+        (where / "graph.pb").write_bytes(gzip.decompress(graph.read_bytes()))
+        graph = where / "graph.pb"
     record: dict = {
         "job": job,
         "graph": str(graph),
@@ -96,7 +100,7 @@ def run_tf(ns: str, job: str, spec: dict, args: argparse.Namespace, where: Path,
     phases = record["phases"]
     target, procs = cluster(ns, env, where)
     try:
-        base = {"target": target, "fetches": FETCHES, "warmup": 2}
+        base = {"target": target, "fetches": spec.get("fetches", FETCHES), "warmup": 2}
         trace_dir = where / "trace" / "run"
         (where / "trace").mkdir(parents=True, exist_ok=True)
         with cpuload.Sampler(args.interval) as load:

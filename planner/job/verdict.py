@@ -5,7 +5,9 @@ two outputs can say different things (issue #46).
 
 The action is one of: apply a plan (TIC, TAC or Caramel) whose predicted gain over the
 observed order exceeds the replay error of the traced steps and, where the plan was
-replayed as enforced, its replayed gain too (`recommendation`); set DDP's
+replayed as enforced, its replayed gain too (`recommendation`), and which no rank's
+replay as enforced says would slow it (`_losing`: every rank waits for the slowest each
+step); set DDP's
 ``bucket_cap_mb`` where the bucket sweep recommends a cap (the larger predicted gain of
 the two wins); trace timings where the input has none; else keep what you have, with
 the reason. The figures it cites are those the outputs' tables show: a plan's speedup
@@ -92,6 +94,10 @@ def verdict(report: Mapping[str, Any]) -> dict[str, Any]:
                 "predicted.",
             )  # fmt: skip
         return _document("keep", picks, text="Keep what you have: no plan applies.")
+    # every rank waits for the slowest each step: a plan that slows one rank slows the job
+    losing = _losing(picks)
+    for r in picks:
+        r["apply"] = r["apply"] and r["plan"] not in losing
     worth = [r for r in picks if r["apply"]]
     plan_gain = min((r["speedup"] for r in worth if r["speedup"] is not None), default=None)
     cap_gain = _cap_gain(sweep)
@@ -103,7 +109,22 @@ def verdict(report: Mapping[str, Any]) -> dict[str, Any]:
             "set_bucket_cap", picks, bucket_cap_mb=cap, speedup=cap_gain,
             text=f"Set DDP's bucket_cap_mb={cap:g}: {sweep['reason']}.",
         )  # fmt: skip
-    return _document("keep", picks, text=f"Keep what you have: {_why_keep(picks, sweep)}.")
+    return _document("keep", picks, text=f"Keep what you have: {_why_keep(picks, sweep, losing)}.")
+
+
+def _losing(picks: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """Plan -> the rank where, replayed on the traced steps as enforced, it loses most:
+    the plans some rank would run slower."""
+    out: dict[str, Mapping[str, Any]] = {}
+    for r in picks:
+        gain = r["replayed_gain"]
+        if (
+            gain is not None
+            and gain < -SAME
+            and (r["plan"] not in out or gain < out[r["plan"]]["replayed_gain"])
+        ):
+            out[r["plan"]] = r
+    return out
 
 
 def _plan_verdict(
@@ -144,14 +165,27 @@ def _cap_gain(sweep: Mapping[str, Any]) -> float | None:
     return traced / row["predicted_step_time"] - 1.0
 
 
-def _why_keep(picks: Sequence[Mapping[str, Any]], sweep: Mapping[str, Any]) -> str:
+def _why_keep(
+    picks: Sequence[Mapping[str, Any]],
+    sweep: Mapping[str, Any],
+    losing: Mapping[str, Mapping[str, Any]],
+) -> str:
     """Why no plan is worth applying: the first reason that holds over the ranks."""
     best = max(picks, key=lambda r: r["speedup"] if r["speedup"] is not None else -1.0)
+    held = [(r, losing[r["plan"]]) for r in picks if r["plan"] in losing and r is not losing[
+        r["plan"]] and r["replayed_gain"] is not None and r["replayed_gain"] > -SAME]  # fmt: skip
     if all(r["plans"] == 0 for r in picks):
         why = "no scheduler applies"
     elif all(r["same"] for r in picks):
         why = (
             "no plan changes the predicted step time: the order of the transfers does not decide it"
+        )
+    elif held:
+        gains, loses = held[0]
+        why = (
+            f"{plan_label(gains['plan'])} gains on {gains['rank']} but, replayed on "
+            f"{loses['rank']}'s traced steps as enforced, {loses['replayed_gain']:+.1%}: every "
+            "rank waits for the slowest each step, so a plan that slows one slows the job"
         )
     elif best["replayed_gain"] is not None and best["replayed_gain"] < -SAME:
         why = (
