@@ -172,8 +172,12 @@ def _why_keep(
 ) -> str:
     """Why no plan is worth applying: the first reason that holds over the ranks."""
     best = max(picks, key=lambda r: r["speedup"] if r["speedup"] is not None else -1.0)
-    held = [(r, losing[r["plan"]]) for r in picks if r["plan"] in losing and r is not losing[
-        r["plan"]] and r["replayed_gain"] is not None and r["replayed_gain"] > -SAME]  # fmt: skip
+    # (a rank its plan would speed up, the rank the same plan would slow most)
+    held = [
+        (r, losing[r["plan"]])
+        for r in picks
+        if r["plan"] in losing and r["replayed_gain"] is not None and r["replayed_gain"] > -SAME
+    ]
     if all(r["plans"] == 0 for r in picks):
         why = "no scheduler applies"
     elif all(r["same"] for r in picks):
