@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from planner.ingest import detect
-from planner.job.verify import enforced_order, unit_of, verify
-from planner.model.plan import from_priorities
+from planner.job.verify import enforced_order, verify
+from planner.model.plan import from_priorities, read_of
 
 TRACES = Path(__file__).resolve().parents[1] / "traces" / "tf"
 TAC = TRACES / "cnn_enforced_tac"
@@ -33,7 +33,7 @@ def _arrival_orders(folder: Path) -> dict[tuple[str, int], list[str]]:
     for (rank, step), group in rows.groupby(["rank", "iteration"]):
         ends = (group["start"] + group["duration"]).to_numpy()
         ordered = [group["op"].to_numpy()[i] for i in ends.argsort(kind="stable")]
-        out[(rank, int(step))] = list(dict.fromkeys(unit_of(o) for o in ordered))
+        out[(rank, int(step))] = list(dict.fromkeys(read_of(o) for o in ordered))
     return out
 
 
@@ -48,7 +48,7 @@ def test_verify_checks_the_enforced_order_of_a_tac_run(mode: str, compliant: boo
     counted = _arrival_orders(TAC / mode)
     assert len(document["steps"]) == len(counted) == 2 * len(_steps(TAC / mode))
     for step in document["steps"]:
-        want = list(dict.fromkeys(unit_of(n) for n in enforced_order(plans[step["rank"]].order)))
+        want = list(dict.fromkeys(read_of(n) for n in enforced_order(plans[step["rank"]].order)))
         seen = counted[(step["rank"], step["iteration"])]
         assert step["in_plan_order"] == ([u for u in seen if u in want] == want[: len(seen)])
         assert step["in_plan_order"] is compliant

@@ -35,9 +35,9 @@ from typing import Any
 from planner.enforce.plan_file import TransferPlan, load_plan
 from planner.errors import InputError
 from planner.ingest.demos import named
-from planner.model.plan import Plan
+from planner.model.plan import Plan, read_of
 from planner.model.trace import Job, busy_time
-from planner.prediction.enforced import read_of
+from planner.prediction.enforced import read_groups
 
 TRANSFER_PREFIX = "planner.transfer:"
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -210,27 +210,19 @@ def _plan_for(path: Path, rank: str) -> TransferPlan:
         return load_plan(path)  # a plan for every rank alike (e.g. all-reduce groups)
 
 
-def unit_of(name: str) -> str:
-    """What the runtime module orders a transfer by: a TF recv by its PS-side read (the
-    read's data and the control message beside it leave together, `tf_graph`), any other
-    transfer by itself."""
-    return read_of(name) if name.startswith("recv:") else name
-
-
 def enforced_order(order: Sequence[str]) -> list[str]:
-    """`order` as the export enforces it: each read's transfers (`unit_of`) together, at
-    the first place any of them has (`planner.export.tf_graph`); other orders as they are."""
-    places: dict[str, list[str]] = {}
-    for name in order:
-        places.setdefault(unit_of(name), []).append(name)
-    return [name for names in places.values() for name in names]
+    """`order` as the export enforces it: each read's transfers (`read_of`) together, at
+    the first place any of them has (`enforced.read_groups`, as the replay groups them);
+    an order of other transfers (each its own read) as it is."""
+    index = {name: i for i, name in enumerate(order)}
+    return [order[i] for group in read_groups(order, index) for i in group]
 
 
 def _units(order: Sequence[str]) -> list[str]:
-    """The first transfer of each unit of `order` (`unit_of`), in order."""
+    """The first transfer of each read of `order` (`read_of`), in order."""
     first: dict[str, str] = {}
     for name in order:
-        first.setdefault(unit_of(name), name)
+        first.setdefault(read_of(name), name)
     return list(first.values())
 
 
@@ -323,8 +315,8 @@ def _check_rank(
     traced = {n for s in mine for n in s.order}
     expected = [n for n in enforced_order(plan.order) if n in traced]
     # a read's control message leaves with its data: traced where the data is
-    seen = {unit_of(n) for n in traced}
-    untraced = [n for n in plan.order if unit_of(n) not in seen]
+    seen = {read_of(n) for n in traced}
+    untraced = [n for n in plan.order if read_of(n) not in seen]
     if untraced:
         notes.append(
             f"{rank}: {len(untraced)} of {len(plan)} planned transfer(s) matched nothing "
@@ -376,7 +368,7 @@ def _check_step(
     """The verify document of step `s` and, unless it is compliant (in the order of the
     `expected` transfers, each split into its planned `depth`), its first violation."""
     want = _units([n for n in expected if n not in s.unrecorded])
-    gone = first_departure([unit_of(n) for n in _units(s.order)], [unit_of(n) for n in want])
+    gone = first_departure([read_of(n) for n in _units(s.order)], [read_of(n) for n in want])
     wrong_depth = [
         {"transfer": n, "depth": depth.get(n, 1), "chunks": c}
         for n, c in zip(s.order, s.chunks, strict=False)

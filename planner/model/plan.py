@@ -32,6 +32,14 @@ class Plan:
         return {name: i for i, name in enumerate(self.order)}
 
 
+def read_of(transfer: str) -> str:
+    """The PS-side read a TF transfer comes from: ``recv:^x`` (a control message beside
+    the data, e.g. a ``ShapeN`` grappler folded) and ``recv:x`` both leave with read x,
+    and the TF module orders the read (`planner.export.tf_graph`). Any other transfer
+    (a bucket, a collective) is its own."""
+    return transfer.removeprefix("recv:").lstrip("^")
+
+
 def dense_priorities(keys: Mapping[str, Any]) -> dict[str, int]:
     """Map sortable keys to dense priority numbers 0..k (equal keys share a number)."""
     distinct = sorted(set(keys.values()))

@@ -19,19 +19,19 @@ from dataclasses import replace
 import numpy as np
 
 from planner.model.graph import OpGraph, is_acyclic
-from planner.model.plan import Plan
+from planner.model.plan import Plan, read_of
 
 MESSAGE = "recv:^"
 
 
 def read_units(graph: OpGraph) -> dict[str, str]:
-    """Control message -> the data transfer of the same read (``recv:^X`` -> ``recv:X``),
-    for every read of `graph` that has both."""
+    """Control message -> the data transfer of the same read (``recv:^X`` -> ``recv:X``,
+    `read_of` both), for every read of `graph` that has both."""
     recvs = set(graph.recvs)
     return {
-        r: f"recv:{r.removeprefix(MESSAGE)}"
+        r: f"recv:{read_of(r)}"
         for r in graph.recvs
-        if r.startswith(MESSAGE) and f"recv:{r.removeprefix(MESSAGE)}" in recvs
+        if r.startswith(MESSAGE) and f"recv:{read_of(r)}" in recvs
     }
 
 

@@ -27,6 +27,7 @@ from itertools import pairwise
 
 import numpy as np
 
+from planner.model.plan import read_of  # noqa: F401 (this module's API)
 from planner.model.trace import busy_time
 
 MODES = ("arrival", "sender")
@@ -36,12 +37,6 @@ SMALL = 1024  # bytes: a transfer no larger carries a control message, not a ten
 # rank-rounds of two runs of bench/bench_enforce_tf.py --rounds 4 recorded after the
 # replay's rules were set (docs/algorithms.md, "A plan replayed as it is enforced")
 UNCERTAINTY = {"arrival": 0.075}
-
-
-def read_of(transfer: str) -> str:
-    """The PS-side read a TF transfer comes from: ``recv:^x`` (a control message beside
-    the data, e.g. a ``ShapeN`` grappler folded) and ``recv:x`` both leave with read x."""
-    return transfer.removeprefix("recv:").lstrip("^")
 
 
 def is_read(transfer: str, feeder_type: str | None = None) -> bool:
