@@ -194,9 +194,7 @@ def report_ranks(
         pending = _second_pass(mapper, ranks, source_of, waits, plan, metrics, options, store)
         joined = _joined(ranks, planned, waits, opened, notes, holds, planned_reference,
                          (network, untraced_step_time, reference,
-                          reference_untraced_step_time))  # fmt: skip
-        if sources is not None:
-            joined["sources"] = joined["inspect"]["sources"] = list(sources)
+                          reference_untraced_step_time), sources)  # fmt: skip
         usage = usage_of(results)
         del results, ranks, planned, waits, opened
         replays = list(pending)
@@ -288,15 +286,17 @@ def _joined(
     holds: Any,
     planned_reference: Mapping[str, Any],
     advice: tuple[NetworkModel | None, float | None, Job | None, float | None],
+    job_sources: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """What the report takes from the summaries while the second pass runs: sources,
-    framework, the inspection, the observed orders, the bucket advice (`advice`: the
-    benchmark network, the untraced step time, the reference trace and its untraced
-    step time), the plan of every rank and its priority document."""
+    """What the report takes from the summaries while the second pass runs: sources (the
+    job's, `job_sources`, where each rank is a view holding them all; else joined from
+    the ranks'), framework, the inspection, the observed orders, the bucket advice
+    (`advice`: the benchmark network, the untraced step time, the reference trace and
+    its untraced step time), the plan of every rank and its priority document."""
     from planner.job import pipeline, stages
 
     frame, waited, alignment = waits
-    sources = pipeline.joint_sources(ranks)
+    sources = list(job_sources) if job_sources is not None else pipeline.joint_sources(ranks)
     network, untraced_step_time, reference, reference_untraced_step_time = advice
     ops_of = {r["rank"]: r["caramel"]["material"]["ops"] for r in planned}
     plans = stages.caramel_rank_plans(
