@@ -365,8 +365,6 @@ def analyze_command(
     """
     from planner.export.files import check_set_target, holds_demo_results, write_set
     from planner.ingest.demos import demo_trace
-    from planner.job import analysis, parallel, rank_analysis
-    from planner.reporting.outputs import analysis_files
 
     if output is not None:
         # the quick start (no PATH, or `demo`) replaces its own earlier output
@@ -375,7 +373,9 @@ def analyze_command(
         check_set_target(output, force)
     if reference_untraced_step_time is not None and bucket_reference is None:
         raise click.UsageError("--reference-untraced-step-time needs --bucket-reference")
-    drawer = _drawer(workers) if output is not None else None
+    from planner.job import analysis, parallel, rank_analysis
+    from planner.reporting.outputs import analysis_files
+
     reference = load((bucket_reference,), as_json) if bucket_reference is not None else None
     ranks, skipped = parallel.split_ranks(resolve(paths)) if paths and rank is None else (None, [])
     done = None
@@ -411,7 +411,7 @@ def analyze_command(
     network_notes(report["plans"].get("caramel", {}), as_json)
     if reference is not None and not (report.get("bucket_sweep") or {}).get("caps"):
         render.note("--bucket-reference: no DDP bucket advice for this job, not used", as_json)
-    files = analysis_files(report, graphs, output, workers, drawer) if output is not None else {}
+    files = analysis_files(report, graphs, output) if output is not None else {}
     if output is not None:
         write_set(output, {path.name: text for path, text in files.items()}, force=force)
     render.emit(
@@ -419,18 +419,6 @@ def analyze_command(
     )
     for path in files:
         render.note(f"wrote {path}", as_json)
-
-
-def _drawer(workers: int | None) -> Any:
-    """report.html's drawer (`planner.reporting.html.drawing`): a process that loads
-    matplotlib while the report is computed; one per command (each run of --each hands it
-    its report), ended with the command."""
-    from planner.reporting.html import drawing
-
-    ctx = click.get_current_context()
-    if "drawer" not in ctx.meta:
-        ctx.meta["drawer"] = ctx.with_resource(drawing(workers))
-    return ctx.meta["drawer"]
 
 
 @cli.command("convert")

@@ -85,9 +85,11 @@ rank_option = click.option("--rank", default=None, help="Analyse only this rank 
 
 
 def _network(_ctx: click.Context, _param: click.Parameter, value: Path | None) -> Any:
+    if value is None:
+        return None
     from planner.ingest import netbench
 
-    return None if value is None else netbench.read_model(value)
+    return netbench.read_model(value)
 
 
 network_option = click.option(

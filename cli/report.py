@@ -56,7 +56,7 @@ def report_command(result_dir: Path, output: Path | None, as_json: bool) -> None
     target = output if output is not None else result_dir / "report.html"
     files = result_files(result_dir, target.name if target.parent == result_dir else "")
     shown = [f for f in files if f]
-    page = render_html(document, files=shown, title="planner report", workers=None)
+    page = render_html(document, files=shown, title="planner report")
     write_atomic(target, page)
     if as_json:
         size = len(page.encode())

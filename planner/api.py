@@ -9,7 +9,7 @@
 
 Every result is a dataclass with `.to_dict()` (the document the CLI's `--json` prints,
 with its ``schema``) and `.to_frame()` (a pandas DataFrame). Heavy modules (pandas,
-numba, matplotlib, protobuf) load on first use, so `import planner` stays cheap.
+numba, protobuf) load on first use, so `import planner` stays cheap.
 """
 
 from __future__ import annotations

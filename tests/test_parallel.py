@@ -12,7 +12,7 @@ from test_schemas import validate
 
 from planner.errors import InputError
 from planner.ingest import detect
-from planner.job import analysis, parallel, pipeline, stages, summaries
+from planner.job import analysis, parallel, pipeline, shown_ranks, stages, summaries
 from planner.job.parallel import analyze_ranks
 from planner.model import trace as trace_module
 
@@ -607,7 +607,7 @@ def test_report_text_is_json_dumps_joined_in_pieces(monkeypatch: pytest.MonkeyPa
 def test_a_large_job_carries_timelines_of_a_bounded_set(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Above `stages.TIMELINE_RANKS` the report keeps every rank's rows and only the
+    """Above `shown_ranks.TIMELINE_RANKS` the report keeps every rank's rows and only the
     schedules of the slowest, the fastest and the most often last-arriving rank, per rank
     and in one process alike; the rest of the report does not change."""
     from planner.job import rank_analysis
@@ -617,7 +617,7 @@ def test_a_large_job_carries_timelines_of_a_bounded_set(
     ranks, notes = parallel.split_ranks([folder])
     full, _, _ = rank_analysis.report_ranks(ranks, workers=1, samples=4, notes=notes)
     full_timelines = full["simulation"]["timelines"]
-    monkeypatch.setattr(stages, "TIMELINE_RANKS", 4)
+    monkeypatch.setattr(shown_ranks, "TIMELINE_RANKS", 4)
     bounded, graphs, _ = rank_analysis.report_ranks(ranks, workers=1, samples=4, notes=notes)
     kept = {s["rank"] for s in bounded["simulation"]["timelines"]}
     spans = {e["rank"]: e["makespan_mean"] for e in full["metrics"]["ranks"]}

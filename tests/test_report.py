@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 
 from planner.ingest import detect
-from planner.job import analysis, stages
+from planner.job import analysis, shown_ranks
 from planner.job.verdict import with_verdict
 from planner.prediction import simulate as sim
 from planner.reporting import Thresholds, failures, junit_xml, markdown_summary, render_html
 from planner.reporting.ci import unchecked
-from planner.reporting.html import drawing
 from planner.reporting.markup import MAX_ROWS, NOT_AVAILABLE, seconds
 from planner.reporting.measured_sections import summary_section
+from planner.reporting.svg import layout_of
 from tests.conftest import DEMO, REPO, SHARED, need, run_cli
 
 TORCH = REPO / "traces" / "torch" / "resnet_ddp"
@@ -87,7 +87,7 @@ def test_report_on_pytorch_with_simulation(torch_report: dict[str, Any]) -> None
     assert not re.search(r"-[\d.,]+ ms", page)  # signed percentages are fine
 
 
-def test_sections_drawn_by_forked_processes_make_the_same_page(
+def test_a_malformed_section_says_so_and_the_others_are_drawn(
     torch_report: dict[str, Any],
 ) -> None:
     job = detect.load([need(TORCH)])
@@ -96,11 +96,31 @@ def test_sections_drawn_by_forked_processes_make_the_same_page(
     one = render_html(report, files=["report.json"])
     assert "could not be drawn" in _sections(one)["steps"]
     assert "left-out" in _sections(one) and _sections(one)["timeline"].count("<svg") == 2
-    assert render_html(report, files=["report.json"], workers=2) == one
-    # drawn by a process forked ahead that loaded matplotlib meanwhile (`analyze -o`)
-    with drawing(2) as drawer:
-        assert drawer is not None
-        assert render_html(report, files=["report.json"], drawer=drawer) == one
+
+
+def test_a_long_timeline_stays_small(torch_report: dict[str, Any]) -> None:
+    """A timeline's spans that meet on screen are one path command: the real traced step
+    (605 ops) repeated 165 times in the same length (99,825 ops) draws in a size bounded
+    by the chart's width, not by its op count, on the same time axis."""
+    from planner.reporting import plots
+
+    real = next(
+        s["timeline"] for s in torch_report["simulation"]["timelines"] if s["plan"] == "measured"
+    )
+    end = max(s + d for s, d in zip(real["start"], real["duration"], strict=True))
+    copies = 165
+    many: dict[str, list[Any]] = {k: [] for k in real}
+    for c in range(copies):
+        for key, values in real.items():
+            if key == "start":
+                values = [(c * end + v) / copies for v in values]
+            elif key == "duration":
+                values = [v / copies for v in values]
+            many[key] += values
+    assert len(many["op"]) == 605 * copies
+    small, big = plots.gantt(real), plots.gantt(many)
+    assert len(big) < 3 * len(small) + 60_000, (len(small), len(big))
+    assert layout_of(big)["xlim"] == layout_of(small)["xlim"]
 
 
 def test_report_degrades_without_metrics() -> None:
@@ -176,12 +196,12 @@ def test_ci_outputs_on_ps_metrics(demo_job) -> None:  # noqa: ANN001
 def test_a_report_of_many_ranks_plots_the_timeline_ranks_and_tables_every_rank(
     torch_report: dict[str, Any],
 ) -> None:
-    """Above `stages.TIMELINE_RANKS` ranks the per-step plots draw the slowest, the
+    """Above `shown_ranks.TIMELINE_RANKS` ranks the per-step plots draw the slowest, the
     fastest and the most often last rank (a plot of 1,000 ranks is unreadable and took
     seconds); the tables still hold every rank's rows. The real 2-rank job's rows, copied to 20
     ranks whose mean makespans grow with the rank number."""
     metrics = torch_report["metrics"]
-    world = stages.TIMELINE_RANKS + 4
+    world = shown_ranks.TIMELINE_RANKS + 4
 
     def copies(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out = []
@@ -197,7 +217,7 @@ def test_a_report_of_many_ranks_plots_the_timeline_ranks_and_tables_every_rank(
     allreduce = {**metrics["allreduce"], "steps": copies(metrics["allreduce"]["steps"])}
     many = {**metrics, "steps": copies(metrics["steps"]), "ranks": ranks, "allreduce": allreduce}
     sections = _sections(render_html({**torch_report, "metrics": many}, files=["report.json"]))
-    shown = stages.timeline_ranks([f"rank{k}" for k in range(world)], many)
+    shown = shown_ranks.timeline_ranks([f"rank{k}" for k in range(world)], many)
     last = f"rank{world - 1}"
     assert {"rank0", last} <= shown and len(shown) <= 3
     for name in ("steps", "efficiency"):

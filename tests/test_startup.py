@@ -69,9 +69,9 @@ def test_commands_load_only_what_they_need(argv: list[str], absent: set[str]) ->
     assert not loaded & absent, sorted(loaded & absent)
 
 
-def test_analyze_draws_the_report_figures_in_a_process_of_their_own(tmp_path) -> None:  # noqa: ANN001
-    """`analyze -o`: matplotlib loads in the drawer process while the report is computed
-    (`planner.reporting.html.drawing`), never in the command's own process."""
+def test_analyze_draws_the_report_figures_without_a_plotting_library(tmp_path) -> None:  # noqa: ANN001
+    """`analyze -o`: the figures are SVG put together by `planner.reporting.svg`; no
+    plotting library is imported (matplotlib alone took longer than the analysis)."""
     out = tmp_path / "out"
     loaded = _loaded(["analyze", "-o", str(out)])
     assert "pandas" in loaded and not loaded & {"matplotlib", "numba", "networkx"}

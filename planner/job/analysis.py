@@ -18,7 +18,7 @@ from typing import Any
 
 from planner.errors import InputError
 from planner.export.caramel_files import bucket_plan_document, control_deps_document
-from planner.job import pipeline, stages, summaries
+from planner.job import pipeline, shown_ranks, stages, summaries
 from planner.job.stages import (  # noqa: F401 (the stages the API and the CLI call by this name)
     ALGORITHMS,
     algorithms_for,
@@ -250,8 +250,8 @@ def analyze(
         report["simulation"] = simulation(
             job, plans, samples=samples, seed=seed, timelines=True, ranks=ranks
         )
-        if report["metrics"] is not None and len(job.ranks) > stages.TIMELINE_RANKS:
-            kept = stages.timeline_ranks(job.ranks, report["metrics"])
+        if report["metrics"] is not None and len(job.ranks) > shown_ranks.TIMELINE_RANKS:
+            kept = shown_ranks.timeline_ranks(job.ranks, report["metrics"])
             timelines = report["simulation"]["timelines"]
             report["simulation"]["timelines"] = [s for s in timelines if s["rank"] in kept]
     report["bucket_sweep"] = None

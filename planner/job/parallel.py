@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import gc
 import importlib
-import multiprocessing as mp
 import os
 import re
 import resource
@@ -406,20 +405,6 @@ WARM = (
 """Modules every rank task imports (pandas, the readers and the analysis: ~0.4 s
 of CPU per process), loaded before a local pool starts: its workers are forked (Linux) with them
 loaded, instead of each importing them again, and the parent needs them for the join."""
-
-
-def forked_map(
-    task: Callable[[Any], Any], items: Sequence[Any], workers: int | None = None
-) -> list[Any]:
-    """`[task(item) for item in items]` on a pool forked from this process (`pool_size`
-    processes): `task` reads what this process holds without it being pickled; only the
-    items and the results cross. In this process where one worker is asked for or
-    there is no `fork` (not Linux)."""
-    count = pool_size(workers, len(items))
-    if count <= 1 or "fork" not in mp.get_all_start_methods():
-        return [task(item) for item in items]
-    with ProcessPoolExecutor(max_workers=count, mp_context=mp.get_context("fork")) as pool:
-        return list(pool.map(task, items))
 
 
 def pool_size(workers: int | None, tasks: int) -> int:

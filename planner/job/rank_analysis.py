@@ -9,7 +9,7 @@ collective spans, lanes). The parent joins the summaries: the waits and the metr
 (`pipeline.job_metrics`), the job's Caramel plan (one task on the reference rank), the
 transfers' oracle times less the waits for `inspect`, the bucket sweep on the joined
 profile. A second pass replays and compares each rank (`rank_replay.simulation_of`),
-with its bucket-plan entry and, for a bounded set of ranks (`stages.timeline_ranks`), its
+with its bucket-plan entry and, for a bounded set of ranks (`shown_ranks.timeline_ranks`), its
 schedules for the report's timelines. The first pass keeps each loaded rank on disk as
 numpy columns (`rank_store`) and the second reads it from there, not from its trace: a
 worker that kept its ranks in memory across the barrier would hold all of them, and the
@@ -262,13 +262,13 @@ def _second_pass(
 ) -> Iterable[dict[str, Any]]:
     """The second pass's records (`rank_report`), sent to the workers at once: each rank
     with its waits, its peers' ready times, the job's plan and whether its schedules go
-    in the report (`stages.timeline_ranks`)."""
-    from planner.job import stages
+    in the report (`shown_ranks.timeline_ranks`)."""
     from planner.job.rank_replay import releases
+    from planner.job.shown_ranks import timeline_ranks
 
     _, waited, _ = waits
     ready = releases(ranks)
-    chosen = stages.timeline_ranks([r["rank"] for r in ranks], metrics)
+    chosen = timeline_ranks([r["rank"] for r in ranks], metrics)
     args = [
         (waited.get(r["rank"], {}), ready.get(r["rank"], {}), plan, options,
          r["rank"] in chosen, store)

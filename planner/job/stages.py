@@ -10,8 +10,7 @@ Dask (`planner.job.parallel`). Every document carries ``"schema":
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -44,10 +43,6 @@ if TYPE_CHECKING:
     import pandas as pd
 
 ALGORITHMS = ("tic", "tac", "caramel")
-
-TIMELINE_RANKS = 16
-"""Up to this many ranks a report carries every rank's schedules (`timelines`); above,
-only those of the slowest, the fastest and the most often last-arriving rank."""
 
 
 def _first_source(job: Job) -> str | None:
@@ -404,32 +399,6 @@ def observed_orders(job: Job) -> list[dict[str, Any]]:
         order = rows.sort_values(["start", "op"], kind="stable")["op"].tolist()
         result.append({"rank": rank, "iteration": iteration, "order": order})
     return result
-
-
-def timeline_ranks(ranks: Sequence[str], metrics: Mapping[str, Any]) -> set[str]:
-    """The ranks whose schedules a report carries: all up to `TIMELINE_RANKS`; above,
-    the slowest and the fastest (mean makespan, `metrics`: the job's
-    `planner.metrics/1`) and the one most often last to arrive at a step's collectives
-    (the straggler of `planner.model.waits`). Bounds the report of a job of 1,000+ ranks."""
-    if len(ranks) <= TIMELINE_RANKS:
-        return set(ranks)
-    makespan = {
-        e["rank"]: e["makespan_mean"]
-        for e in metrics["ranks"]
-        if e.get("makespan_mean") is not None
-    }
-    chosen = set()
-    if makespan:
-        chosen.add(max(makespan, key=lambda r: (makespan[r], r)))
-        chosen.add(min(makespan, key=lambda r: (makespan[r], r)))
-    last = Counter(
-        s["slowest_rank"]
-        for s in (metrics.get("allreduce") or {}).get("stragglers", [])
-        if s.get("slowest_rank") is not None
-    )
-    if last:
-        chosen.add(min(last, key=lambda r: (-last[r], r)))
-    return chosen or {ranks[0]}
 
 
 def bucket_sweep(

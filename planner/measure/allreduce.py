@@ -10,16 +10,18 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from planner.errors import InputError
 from planner.measure.metrics import OverlapMetrics, overlap_figures
 from planner.model.graph import OpGraph
 from planner.model.trace import Job
 from planner.model.waits import with_step_waits
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SCHEMA = "planner.allreduce/1"
 
@@ -136,6 +138,8 @@ def rank_windows(job: Job, rank: str) -> pd.DataFrame:
     read of its parameters in the next step (else the next step's first forward read, or
     its start); `slack` is the window less the time from ready to the transfer's end.
     The last step's windows are NaN."""
+    import pandas as pd
+
     windows = _rank_windows(job, rank, _rank_columns(job, rank))
     frame = pd.DataFrame(
         {k: windows[k] for k in ("iteration", "op", "start", "duration", "wait", "ready")}

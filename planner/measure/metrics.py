@@ -25,12 +25,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from planner.model.graph import OpGraph, device_ops, on_gpu  # noqa: F401 (device_ops: this module's API)
 from planner.model.trace import Job, busy_time, rank_meta
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ __all__ = ["Thresholds", "failures", "junit_xml", "markdown_summary", "render_ht
 
 
 def __getattr__(name: str) -> Any:
-    """Import on first use: the HTML report pulls in matplotlib, which `planner metrics`
-    (the CI outputs) never needs."""
+    """Import on first use: the HTML report's sections read the verdict and the plans'
+    modules, which `planner metrics` (the CI outputs) never needs."""
     if name == "render_html":
         from planner.reporting.html import render_html
 

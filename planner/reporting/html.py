@@ -8,8 +8,8 @@ is already as good as any plan); a section whose data the document lacks (a grap
 without timings, a PS job without all-reduce figures) is left out, with one line saying
 why. Every time is in milliseconds, in tables and figures alike.
 
-This module holds the page itself: its style, the sections in their order, drawn on
-one process or several, and the frame around them. The sections are in
+This module holds the page itself: its style, the sections in their order and the
+frame around them. The sections are in
 `planner.reporting.advice` (what to do), `planner.reporting.measured_sections` (what the
 trace measured) and `planner.reporting.plan_sections` (what the plans predict); what
 they share (units, tables, figures, document lookups) in `planner.reporting.markup`.
@@ -17,12 +17,11 @@ they share (units, tables, figures, document lookups) in `planner.reporting.mark
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from planner.reporting.advice import advice_section
-from planner.reporting.markup import NotApplicable, esc, load_plots, lookup, unavailable
+from planner.reporting.markup import NotApplicable, esc, lookup, unavailable
 from planner.reporting.measured_sections import (
     efficiency_section,
     steps_section,
@@ -84,68 +83,12 @@ SECTIONS: tuple[tuple[str, str, Callable[[Mapping[str, Any]], str]], ...] = (
 )
 
 
-_RENDERING: dict[str, Mapping[str, Any]] = {}
-"""The report whose sections `_outcome_of` draws: set for the time of one `_outcomes`,
-read by the processes forked from this one (the report is not pickled for them)."""
-
-
-def _outcomes(report: Mapping[str, Any], workers: int | None) -> list[tuple[bool, str]]:
-    """(drawn, the content or why the section does not apply) of every section."""
-    from planner.job.parallel import forked_map
-
-    if workers != 1:
-        load_plots()  # matplotlib loaded once, here, rather than in every process
-    _RENDERING["report"] = report
+def _outcome(
+    build: Callable[[Mapping[str, Any]], str], report: Mapping[str, Any]
+) -> tuple[bool, str]:
+    """(drawn, the section's content or why it does not apply) of one section."""
     try:
-        return forked_map(_outcome_of, range(len(SECTIONS)), workers)
-    finally:
-        _RENDERING.clear()
-
-
-Drawer = Callable[[Mapping[str, Any]], list[tuple[bool, str]]]
-"""`_outcomes` of a report, drawn in a process that loaded matplotlib ahead (`drawing`)."""
-
-
-@contextmanager
-def drawing(workers: int | None) -> Iterator[Drawer | None]:
-    """A process forked now that imports the figures' module (matplotlib: 0.35 s of CPU)
-    while this one computes the report, and draws the page's sections once handed it
-    (forking its own `workers` for them, as `render_html` would here): the same page,
-    with the import off the time to it where a second CPU is free. None where one worker
-    is asked for or processes cannot be forked (not Linux)."""
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-
-    if workers == 1 or "fork" not in mp.get_all_start_methods():
-        yield None
-        return
-    with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("fork")) as pool:
-        pool.submit(_load_figures)
-
-        def drawn(report: Mapping[str, Any]) -> list[tuple[bool, str]]:
-            from concurrent.futures.process import BrokenProcessPool
-
-            try:
-                return pool.submit(_outcomes, report, workers).result()
-            except BrokenProcessPool:  # it died (a signal, memory): drawn here instead
-                return _outcomes(report, workers)
-
-        try:
-            yield drawn
-        except BaseException:
-            pool.shutdown(cancel_futures=True)  # what it had left is not waited for
-            raise
-
-
-def _load_figures() -> None:
-    load_plots()
-
-
-def _outcome_of(index: int) -> tuple[bool, str]:
-    """(drawn, content or why not) of section `index` of the report being rendered."""
-    _, _, build = SECTIONS[index]
-    try:
-        return True, build(_RENDERING["report"])
+        return True, build(report)
     except NotApplicable as why:
         return False, str(why)
     except (KeyError, TypeError, ValueError, IndexError) as exc:
@@ -160,17 +103,11 @@ def render_html(
     report: Mapping[str, Any],
     files: Sequence[str] = (),
     title: str = "planner report",
-    workers: int | None = 1,
-    drawer: Drawer | None = None,
 ) -> str:
     """The whole page for `report` (a ``planner.report/1`` document).
 
     `files`: names of the files written beside it, listed at the end. A section whose
     data is malformed says so on the page instead of failing the whole report.
-    `workers`: processes that draw the sections at once (`parallel.forked_map`; None:
-    the CPUs), the same page as one process draws (about 1.5 s of figures for a job of
-    many ranks, half of it on 2 cores); `drawer`: the process that draws them instead
-    (`drawing`).
     """
     schema = report.get("schema", "")
     if not str(schema).startswith("planner.report/"):
@@ -178,8 +115,8 @@ def render_html(
     body = []
     shown = []
     left_out = []
-    outcomes = drawer(report) if drawer is not None else _outcomes(report, workers)
-    for (key, heading, _), (drawn, content) in zip(SECTIONS, outcomes, strict=True):
+    for key, heading, build in SECTIONS:
+        drawn, content = _outcome(build, report)
         if not drawn:
             left_out.append(f"<li>{esc(heading.split(':')[0])}: {esc(content)}.</li>")
             continue

@@ -11,20 +11,9 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from planner.job.verdict import SAME as SAME  # one threshold for the verdict and the page
-
-if TYPE_CHECKING:
-    from types import ModuleType
-
-
-def load_plots() -> ModuleType:
-    """The figure module, imported on first use (it loads matplotlib)."""
-    from planner.reporting import plots
-
-    return plots
-
 
 NOT_AVAILABLE = "not available for this input"
 UNIT = "ms"

@@ -13,11 +13,11 @@ from statistics import median
 from typing import Any
 
 from planner.job.verdict import plan_label, verdict
+from planner.reporting import plots
 from planner.reporting.markup import (
     NotApplicable,
     esc,
     figure,
-    load_plots,
     lookup,
     nbytes,
     noun,
@@ -90,12 +90,12 @@ def _plotted(
     report: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]
 ) -> tuple[list[Mapping[str, Any]], str]:
     """The per-step rows a plot draws, and what its caption adds: every rank's up to
-    `stages.TIMELINE_RANKS` ranks; above, those of the ranks the timelines show (the
-    slowest, the fastest, the most often last: `stages.timeline_ranks`), so that the
+    `shown_ranks.TIMELINE_RANKS` ranks; above, those of the ranks the timelines show (the
+    slowest, the fastest, the most often last: `shown_ranks.timeline_ranks`), so that the
     plot of a job of 1,000 ranks stays readable and costs what a small job's does. The
     tables (up to `MAX_ROWS` rows) and report.json hold every rank."""
     ranks = list(dict.fromkeys(r["rank"] for r in rows))
-    from planner.job.stages import TIMELINE_RANKS, timeline_ranks
+    from planner.job.shown_ranks import TIMELINE_RANKS, timeline_ranks
 
     if len(ranks) <= TIMELINE_RANKS:
         return list(rows), ""
@@ -131,7 +131,7 @@ def steps_section(report: Mapping[str, Any]) -> str:
         ]
         drawn, shown = _plotted(report, allreduce)
         return figure(
-            load_plots().step_breakdown(drawn),
+            plots.step_breakdown(drawn),
             "Compute C, communication N and their overlap alpha·min(C, N) (Caramel §3.1)."
             + shown,
         ) + table(
@@ -161,7 +161,7 @@ def steps_section(report: Mapping[str, Any]) -> str:
         "executor for a thread or a core."
     ) * queued
     return figure(
-        load_plots().step_times(drawn),
+        plots.step_times(drawn),
         "Busy makespan m, idle time, and the bounds Lmin, Umax." + shown + note,
     ) + table(
         ["rank", "step", "span", "busy m", "idle", "Lmin", "Umax"] + ["queued"] * queued,
@@ -201,7 +201,7 @@ def efficiency_section(report: Mapping[str, Any]) -> str:
     drawn, shown = _plotted(report, steps)
     return (
         figure(
-            load_plots().efficiency(drawn, gate),
+            plots.efficiency(drawn, gate),
             "E = (Umax − m) / (Umax − Lmin): 1 = as good as the bounds allow (TicTac §3.2)."
             + shown,
         )

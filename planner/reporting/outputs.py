@@ -12,7 +12,6 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from planner.model.graph import OpGraph
-    from planner.reporting.html import Drawer
 
 
 TO_APPLY = ("bucket_plan", "control_deps")
@@ -32,17 +31,12 @@ def analysis_files(
     report: dict[str, Any],
     graphs: Mapping[str, OpGraph],
     output: Path,
-    workers: int | None = 1,
-    drawer: Drawer | None = None,
 ) -> dict[Path, str]:
     """Path -> text of every file: report.json and report.html, the verdict for CI
     (summary.md, junit.xml: `verdict_files`), the priority files of every plan,
     Caramel's exports where the verdict recommends its plan, and timeline.json (the
     traced step and the best plan's predicted schedule, per rank; `graphs`: rank -> its
     DAG, for the events' labels).
-
-    `workers`: processes that draw report.html's sections (`render_html`), or `drawer`
-    (`html.drawing`: a process that loaded matplotlib while the report was computed).
 
     Rank names come from the inputs: the file name part made of each
     (`planner.export.files.file_names`) is recorded in the report as ``file_names``.
@@ -83,5 +77,5 @@ def analysis_files(
         meta = {"planner": "analyze", "best_plan": best}
         files[output / "timeline.json"] = dumps(chrome_trace(chosen, meta))
     names = sorted({path.name for path in files} | {"report.html"})
-    files[output / "report.html"] = render_html(report, files=names, workers=workers, drawer=drawer)
+    files[output / "report.html"] = render_html(report, files=names)
     return files

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from planner.job.verdict import REFERENCE_PLANS, recommendation
+from planner.reporting import plots
 from planner.reporting.markup import (
     MAX_TIMELINE_RANKS,
     SAME,
@@ -20,7 +21,6 @@ from planner.reporting.markup import (
     comparison_of,
     esc,
     figure,
-    load_plots,
     lookup,
     nbytes,
     noun,
@@ -79,7 +79,7 @@ def timeline_section(report: Mapping[str, Any]) -> str:
             drawn.append((title, schedule))
     x_max = max((_end(s["timeline"]) for _, s in drawn), default=0.0)
     parts = [f"<p>{UNIT} from each step's first op; every chart has the same time axis.</p>"] + [
-        f"<h3>{esc(title)}</h3>" + figure(load_plots().gantt(schedule["timeline"], x_max))
+        f"<h3>{esc(title)}</h3>" + figure(plots.gantt(schedule["timeline"], x_max))
         for title, schedule in drawn
     ]
     if len(by_rank) > MAX_TIMELINE_RANKS:
@@ -132,7 +132,6 @@ def windows_section(report: Mapping[str, Any]) -> str:
         raise NotApplicable("needs all-reduce collectives (per-parameter windows)")
     entry = next((r for r in caramel if r["rank"] == rank), caramel[0]) if caramel else None
     planned = _planned_rows(entry) if entry else []
-    plots = load_plots()
     x_max = max(plots.window_end(rows), plots.window_end(planned))
     shared = {"x_max": x_max, "names": [r["param"] for r in [*rows, *planned]]}
     parts = _traced_windows(rank, iteration, rows, shared) if rows else []
@@ -149,7 +148,7 @@ def _traced_windows(
     parts = [f"<h3>Before: {esc(rank)} step {iteration}, traced windows</h3>"]
     parts.append(
         figure(
-            load_plots().transfer_windows(rows, **shared),
+            plots.transfer_windows(rows, **shared),
             f"{UNIT} from the start of step {iteration}, as in the chart below.",
         )
     )
@@ -219,7 +218,7 @@ def _planned_windows(
         shift = lookup(entry, "inputs", "forward_time") or 0.0
         parts.append(
             figure(
-                load_plots().transfer_windows(planned, planned=True, **shared),
+                plots.transfer_windows(planned, planned=True, **shared),
                 f"{UNIT} from the step start, as in the chart above: the plan counts from "
                 f"its backward pass, drawn after the {seconds(shift)} of its forward pass. "
                 "Hollow marks: when the parameter was ready under the baseline order.",
@@ -337,7 +336,7 @@ def _rank_comparison(entry: Mapping[str, Any], steps: Sequence[Mapping[str, Any]
             f"{seconds(max(predicted))} (within {SAME:.1%}): no chart to compare.</p>"
         )
     else:
-        parts.append(figure(load_plots().plan_comparison(entry["plans"], measured)))
+        parts.append(figure(plots.plan_comparison(entry["plans"], measured)))
     headers = ["plan", "predicted", "p5", "p95", "vs baseline", "vs observed", "replayed", "E",
                "alpha", "note"]  # fmt: skip
     parts.append(table(headers, rows))
@@ -393,7 +392,7 @@ def buckets_section(report: Mapping[str, Any]) -> str:
         head += f"<p><b>Note:</b> {esc(sweep['network_note'])}</p>"
     unset = sweep.get("default_configuration")
     chart = "<h3>Predicted step time per bucket cap</h3>" + figure(
-        load_plots().bucket_sweep(sweep["caps"], sweep["measured_step_time"], unset)
+        plots.bucket_sweep(sweep["caps"], sweep["measured_step_time"], unset)
     )
     rows = [
         [f"{c['bucket_cap_mb']:g}" + (" (recommended)" if c["bucket_cap_mb"] == recommended
