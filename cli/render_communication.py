@@ -91,3 +91,41 @@ def fsdp_view(f: dict[str, Any]) -> None:
     )
     if any(u["source"] == "inferred" for u in f["units"]):
         out().print("the trace names no FSDP unit (FSDP1): units are told apart by their bytes")
+
+
+def fsdp_whatif_view(w: dict[str, Any]) -> None:
+    """The FSDP what-if: per setting its predicted step, gain over the traced setting's
+    replay and whether it is recommended (its gain above the replay's error)."""
+    settings = w["settings"]
+    unit = time_unit([w["measured"], w["replayed"], *(s["predicted"] for s in settings)])
+    table = new_table(title="FSDP what-if (the replay of each traced step, one setting changed)")
+    text_column(table, "setting")
+    for column in (with_unit("step", unit), "gain", "calls -/+", "released earlier/later"):
+        number_column(table, column)
+    text_column(table, "recommended")
+    table.add_row("traced (replayed)", time_cell(w["replayed"], unit), "", "", "", "")
+    for s in settings:
+        table.add_row(
+            f"{s['setting']} = {s['value']}", time_cell(s["predicted"], unit),
+            _signed(s["gain"]), f"{s['removed']}/{s['added']}",
+            f"{s['earlier']}/{s['later']}", "yes" if s["recommended"] else "no",
+        )  # fmt: skip
+    show(table, secondary=("released earlier/later", "calls -/+"))
+    error = "none" if w["replay_error"] is None else f"{w['replay_error']:.1%}"
+    measured = f"{w['measured'] * 1e3:.2f} ms" if w["measured"] is not None else "none"
+    out().print(
+        f"measured step {measured} (the slowest rank's, median over the steps); replay error "
+        f"{error} (a step against the replay from the rank's other steps): a setting "
+        "is recommended only above it"
+    )
+    best = w["recommendation"]
+    if best is None:
+        out().print("no setting is recommended: none gains more than the replay's error")
+    else:
+        out().print(f"recommended: {best['setting']} = {best['value']} ({_signed(best['gain'])})")
+    for line in w["not_predicted"]:
+        out().print(line)
+
+
+def _signed(value: float | None) -> str:
+    return "" if value is None else f"{value:+.1%}"

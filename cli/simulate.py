@@ -264,6 +264,10 @@ def simulation_view(document: dict[str, Any], replay: bool = True) -> None:
     if sweep:
         for r in sweep["ranks"]:
             _sweep_table(sweep["knob"], r)
+    if document.get("fsdp_whatif"):
+        from planner_cli.render_communication import fsdp_whatif_view
+
+        fsdp_whatif_view(document["fsdp_whatif"])
 
 
 def _replay_table(ranks: list[dict[str, Any]]) -> None:

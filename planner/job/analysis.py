@@ -154,10 +154,10 @@ def simulation(
     if not per_rank_replay(job, plans):
         from planner.prediction import simulate
 
-        return simulate.simulation(
+        return with_fsdp_whatif(job, simulate.simulation(
             job, plans, samples=samples, seed=seed, sweep_knob=sweep_knob,
             sweep_values=sweep_values, timelines=timelines, enforce=enforce, **knobs,
-        )  # fmt: skip
+        ))  # fmt: skip
     from planner.job import rank_replay
 
     ranks = ranks or rank_results(job, plans=True, metrics=False)
@@ -177,6 +177,17 @@ def simulation(
     document = rank_replay.job_simulation(records, job.framework, job.sources)
     if timelines:
         document["timelines"] = [s for r in records for s in r["timelines"] or []]
+    return document
+
+
+def with_fsdp_whatif(job: Job, document: dict[str, Any]) -> dict[str, Any]:
+    """`document` with the FSDP what-if (``fsdp_whatif``) where `job` reduce-scatters
+    (`planner.prediction.fsdp_whatif`): prefetch, resharding and unit size replayed."""
+    from planner.prediction.fsdp_whatif import fsdp_whatif
+
+    found = fsdp_whatif(job)
+    if found is not None:
+        document["fsdp_whatif"] = found
     return document
 
 

@@ -157,6 +157,7 @@ def simulation_of(
     from planner.prediction.comparison import compare
     from planner.prediction.compiled import rank_arrays, rank_rows
     from planner.prediction.fidelity import _error_summary
+    from planner.prediction.fsdp_whatif import rank_whatif
     from planner.prediction.releases import _latest, carried_over, spans_of
     from planner.prediction.replay import _frame, _replay_rank
     from planner.prediction.step_timing import cpu_spans_of
@@ -209,6 +210,7 @@ def simulation_of(
     return {
         "rank": rank,
         "sources": list(job.sources),
+        "fsdp_whatif": rank_whatif(job, rank),
         "timelines": timelines_of(job, comparison) if timelines else None,
         "replay": {"rank": rank, **_error_summary(steps), "steps": steps},
         "comparison": comparison,
@@ -221,6 +223,7 @@ def job_simulation(
 ) -> dict[str, Any]:
     """The job's `planner.simulation/1` from its ranks' `rank_simulation` records."""
     from planner.prediction.fidelity import _all_errors
+    from planner.prediction.fsdp_whatif import join
     from planner.prediction.replay import SCHEMA
 
     for result in results:
@@ -235,7 +238,7 @@ def job_simulation(
     if ranks[0]["sweep"] is not None:
         sweep = {k: v for k, v in ranks[0]["sweep"].items() if k != "ranks"}
         sweep["ranks"] = [entry for r in ranks for entry in r["sweep"]["ranks"]]
-    return {
+    document = {
         "schema": SCHEMA,
         "kind": "simulation",
         "framework": framework,
@@ -249,3 +252,7 @@ def job_simulation(
         "comparison": comparison,
         "sweep": sweep,
     }
+    whatif = join(r.get("fsdp_whatif") for r in ranks)
+    if whatif is not None:
+        document["fsdp_whatif"] = whatif
+    return document
