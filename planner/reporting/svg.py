@@ -8,7 +8,8 @@ chart carries (`Plot.layout`) is the one drawn, not a reading of it. Text widths
 from DejaVu Sans' advance widths (the font the page asks for first), close enough to
 keep labels apart in the fonts a browser falls back to.
 
-Units are the SVG's (CSS px); data coordinates map linearly (or in log10) to them.
+Units are the SVG's own (its viewBox), shown as pt (4/3 of a CSS px, as matplotlib's
+figures were); data coordinates map linearly (or in log10) to them.
 """
 
 from __future__ import annotations
@@ -343,7 +344,7 @@ def _render(plot: Plot) -> str:
     )
     return (
         f"<svg data-chart='{json.dumps(record, separators=(',', ':'))}' "
-        f'xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+        f'xmlns="http://www.w3.org/2000/svg" width="{width:.0f}pt" height="{height:.0f}pt" '
         f'viewBox="0 0 {width:.2f} {height:.2f}" '
         'font-family="DejaVu Sans, Verdana, Arial, sans-serif">'
         f'<rect width="100%" height="100%" fill="white"/>'
