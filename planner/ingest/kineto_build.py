@@ -324,17 +324,19 @@ def _exposed(
 def _in_flight(
     r: _Rows, o: _Occ, op_names: list[str], op_id: np.ndarray, busy: tuple[np.ndarray, np.ndarray]
 ) -> dict[int, dict[str, list[int]]]:
-    """Per step, each collective's compute ns while in flight and 1 where it was issued
-    ahead (`kineto_exposure.in_flight`). On a GPU rank in flight is the collective's
-    kernel span: its call on the CPU runs ahead of the stream it waits in."""
+    """Per step, each collective's compute ns while in flight, 1 where it was issued
+    ahead (else 0) and the ns from its issue to its start (`kineto_exposure.in_flight`).
+    On a GPU rank in flight is the collective's kernel span: its call on the CPU runs
+    ahead of the stream it waits in."""
     n = o.n_comp
-    computed, ahead = kineto_exposure.in_flight(
+    computed, ahead, lead = kineto_exposure.in_flight(
         r.ev, o.c_call, o.start[n:], o.end[n:], busy, from_call=not r.is_gpu.any()
     )
     out: dict[int, dict[str, list[int]]] = {}
-    for step, i, ns, early in zip(o.step[n:].tolist(), op_id[n:].tolist(), computed.tolist(),
-                                  ahead.tolist(), strict=True):  # fmt: skip
-        out.setdefault(int(step), {})[op_names[i]] = [int(ns), int(early)]
+    for step, i, ns, early, ago in zip(o.step[n:].tolist(), op_id[n:].tolist(),
+                                       computed.tolist(), ahead.tolist(), lead.tolist(),
+                                       strict=True):  # fmt: skip
+        out.setdefault(int(step), {})[op_names[i]] = [int(ns), int(early), int(ago)]
     return out
 
 

@@ -62,8 +62,9 @@ def in_flight(
     end: np.ndarray,
     intervals: tuple[np.ndarray, np.ndarray],
     from_call: bool = True,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per collective its compute ns while in flight and whether it was issued ahead.
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per collective its compute ns while in flight, whether it was issued ahead and
+    the ns from its issue to its start (its backend record's or kernel's).
 
     In flight: from its issue (with `from_call`, its c10d call's start, where `calls`
     names one before the backend record starts; else `start`) to its `end`; the
@@ -80,11 +81,12 @@ def in_flight(
     computed = np.minimum(covered(issued, end, intervals), end - start)
     ranges = np.flatnonzero(ev.name_flags(lambda n: "prefetch" in n.lower()))
     ahead = np.zeros(len(calls), dtype=bool)
-    for k, call in enumerate(calls.tolist()):
-        if call < 0 or not len(ranges):
-            continue
-        t, lane = ev.ts[call], ev.lane[call]
-        ahead[k] = bool(
-            np.any((ev.lane[ranges] == lane) & (ev.ts[ranges] <= t) & (ev.end[ranges] > t))
-        )
-    return computed, ahead
+    for lane in unique(ev.lane[ranges]).tolist():
+        mine = ranges[ev.lane[ranges] == lane]
+        mine = mine[np.argsort(ev.ts[mine], kind="stable")]
+        reach = np.maximum.accumulate(ev.end[mine])  # the latest end of a range begun by then
+        k = np.flatnonzero((calls >= 0) & (ev.lane[np.maximum(calls, 0)] == lane))
+        t = ev.ts[calls[k]]
+        j = np.searchsorted(ev.ts[mine], t, side="right") - 1
+        ahead[k] = (j >= 0) & (reach[np.maximum(j, 0)] > t)
+    return computed, ahead, start - issued

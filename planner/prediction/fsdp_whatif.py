@@ -295,7 +295,8 @@ def _rank_rows(
     job: Job, rank: str
 ) -> tuple[list[dict[str, Any]], dict[str, Any], float, dict[str, Any]]:
     """One rank's steps and, per setting, its changes of the rank's first step; the
-    rank's latency estimate. Per step: ``measured``; ``replayed``, the traced setting
+    rank's latency estimate. Per step: ``measured``; ``collectives``, their traced time
+    (s); ``replayed``, the traced setting
     with the step's own collective times (``rebuilt``: its miss, what the program does
     not reproduce); ``typical``, with their typical times (``error``: its miss, the
     noise a prediction of a step carries); per setting its replay with the step's own
@@ -314,6 +315,7 @@ def _rank_rows(
         row = {
             "iteration": it,
             "measured": measured,
+            "collectives": float(sum(c["seconds"] for c in own)),
             "replayed": replayed,
             "rebuilt": replayed / measured - 1.0 if measured > 0 else None,
             "typical": guess,
