@@ -40,7 +40,7 @@ that: per rank, the compute its collectives had beside them from issue to comple
 (rank meta ``in_flight``), as a share of their time. Where that share is under
 `MIN_OVERLAP` although some of them were issued ahead (in FSDP's prefetch), the host
 had no core to run them beside the compute (``traces/torch/fsdp``: two ranks, each a
-Python thread and a gloo thread, on two cores: 0.4-1.5% beside, prefetching or not;
+Python thread and gloo threads, on two cores: 0.4-1.2% beside, prefetching or not;
 cf. `planner.prediction.host` for processes sharing a core): each collective is then
 replayed on the compute's resource (``serialised``), delaying the compute by its time
 wherever it is released, so prefetch depth gains nothing there; resharding and unit
