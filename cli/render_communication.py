@@ -123,6 +123,8 @@ def fsdp_whatif_view(w: dict[str, Any]) -> None:
         out().print("no setting is recommended: none gains more than the replay's error")
     else:
         out().print(f"recommended: {best['setting']} = {best['value']} ({_signed(best['gain'])})")
+    if (w.get("overlap") or {}).get("note"):
+        out().print(w["overlap"]["note"])
     for line in w["not_predicted"]:
         out().print(line)
 

@@ -141,3 +141,106 @@ def test_simulate_shows_the_fsdp_whatif(capsys: pytest.CaptureFixture[str]) -> N
                                  for s in expected["settings"]})  # fmt: skip
     code, out, err = run_cli(["simulate", FSDP / "fsdp2_units2"], capsys)
     assert code == 0 and "FSDP what-if" in out
+
+
+def _beside_raw(path) -> tuple[float, float, int]:
+    """From the JSON: the gloo records' time, the main thread's innermost CPU ops' time
+    inside them (not the c10d calls), and the c10d calls inside a ``prefetch`` range of
+    their thread, within the ProfilerSteps."""
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    events = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["name"].startswith("ProfilerStep#")]
+    inside = [e for e in events if any(a <= e["ts"] < b for a, b in steps)]
+    main = next(e["tid"] for e in inside if e["name"].startswith("ProfilerStep#"))
+    records = [e for e in inside if e["name"].startswith("gloo:")]
+    ops = sorted((e for e in inside if e["tid"] == main and e.get("cat") == "cpu_op"),
+                 key=lambda e: (e["ts"], -e["dur"]))  # fmt: skip
+    leaves = [e for k, e in enumerate(ops) if not (k + 1 < len(ops)
+              and ops[k + 1]["ts"] < e["ts"] + e["dur"])]  # fmt: skip
+    leaves = [e for e in leaves if not e["name"].startswith("c10d::")]
+    beside = sum(max(0.0, min(r["ts"] + r["dur"], e["ts"] + e["dur"]) - max(r["ts"], e["ts"]))
+                 for r in records for e in leaves)  # fmt: skip
+    ranges = [e for e in inside if "prefetch" in e["name"].lower()]
+    ahead = sum(
+        any(p["tid"] == c["tid"] and p["ts"] <= c["ts"] < p["ts"] + p["dur"] for p in ranges)
+        for c in inside if c["name"] in (*GATHER, SCATTER)
+    )  # fmt: skip
+    return sum(r["dur"] for r in records), beside, ahead
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_no_run_overlapped_its_collectives_and_none_gains_by_prefetching(
+    variant: str, documents: dict[str, dict]
+) -> None:
+    """On this host the ranks computed next to nothing while their collectives ran (the
+    JSON: the main thread's innermost ops inside the gloo records, under 5% of them; the
+    what-if counts from each c10d call, also under 5%). Where some calls were issued in
+    a prefetch range (as many as the JSON holds), the what-if replays the collectives on
+    the compute: no prefetch depth changes the step, and it says why; nowhere is a
+    prefetch change recommended."""
+    overlap = documents[variant]["overlap"]
+    ahead = 0
+    for rank in documents[variant]["ranks"]:
+        time, beside, issued = _beside_raw(FSDP / variant / f"{rank['rank']}.json.gz")
+        assert beside < 0.05 * time
+        ahead += issued
+    assert overlap["share"] < 0.05 and overlap["ahead"] == ahead
+    assert overlap["serialised"] == (2 if ahead else 0)
+    traced = documents[variant]["replayed"]
+    for s in documents[variant]["settings"]:
+        if s["setting"] == "prefetch":
+            assert not s["recommended"]
+            if ahead:
+                assert s["predicted"] == pytest.approx(traced, rel=1e-6)
+    note = overlap["note"]
+    assert note.startswith("collectives never overlapped compute in this trace")
+    assert ("issued ahead (prefetched)" in note) == bool(ahead)
+
+
+def test_where_collectives_ran_beside_the_compute_prefetching_is_credited() -> None:
+    """The same steps (``fsdp2_reshard``) as if each collective had had compute beside it
+    all along: not serialised, and an all-gather released a unit ahead runs beside the
+    compute (the step shorter); serialised, each one adds its time wherever released."""
+    from planner.prediction.fsdp_steps import rank_programs
+    from planner.prediction.fsdp_whatif import overlap_of, replay_program, with_prefetch
+
+    job = detect.load([FSDP / "fsdp2_reshard"])
+    programs = rank_programs(job, job.ranks[0])
+    assert overlap_of(programs)["serialised"]
+    hidden = {it: {**p, "collectives": [{**c, "beside": c["seconds"]} for c in p["collectives"]]}
+              for it, p in programs.items()}  # fmt: skip
+    assert not overlap_of(hidden)["serialised"] and overlap_of(hidden)["share"] == 1.0
+    for program in programs.values():
+        own = program["collectives"]
+        early = with_prefetch(own, 1)
+        assert replay_program(program, early) < replay_program(program, own) - 1e-4
+        serial = program["compute"] + sum(c["seconds"] for c in own)
+        for collectives in (own, early, with_prefetch(own, 2)):
+            assert replay_program(program, collectives, True) == pytest.approx(serial, abs=1e-6)
+
+
+def test_compute_in_flight_counts_from_the_call_and_a_prefetch_range_marks_it(
+    tmp_path,
+) -> None:
+    """A collective in flight from its c10d call (in a ``prefetch`` range) to its gloo
+    record's end: an op between the call and the record's start counts as compute beside
+    it, which the exposed time (from the record's start) does not see."""
+    from test_process_groups import _kineto
+
+    op = {"ph": "X", "cat": "cpu_op", "pid": 1, "tid": 1, "args": {}}
+    annotation = {**op, "cat": "user_annotation"}
+    events = [
+        {**annotation, "name": "FSDP::backward_prefetch for 1", "ts": 100, "dur": 50},
+        {**op, "name": "c10d::allreduce_", "ts": 110, "dur": 10,
+         "args": {"Input Dims": [[[256]]], "Input type": ["TensorList"]}},
+        {**op, "name": "aten::mm", "ts": 200, "dur": 100},  # 200..300
+        {**annotation, "tid": 2, "name": "gloo:all_reduce", "ts": 250, "dur": 150,
+         "args": {"Input Dims": [[256]], "Input type": ["float"]}},  # 250..400
+    ]  # fmt: skip
+    job = detect.load([_kineto(tmp_path / "rank0.json", events)])
+    (rank,) = job.ranks
+    meta = job.meta["ranks"][rank]
+    ((exposed,),) = (s.values() for s in meta["exposed"].values())
+    ((in_flight,),) = (s.values() for s in meta["in_flight"].values())
+    assert exposed == 100_000  # 250..400 less mm's 250..300
+    assert in_flight == [100_000, 1, 140_000]  # mm's 200..300 from the call at 110

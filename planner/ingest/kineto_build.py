@@ -96,7 +96,9 @@ def build_rank(
     if len(o.c_pg):
         meta["collectives"] = _collective_meta(r, o, op_names, op_id)
         meta["process_groups"] = {pg: coll.groups[pg] for pg in sorted(set(o.c_pg))}
-        meta["exposed"] = _exposed(r, o, op_names, op_id, coll.comm_rows)
+        busy = kineto_exposure.busy(r.ev, r.is_gpu, coll.comm_rows)
+        meta["exposed"] = _exposed(o, op_names, op_id, busy)
+        meta["in_flight"] = _in_flight(r, o, op_names, op_id, busy)
     return RankModel(
         rank_name, ops, Occurrences(o.step.astype(np.int64), op_id, o.start, o.end - o.start),
         spans, op_names, edges, _rf_to_op(r, coll, et_step, op_at_row, op_names), notes, meta,
@@ -307,16 +309,34 @@ def _layer_reads(
 
 
 def _exposed(
-    r: _Rows, o: _Occ, op_names: list[str], op_id: np.ndarray, comm_rows: np.ndarray
+    o: _Occ, op_names: list[str], op_id: np.ndarray, busy: tuple[np.ndarray, np.ndarray]
 ) -> dict[int, dict[str, int]]:
-    """Per step, each collective's ns that no compute of the rank hid
+    """Per step, each collective's ns that no compute of the rank (`busy`) hid
     (`kineto_exposure`)."""
     n = o.n_comp
-    found = kineto_exposure.exposed(o.start[n:], o.end[n:],
-                                    kineto_exposure.busy(r.ev, r.is_gpu, comm_rows))  # fmt: skip
+    found = kineto_exposure.exposed(o.start[n:], o.end[n:], busy)
     out: dict[int, dict[str, int]] = {}
     for step, i, ns in zip(o.step[n:].tolist(), op_id[n:].tolist(), found.tolist(), strict=True):
         out.setdefault(int(step), {})[op_names[i]] = int(ns)
+    return out
+
+
+def _in_flight(
+    r: _Rows, o: _Occ, op_names: list[str], op_id: np.ndarray, busy: tuple[np.ndarray, np.ndarray]
+) -> dict[int, dict[str, list[int]]]:
+    """Per step, each collective's compute ns while in flight, 1 where it was issued
+    ahead (else 0) and the ns from its issue to its start (`kineto_exposure.in_flight`).
+    On a GPU rank in flight is the collective's kernel span: its call on the CPU runs
+    ahead of the stream it waits in."""
+    n = o.n_comp
+    computed, ahead, lead = kineto_exposure.in_flight(
+        r.ev, o.c_call, o.start[n:], o.end[n:], busy, from_call=not r.is_gpu.any()
+    )
+    out: dict[int, dict[str, list[int]]] = {}
+    for step, i, ns, early, ago in zip(o.step[n:].tolist(), op_id[n:].tolist(),
+                                       computed.tolist(), ahead.tolist(), lead.tolist(),
+                                       strict=True):  # fmt: skip
+        out.setdefault(int(step), {})[op_names[i]] = [int(ns), int(early), int(ago)]
     return out
 
 

@@ -53,3 +53,40 @@ def exposed(
 ) -> np.ndarray:
     """Per collective [start, end): the ns of it outside the compute `intervals`."""
     return (np.asarray(end) - np.asarray(start)) - covered(start, end, intervals)
+
+
+def in_flight(
+    ev: RankEvents,
+    calls: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    intervals: tuple[np.ndarray, np.ndarray],
+    from_call: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per collective its compute ns while in flight, whether it was issued ahead and
+    the ns from its issue to its start (its backend record's or kernel's).
+
+    In flight: from its issue (with `from_call`, its c10d call's start, where `calls`
+    names one before the backend record starts; else `start`) to its `end`; the
+    compute: the `intervals` (`busy`) in it, at most the collective's own time
+    (`end - start`), so that the share of a collective's time the rank computed beside
+    it stays a share. Issued
+    ahead: its call lies inside a range whose name holds ``prefetch`` on the call's
+    thread (FSDP1's ``_pre_forward_prefetch``, FSDP2's ``FSDP::backward_prefetch``):
+    released before the rank needed it, so the rank could have computed meanwhile."""
+    calls = np.asarray(calls, dtype=np.int64)
+    start, end = np.asarray(start, dtype=np.int64), np.asarray(end, dtype=np.int64)
+    issued = np.where(calls >= 0, np.minimum(ev.ts[np.maximum(calls, 0)], start), start)
+    issued = issued if from_call else start
+    computed = np.minimum(covered(issued, end, intervals), end - start)
+    ranges = np.flatnonzero(ev.name_flags(lambda n: "prefetch" in n.lower()))
+    ahead = np.zeros(len(calls), dtype=bool)
+    for lane in unique(ev.lane[ranges]).tolist():
+        mine = ranges[ev.lane[ranges] == lane]
+        mine = mine[np.argsort(ev.ts[mine], kind="stable")]
+        reach = np.maximum.accumulate(ev.end[mine])  # the latest end of a range begun by then
+        k = np.flatnonzero((calls >= 0) & (ev.lane[np.maximum(calls, 0)] == lane))
+        t = ev.ts[calls[k]]
+        j = np.searchsorted(ev.ts[mine], t, side="right") - 1
+        ahead[k] = (j >= 0) & (reach[np.maximum(j, 0)] > t)
+    return computed, ahead, start - issued

@@ -40,12 +40,14 @@ def rank_programs(job: Job, rank: str) -> dict[int, dict[str, Any]]:
     progress at its end), ``backward_at`` (s, the progress where its first backward op
     started; None without one) and ``collectives``: per collective of the step in start
     order ``op``, ``kind``, ``unit`` (the FSDP unit, else its bytes), ``phase``, ``bytes``,
-    ``lane``, ``seconds`` (traced), ``release`` and ``need`` (s of progress). Steps
-    without a traced span are left out."""
+    ``lane``, ``seconds`` (traced), ``release`` and ``need`` (s of progress), ``beside``
+    (s the rank computed while it was in flight, from its issue) and ``ahead`` (issued
+    in a prefetch). Steps without a traced span are left out."""
     graph = job.graphs[rank]
     meta = rank_meta(job, rank)
     called = meta.get("collectives") or {}
     shown = meta.get("exposed") or {}
+    flight = meta.get("in_flight") or {}
     table, rows = job.trace.table, job.trace.rows_of(rank)
     ops = np.asarray(table["op"])[rows]
     steps = np.asarray(table["iteration"])[rows].astype(np.int64)
@@ -61,6 +63,7 @@ def rank_programs(job: Job, rank: str) -> dict[int, dict[str, Any]]:
         ends = np.array([start[i] + took[i] for i in coll], dtype=np.int64)
         x = np.array([exposed_ns(shown, it, ops[i], int(took[i])) for i in coll], dtype=np.int64)
         waits = merged(ends - x, ends) if len(coll) else (ends, ends)
+        seen = [_in_flight(flight, it, ops[i], int(took[i] - x[k])) for k, i in enumerate(coll)]
 
         def progress(t: np.ndarray, t0: int = t0, waits: Any = waits) -> np.ndarray:
             t = np.asarray(t, dtype=np.int64)
@@ -71,9 +74,27 @@ def rank_programs(job: Job, rank: str) -> dict[int, dict[str, Any]]:
             "measured": (t1 - t0) / 1e9,
             "compute": float(progress(np.array([t1]))[0]),
             "backward_at": float(progress(np.array([min(back)]))[0]) if back else None,
-            "collectives": _collectives(graph, called, ops, coll, start, took, x, progress),
+            "collectives": [
+                {**c, "beside": b, "ahead": a}
+                for c, (b, a) in zip(
+                    _collectives(graph, called, ops, coll, start, took, x, progress),
+                    seen,
+                    strict=True,
+                )
+            ],
         }
     return out
+
+
+def _in_flight(flight: Any, step: int, op: str, hidden: int) -> tuple[float, bool]:
+    """One occurrence's compute while in flight (s) and whether it was issued ahead, as
+    the ingest found them (rank meta ``in_flight``, keyed by step as ``exposed`` is);
+    without them its hidden time (`hidden`, ns) and not ahead."""
+    of_step = flight.get(step, flight.get(str(step))) or {}
+    found = of_step.get(op)
+    if not found:
+        return hidden / 1e9, False
+    return int(found[0]) / 1e9, bool(found[1])
 
 
 def _collectives(

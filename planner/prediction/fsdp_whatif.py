@@ -33,6 +33,19 @@ The settings, one at a time against the traced one:
 
 A setting is recommended only where its gain over the traced setting's replay exceeds
 the replay's error (the median over every rank's steps of |typical / measured - 1|).
+
+Overlap (`overlap_of`). The replay above lets a released collective run on its lane
+beside the compute: what prefetching buys. The trace shows whether the host gave it
+that: per rank, the compute its collectives had beside them from issue to completion
+(rank meta ``in_flight``), as a share of their time. Where that share is under
+`MIN_OVERLAP` although some of them were issued ahead (in FSDP's prefetch), the host
+had no core to run them beside the compute (``traces/torch/fsdp``: two ranks, each a
+Python thread and gloo threads, on two cores: 0.4-1.2% beside, prefetching or not;
+cf. `planner.prediction.host` for processes sharing a core): each collective is then
+replayed on the compute's resource (``serialised``), delaying the compute by its time
+wherever it is released, so prefetch depth gains nothing there; resharding and unit
+count still change the calls and their times. Where none was issued ahead the trace
+cannot tell, and the overlap is assumed (said so in ``overlap.note``).
 """
 
 from __future__ import annotations
@@ -49,15 +62,19 @@ from planner.prediction.event_loop import run
 from planner.prediction.fsdp_steps import is_fsdp, rank_programs
 
 Program = dict[str, Any]
+MIN_OVERLAP = 0.05  # share of the collectives' time with compute beside them that shows overlap
 NOT_PREDICTED = (
     "finer units: not predicted (the trace holds no point inside a unit where its compute "
     "could be split)"
 )
 
 
-def replay_program(program: Program, collectives: Sequence[Mapping[str, Any]]) -> float:
+def replay_program(
+    program: Program, collectives: Sequence[Mapping[str, Any]], serialised: bool = False
+) -> float:
     """The step time (s) of one step's `program` with `collectives` (each ``release``,
-    ``need``, ``seconds``, ``lane``), through the event loop."""
+    ``need``, ``seconds``, ``lane``), through the event loop; `serialised`: each on the
+    compute's resource, not beside it on its lane (the module's docstring)."""
     total = float(program["compute"])
     points = {0, round(total * 1e9)}
     for c in collectives:
@@ -73,7 +90,8 @@ def replay_program(program: Program, collectives: Sequence[Mapping[str, Any]]) -
     for rank, k in enumerate(order):
         c = collectives[k]
         me = len(ops)
-        ops[f"net/{k}"] = Op(f"net/{k}", "collective", f"lane:{c['lane']}")
+        lane = "main" if serialised else f"lane:{c['lane']}"
+        ops[f"net/{k}"] = Op(f"net/{k}", "collective", lane)
         seconds.append(float(c["seconds"]))
         priority[me] = rank
         released = index.get(min(round(c["release"] * 1e9), at[-1]), 0)
@@ -251,24 +269,53 @@ def changes(
     }
 
 
-def _rank_rows(job: Job, rank: str) -> tuple[list[dict[str, Any]], dict[str, Any], float]:
+def overlap_of(programs: Mapping[int, Program]) -> dict[str, Any]:
+    """What one rank's trace shows of its collectives running beside its compute:
+    ``seconds`` (their time), ``beside`` (the compute they had beside them from issue to
+    completion, s), ``share`` (beside / seconds, None without collectives), ``calls``,
+    ``ahead`` (those issued in a prefetch), ``steps`` and ``serialised`` (the replay
+    runs them on the compute: share under `MIN_OVERLAP` with some issued ahead)."""
+    cs = [c for p in programs.values() for c in p["collectives"]]
+    seconds = float(sum(c["seconds"] for c in cs))
+    beside = float(sum(min(c["beside"], c["seconds"]) for c in cs))
+    share = beside / seconds if seconds > 0 else None
+    ahead = sum(bool(c["ahead"]) for c in cs)
+    return {
+        "seconds": seconds,
+        "beside": beside,
+        "share": share,
+        "calls": len(cs),
+        "ahead": ahead,
+        "steps": len(programs),
+        "serialised": bool(share is not None and share < MIN_OVERLAP and ahead > 0),
+    }
+
+
+def _rank_rows(
+    job: Job, rank: str
+) -> tuple[list[dict[str, Any]], dict[str, Any], float, dict[str, Any]]:
     """One rank's steps and, per setting, its changes of the rank's first step; the
-    rank's latency estimate. Per step: ``measured``; ``replayed``, the traced setting
+    rank's latency estimate. Per step: ``measured``; ``collectives``, their traced time
+    (s); ``replayed``, the traced setting
     with the step's own collective times (``rebuilt``: its miss, what the program does
     not reproduce); ``typical``, with their typical times (``error``: its miss, the
     noise a prediction of a step carries); per setting its replay with the step's own
-    times (the setting's effect on that step, not the other steps' noise)."""
+    times (the setting's effect on that step, not the other steps' noise); all of them
+    `serialised` where the rank's overlap (`overlap_of`) says so."""
     programs = rank_programs(job, rank)
+    overlap = overlap_of(programs)
+    serial = overlap["serialised"]
     steps = typical(programs)
     latency = latency_of({it: p["collectives"] for it, p in programs.items()})
     rows, changed = [], {}
     for it, program in programs.items():
         own, measured = program["collectives"], program["measured"]
-        replayed = replay_program(program, own)
-        guess = replay_program(program, steps[it])
+        replayed = replay_program(program, own, serial)
+        guess = replay_program(program, steps[it], serial)
         row = {
             "iteration": it,
             "measured": measured,
+            "collectives": float(sum(c["seconds"] for c in own)),
             "replayed": replayed,
             "rebuilt": replayed / measured - 1.0 if measured > 0 else None,
             "typical": guess,
@@ -277,20 +324,22 @@ def _rank_rows(job: Job, rank: str) -> tuple[list[dict[str, Any]], dict[str, Any
         }
         for name, value, collectives in settings_of(program, own, latency):
             key = f"{name}={value}"
-            row["settings"][key] = replay_program(program, collectives)
+            row["settings"][key] = replay_program(program, collectives, serial)
             changed.setdefault(key, {"setting": name, "value": value,
                                      **changes(own, collectives)})  # fmt: skip
         rows.append(row)
-    return rows, changed, latency
+    return rows, changed, latency, overlap
 
 
 def rank_whatif(job: Job, rank: str) -> dict[str, Any] | None:
     """One rank's part of the what-if (`join`): its steps, per setting its changes, its
-    latency estimate; None unless the rank reduce-scatters (FSDP, ZeRO)."""
+    latency estimate, its overlap (`overlap_of`); None unless the rank reduce-scatters
+    (FSDP, ZeRO)."""
     if not is_fsdp(job, rank):
         return None
-    rows, changed, latency = _rank_rows(job, rank)
-    return {"rank": rank, "latency": latency, "steps": rows, "changed": changed}
+    rows, changed, latency, overlap = _rank_rows(job, rank)
+    return {"rank": rank, "latency": latency, "steps": rows, "changed": changed,
+            "overlap": overlap}  # fmt: skip
 
 
 def fsdp_whatif(job: Job) -> dict[str, Any] | None:
@@ -345,5 +394,40 @@ def join(parts: Iterable[Mapping[str, Any] | None]) -> dict[str, Any] | None:
         if best is None
         else {k: best[k] for k in ("setting", "value", "gain")},
         "not_predicted": [NOT_PREDICTED],
+        "overlap": job_overlap(p.get("overlap") for p in parts),
         "ranks": [{k: v for k, v in p.items() if k != "changed"} for p in parts],
     }
+
+
+def job_overlap(parts: Iterable[Mapping[str, Any] | None]) -> dict[str, Any] | None:
+    """The ranks' `overlap_of` summed: ``share`` (the compute beside the collectives over
+    their time), ``per_step`` (their time per rank and step, s), ``calls``, ``ahead``,
+    ``serialised`` (the ranks replayed so) and ``note``, what the replay made of it;
+    None without collectives."""
+    parts = [p for p in parts if p and p["calls"]]
+    if not parts:
+        return None
+    seconds = sum(p["seconds"] for p in parts)
+    share = sum(p["beside"] for p in parts) / seconds if seconds > 0 else 0.0
+    calls, ahead = sum(p["calls"] for p in parts), sum(p["ahead"] for p in parts)
+    per_step = seconds / max(sum(p["steps"] for p in parts), 1)
+    serialised = sum(bool(p["serialised"]) for p in parts)
+    seen = (f"the ranks computed {share:.1%} of their {per_step * 1e3:.2f} ms a step "
+            "beside them, from issue to completion")  # fmt: skip
+    if serialised:
+        note = (
+            f"collectives never overlapped compute in this trace: {seen}, though {ahead} of "
+            f"{calls} were issued ahead (prefetched): the host gave them no core beside the "
+            "compute, so each is replayed delaying the compute by its time and no prefetch "
+            "depth can gain"
+        )
+    elif share < MIN_OVERLAP:
+        note = (
+            f"collectives never overlapped compute in this trace ({seen}) and none was issued "
+            "ahead: whether this host runs a prefetched one beside the compute is not shown; "
+            "the prefetch settings assume it does"
+        )
+    else:
+        note = f"collectives overlapped compute in this trace: {seen}"
+    return {"share": share, "per_step": per_step, "calls": calls, "ahead": ahead,
+            "serialised": serialised, "note": note}  # fmt: skip
