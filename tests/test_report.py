@@ -65,6 +65,22 @@ def test_report_command_on_tf(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert not list(tmp_path.glob(".report.html*")), "temp file left behind"
 
 
+def test_report_of_a_gpu_trace_without_transfers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One MI210 rank, kernels only (no collective, no transfer): every drawn chart is
+    whole, E (of transfer orders) is left out saying why, and no card averages a None."""
+    source = need(SHARED / "public" / "external" / "tracelens_mi210_gpu_only")
+    code, _, err = run_cli(["analyze", source, "-o", tmp_path], capsys)
+    assert code == 0, err
+    page = (tmp_path / "report.html").read_text()
+    assert "could not be drawn" not in page
+    sections = _sections(page)
+    assert "efficiency" not in sections and "E does not apply" in sections["left-out"]
+    assert "mean efficiency E" not in sections["summary"]
+    _check_charts(page)
+
+
 def test_report_on_pytorch_with_simulation(torch_report: dict[str, Any]) -> None:
     job = detect.load([need(TORCH)])
     report = dict(torch_report)

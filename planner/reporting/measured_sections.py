@@ -46,8 +46,9 @@ def summary_section(report: Mapping[str, Any]) -> str:
     ]
     metrics = report.get("metrics")
     if metrics and metrics.get("ranks"):
-        mean_e = [r["efficiency_mean"] for r in metrics["ranks"]]
-        cards.append(("mean efficiency E", number(sum(mean_e) / len(mean_e))))
+        mean_e = [e for r in metrics["ranks"] if (e := r["efficiency_mean"]) is not None]
+        if mean_e:  # E applies to ranks with transfers only
+            cards.append(("mean efficiency E", number(sum(mean_e) / len(mean_e))))
         cards.append(
             (
                 "mean iteration",
@@ -176,6 +177,8 @@ def efficiency_section(report: Mapping[str, Any]) -> str:
     if not metrics or not metrics.get("steps"):
         raise NotApplicable("the input has no timings (a GraphDef alone)")
     steps = metrics["steps"]
+    if all(s["efficiency"] is None for s in steps):
+        raise NotApplicable("no rank has transfers to order: E does not apply")
     gate = lookup(metrics, "gate", "min_efficiency")
     failed = {(f["rank"], f["iteration"]) for f in lookup(metrics, "gate", "failed") or []}
     rows = []

@@ -160,7 +160,8 @@ def efficiency(steps: Sequence[Mapping[str, Any]], threshold: float | None = Non
     plot.yticks = [(v, f"{v:.1f}") for v in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)]
     for k, (rank, rows) in enumerate(ranks.items()):
         color = LINE_COLORS[k % len(LINE_COLORS)]
-        xs, ys = [r["iteration"] for r in rows], [r["efficiency"] for r in rows]
+        shown = [r for r in rows if r["efficiency"] is not None]  # E: ranks with transfers
+        xs, ys = [r["iteration"] for r in shown], [r["efficiency"] for r in shown]
         polyline(plot, xs, ys, color)
         dot = marker("o", color, 3)
         marks(plot, xs, ys, dot)  # a step at E = 0 shows its whole mark on the axis
