@@ -160,6 +160,27 @@ def test_exposed_is_the_time_no_innermost_op_computed(tmp_path: Path) -> None:
     assert exposed == 250_000
 
 
+def test_the_innermost_ops_sort_by_thread_then_start_the_longer_first() -> None:
+    """`kineto_exposure`'s one-key sort is the lexsort by (thread, start, -end) it stands
+    for: on the events of a real rank, and where two share thread and start (a nested op
+    that starts with its parent) or the key would not fit in int64."""
+    from planner.ingest.kineto_exposure import _by_thread_then_time
+    from planner.ingest.kineto_stream import read_rank
+
+    ev = read_rank(TP_DP / "rank0.json.gz")
+    rng = np.random.default_rng(0)
+    lane = rng.integers(0, 3, 500).astype(np.int32)
+    ts = rng.integers(0, 40, 500) * 1000 + 10**18
+    end = ts + rng.integers(1, 900, 500)
+    for lanes, starts, ends in [
+        (ev.lane, ev.ts, ev.end),  # no two share thread and start
+        (lane, ts, end),  # many do
+        (lane, np.where(lane == 1, ts - 10**18, ts), end),  # a span past int64's
+    ]:
+        got = _by_thread_then_time(lanes, starts, ends)
+        assert np.array_equal(got, np.lexsort((-ends, starts, lanes)))
+
+
 def test_caramel_and_the_bucket_advice_plan_only_the_data_parallel_group(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

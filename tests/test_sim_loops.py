@@ -98,3 +98,36 @@ def test_a_sample_that_drew_leaves_the_rows_to_run(layered):
     ran, partial = _run(_pyloop.list_schedule, args, budget=len(graph))
     assert ran == (False, len(graph))
     assert partial[2][0] == out[2][0] and not partial[2][1:].any()
+
+
+def test_a_process_handed_many_ranks_loads_the_compiled_loop_after_the_first(monkeypatch):
+    """`simulate` per rank tells each replay about how many ranks its process replays
+    after it (rank i of n on k processes: (n - 1 - i) // k); the compiled loop is loaded
+    where that many more replays like the one just run would pass SMALL_WORK of the
+    Python loop, and only then (not twice, not without numba)."""
+    from planner.job import parallel
+
+    monkeypatch.setitem(_simkernel._state, "compiled", None)  # the Python loop runs
+    seen = []
+    monkeypatch.setattr(_simkernel, "load_ahead", lambda work, later: seen.append((work, later)))
+    ranks = parallel.rank_inputs([RESNET_IN_REPO])
+    parallel.simulate_ranks(ranks, workers=1, samples=4)
+    assert [later for _, later in seen] == [1, 0]
+    assert all(work > 0 for work, _ in seen)  # each replay's own dispatches
+
+    monkeypatch.undo()
+    loads = []
+    monkeypatch.setattr(_simkernel, "warm", lambda: loads.append(1))
+    monkeypatch.setattr(_simkernel, "ACCELERATED", True)
+    monkeypatch.setitem(_simkernel._state, "compiled", None)
+    work = _simkernel.SMALL_WORK // 10
+    _simkernel.load_ahead(work, 10)  # exactly SMALL_WORK more: the Python loop is as cheap
+    assert loads == []
+    _simkernel.load_ahead(work, 11)
+    assert loads == [1]
+    monkeypatch.setitem(_simkernel._state, "compiled", lambda *args: None)
+    _simkernel.load_ahead(work, 100)  # loaded already
+    monkeypatch.setattr(_simkernel, "ACCELERATED", False)
+    monkeypatch.setitem(_simkernel._state, "compiled", None)
+    _simkernel.load_ahead(work, 100)  # no numba
+    assert loads == [1]

@@ -39,13 +39,30 @@ def busy(
     rows = np.flatnonzero(cpu)
     if not len(rows):
         return rows, rows
-    rows = rows[np.lexsort((-ev.end[rows], ev.ts[rows], ev.lane[rows]))]
+    rows = rows[_by_thread_then_time(ev.lane[rows], ev.ts[rows], ev.end[rows])]
     same = np.concatenate([ev.lane[rows][1:] == ev.lane[rows][:-1], [False]])
     nested = np.concatenate([ev.ts[rows][1:] < ev.end[rows][:-1], [False]])
     leaf = rows[~(same & nested)]  # nothing starts inside it on its thread
     c10d = np.fromiter((n.startswith("c10d::") for n in names), bool, len(names))
     leaf = leaf[~c10d[ev.name_code[leaf]]]
     return merged(ev.ts[leaf], ev.end[leaf])
+
+
+def _by_thread_then_time(lane: np.ndarray, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """``np.lexsort((-end, ts, lane))``: by thread, then start, the longer first. (speed)
+    One stable sort of a key that packs thread and start (the events come nearly in that
+    order already, which the sort runs through); the lexsort where two share both, or
+    where the key would not fit in int64."""
+    if len(ts):
+        first = int(ts.min())
+        span = int(ts.max()) - first + 1
+        if int(lane.min()) >= 0 and (int(lane.max()) + 1) * span < 1 << 62:
+            key = lane.astype(np.int64) * span + (ts - first)
+            order = np.argsort(key, kind="stable")
+            packed = key[order]
+            if not (packed[1:] == packed[:-1]).any():
+                return order
+    return np.lexsort((-end, ts, lane))
 
 
 def exposed(

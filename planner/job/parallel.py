@@ -331,6 +331,7 @@ def simulate_ranks(
         plan_of = None
         if reference is not None:  # the plan every rank runs, as the joint path's
             plan_of = stages.job_plan(reference["plan"], folded.holds())
+        count = pool_size(workers, len(ranks))  # rank i goes to about process i % count
         args = [
             (
                 waited.get(r["rank"], {}),
@@ -338,8 +339,9 @@ def simulate_ranks(
                 plan_of if r["caramel"] is not None else None,
                 options,
                 store,
+                (len(ranks) - 1 - i) // count,
             )
-            for r in ranks
+            for i, r in enumerate(ranks)
         ]
         replays = mapper(rank_replay.rank_simulation, [r["inputs"] for r in ranks], None, args)
     sources = pipeline.joint_sources(results)

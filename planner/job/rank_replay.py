@@ -122,21 +122,27 @@ def rank_simulation(
     plan: Plan | None,
     options: Mapping[str, Any],
     store: str | None = None,
+    later: int = 0,
 ) -> dict[str, Any]:
     """One task of the second pass: replay and compare one rank as
         `simulate.simulation` does on the whole job, with the job's `waits` for this rank,
         its peers' `ready` times (`releases`) and the job's Caramel `plan` as every rank runs
     it (`stages.job_plan`; None: no plan).
         `options`: samples, seed, sweep_knob, sweep_values and the knobs. The rank comes
-        from `store` when the first pass kept it there, else from `paths`."""
+        from `store` when the first pass kept it there, else from `paths`. `later`: about
+        how many ranks this process replays after this one (`_simkernel.load_ahead`)."""
     from planner.job import rank_store
+    from planner.prediction import _simkernel
 
     job = rank_store.load(store, paths) if store is not None else None
     try:
         job = job or load_one_rank(paths)
     except InputError as exc:
         return {"error": [exc.path, exc.problem]}
-    return simulation_of(job, waits, ready, plan, options)
+    before = _simkernel.dispatched()
+    record = simulation_of(job, waits, ready, plan, options)
+    _simkernel.load_ahead(_simkernel.dispatched() - before, later)
+    return record
 
 
 def simulation_of(

@@ -374,6 +374,20 @@ def list_schedule(*args: Any) -> None:
         compiled()(*args)
 
 
+def dispatched() -> int:
+    """The dispatches this process's Python loop has run (`load_ahead` reads them)."""
+    return _state["python_work"]
+
+
+def load_ahead(work: int, replays: int) -> None:
+    """Load the compiled loop now where `replays` more replays like the one just run (`work`
+    dispatches of the Python loop) would pass SMALL_WORK: a process handed many ranks
+    loads it once after the first, instead of running the Python loop for them all (a
+    rank whose samples never draw never needs more than the Python loop itself)."""
+    if ACCELERATED and _state["compiled"] is None and work * replays > SMALL_WORK:
+        warm()
+
+
 def warm() -> None:
     """Load the compiled loop now (numba's import and its cached machine code, about
     0.5 s), in a worker that waits anyway, before the replays that need it; nothing
