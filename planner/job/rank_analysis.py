@@ -62,7 +62,7 @@ def analysis_summary(source: RankSource, store: str | None = None) -> dict[str, 
     paths = source if isinstance(source, Sequence) else source.sources
     try:
         job = load_one_rank(paths) if isinstance(source, Sequence) else source
-        oracle = stages.oracles(job) if len(job.trace.timings) else {}
+        oracle = stages.oracles(job) if job.trace.rows else {}
         summary = summary_of(job, paths, plans=True, oracle=oracle)
         summary = ready_summary(job, paths, summary)
     except InputError as exc:

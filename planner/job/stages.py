@@ -55,7 +55,7 @@ def has_collectives(graph: OpGraph) -> bool:
 
 def algorithms_for(job: Job) -> list[str]:
     """The schedulers that apply: TIC/TAC to PS workers, Caramel to all-reduce ranks."""
-    timed = bool(len(job.trace.timings))
+    timed = bool(job.trace.rows)
     found = []
     if any(graph.recvs for graph in job.graphs.values()) or not timed:
         found += ["tic", "tac"] if timed else ["tic"]
@@ -77,7 +77,7 @@ def caramel_problem(job: Job) -> str | None:
 
 def _not_applicable(job: Job, algorithm: str, applicable: list[str]) -> str:
     """Why `algorithm` does not apply to the job, and which scheduler does."""
-    timed = bool(len(job.trace.timings))
+    timed = bool(job.trace.rows)
     if algorithm == "caramel":
         why = caramel_problem(job) or ""
         if not timed:
@@ -98,7 +98,7 @@ def check_applies(job: Job, algorithm: str) -> None:
     applicable = algorithms_for(job)
     if algorithm not in applicable:
         raise InputError(_first_source(job), _not_applicable(job, algorithm, applicable))
-    if algorithm != "tic" and not len(job.trace.timings):
+    if algorithm != "tic" and not job.trace.rows:
         problem = f"{algorithm.upper()} needs timings; input has none"
         raise InputError(_first_source(job), problem)
 
@@ -307,7 +307,7 @@ def rank_metrics(job: Job, oracle: Mapping[str, TimeOracle] | None = None) -> di
 
     `oracle`: the job's `oracles`, when a caller has them already (computed once, handed on).
     """
-    if not len(job.trace.timings):
+    if not job.trace.rows:
         raise InputError(_first_source(job), "metrics need timings; input has none")
     # per-rank figures from what each rank saw (a collective's whole span), so that a
     # rank reads the same alone (analyze-ranks) or in its job; waits are reported apart

@@ -86,7 +86,7 @@ def summary_of(
     from planner.planning.scope import rank_problem
 
     if oracle is None:
-        oracle = stages.oracles(job) if len(job.trace.timings) else {}
+        oracle = stages.oracles(job) if job.trace.rows else {}
     document = stages.rank_metrics(job, oracle) if metrics else None
     (rank,) = job.ranks
     graph = job.graphs[rank]

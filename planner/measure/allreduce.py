@@ -290,7 +290,7 @@ def _mean(values: list[float | None]) -> float | None:
 
 def allreduce_metrics(job: Job) -> dict[str, Any]:
     """`planner.allreduce/1`: per step and rank, per rank, per collective, per job."""
-    if not len(job.trace.timings):
+    if not job.trace.rows:
         raise InputError(job.sources[0] if job.sources else None, "metrics need timings; none")
     steps: list[dict[str, Any]] = []
     ranks: list[dict[str, Any]] = []

@@ -266,30 +266,31 @@ def dedicated_columns(
     within each rank, iteration and resource); rows of ranks not in `graphs` get None
     and 0. See `with_dedicated` for `transfer_only`.
 
-    (speed) Kept on the trace for the same `graphs`: the oracle's (transfer_only) and the
-    metrics' view of a job are one table when no collective waited (one rank)."""
-    table = trace.table
-    waited = transfer_only and "wait" in table and bool(np.any(table["wait"]))
+    (speed) Kept on the trace for the same `graphs`, both views at once: the oracle's
+    (transfer_only: a collective without its wait for peers) and the metrics' (its whole
+    span) differ only in the groups that hold a collective that waited."""
     kept = trace.__dict__.setdefault("_dedicated", {})
-    if waited not in kept or kept[waited][0] is not graphs:
-        kept[waited] = (graphs, *_dedicated_columns(trace, graphs, waited))
-    _, resource, dedicated = kept[waited]
-    return resource.copy(), dedicated.copy()
+    if kept.get("graphs") is not graphs:
+        kept.clear()
+        kept["graphs"] = graphs
+        kept["resource"], kept[False], kept[True] = _dedicated_columns(trace, graphs)
+    return kept["resource"].copy(), kept[transfer_only].copy()
 
 
 def _dedicated_columns(
-    trace: Trace, graphs: Mapping[str, OpGraph], transfer_only: bool
-) -> tuple[np.ndarray, np.ndarray]:
-    """`dedicated_columns`, computed."""
+    trace: Trace, graphs: Mapping[str, OpGraph]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`dedicated_columns`, computed: (resource, dedicated of whole spans, dedicated with
+    each collective's wait left out: `transfer_part`)."""
     table = trace.table
     iteration = table["iteration"]
     resource = np.empty(len(iteration), dtype=object)
-    dedicated = np.zeros(len(iteration), dtype=np.float64)
-    if transfer_only:
-        starts, durations = transfer_part(table)
-    else:
-        starts = np.asarray(table["start"], dtype=np.int64)
-        durations = np.asarray(table["duration"], dtype=np.int64)
+    whole = np.zeros(len(iteration), dtype=np.float64)
+    starts = np.asarray(table["start"], dtype=np.int64)
+    durations = np.asarray(table["duration"], dtype=np.int64)
+    own_starts, own_durations = transfer_part(table)
+    waited = np.asarray(table["wait"]) != 0 if "wait" in table else np.zeros(len(starts), bool)
+    parts: list[tuple[np.ndarray, np.ndarray]] = []  # (rows, dedicated) where they differ
     names, codes = trace.op_codes
     for name, graph in graphs.items():
         rows = trace.rows_of(name)
@@ -305,8 +306,14 @@ def _dedicated_columns(
         order = np.argsort(key, kind="stable")
         bounds = np.flatnonzero(np.diff(key[order])) + 1
         for group in np.split(rows[order], bounds):
-            dedicated[group] = dedicated_durations(starts[group], durations[group])
-    return resource, dedicated
+            whole[group] = dedicated_durations(starts[group], durations[group])
+            if waited[group].any():
+                own = dedicated_durations(own_starts[group], own_durations[group])
+                parts.append((group, own))
+    without_waits = whole.copy()
+    for group, own in parts:
+        without_waits[group] = own
+    return resource, whole, without_waits
 
 
 def rank_partial_steps(trace: Trace, rank: str, graph: OpGraph) -> dict[int, tuple[str, ...]]:

@@ -171,7 +171,7 @@ def calibrate(
     trace metadata's ``per_worker_input_shape[0]`` or ``batch_size`` when present.
     """
     source = job.sources[0] if job.sources else None
-    if not len(job.trace.timings):
+    if not job.trace.rows:
         raise InputError(source, "the models need timings; input has none")
     notes: list[str] = []
     times, ps, conv_time, fc_time = _step_times(job)

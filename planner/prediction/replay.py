@@ -66,7 +66,7 @@ SCHEMA = "planner.simulation/1"
 
 def require_timings(job: Job) -> None:
     """InputError unless `job` has timings; callers check before building any plan."""
-    if not len(job.trace.timings):
+    if not job.trace.rows:
         where = job.sources[0] if job.sources else None
         raise InputError(where, "simulation needs timings; input has none")
 
