@@ -105,11 +105,11 @@ class Trace:
 
     @cached_property
     def _rank_rows(self) -> dict[str, np.ndarray]:
-        return _rows_by_value(*self.codes_of("rank"))
+        return rows_by_value(*self.codes_of("rank"))
 
     @cached_property
     def _rank_spans(self) -> dict[str, np.ndarray]:
-        return _rows_by_value(*text_codes(self.span_table["rank"]))
+        return rows_by_value(*text_codes(self.span_table["rank"]))
 
     def rows_of(self, rank: str) -> np.ndarray:
         """The indices of one rank's rows in `table`, in table order."""
@@ -154,7 +154,7 @@ def _renumbered(names: list[str], codes: np.ndarray) -> tuple[list[str], np.ndar
     return [names[c] for c in order.tolist()], number[codes]
 
 
-def _rows_by_value(names: list[str], codes: np.ndarray) -> dict[str, np.ndarray]:
+def rows_by_value(names: list[str], codes: np.ndarray) -> dict[str, np.ndarray]:
     """Value -> the indices of its rows, in table order (`text_codes`' output grouped)."""
     order = np.argsort(codes, kind="stable")
     cuts = np.flatnonzero(np.diff(codes[order])) + 1
