@@ -344,9 +344,8 @@ def test_analyze_computes_the_oracle_once_and_hands_it_on(
 ) -> None:
     """Inspect, the plans and the metrics of `analyze` share one time oracle per rank (and
     so one dedicated-time table for it, on the rank's rows only), with the figures each
-    would compute on its own. Where collectives waited for peers each rank adds one, the
-    metrics' (whole spans; the replay shares the oracle's, its trace holding the waits);
-    on a rank alone (no waits) all are the oracle's one table."""
+    would compute on its own. The metrics' view (whole spans) comes out of the same
+    computation as the oracle's (collectives without their waits), one per rank."""
     calls = {"oracles": 0, "tables": 0}
     real_oracles, real_tables = stages.oracles, trace_module._dedicated_columns
 
@@ -358,9 +357,10 @@ def test_analyze_computes_the_oracle_once_and_hands_it_on(
         calls["tables"] += 1
         return real_tables(*args, **kwargs)
 
-    for inputs, ranks, tables in (([RESNET], 2, 2 * 2), ([RESNET / "rank0.json.gz"], 1, 1)):
+    for inputs, ranks, waited in (([RESNET], 2, True), ([RESNET / "rank0.json.gz"], 1, False)):
         job = detect.load(inputs)
-        assert bool(job.trace.table["wait"].any()) == (tables > ranks)
+        assert bool(job.trace.table["wait"].any()) == waited
+        tables = ranks
         calls.update(oracles=0, tables=0)
         monkeypatch.setattr(stages, "oracles", counted_oracles)
         monkeypatch.setattr(trace_module, "_dedicated_columns", counted_tables)

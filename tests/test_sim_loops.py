@@ -107,7 +107,8 @@ def test_a_process_handed_many_ranks_loads_the_compiled_loop_after_the_first(mon
     Python loop, and only then (not twice, not without numba)."""
     from planner.job import parallel
 
-    monkeypatch.setitem(_simkernel._state, "compiled", None)  # the Python loop runs
+    monkeypatch.setitem(_simkernel._state, "compiled", None)  # the Python loop runs,
+    monkeypatch.setitem(_simkernel._state, "python_work", 0)  # whatever ran before it
     seen = []
     monkeypatch.setattr(_simkernel, "load_ahead", lambda work, later: seen.append((work, later)))
     ranks = parallel.rank_inputs([RESNET_IN_REPO])
