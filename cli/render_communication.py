@@ -112,15 +112,17 @@ def fsdp_whatif_view(w: dict[str, Any]) -> None:
         )  # fmt: skip
     show(table, secondary=("released earlier/later", "calls -/+"))
     error = "none" if w["replay_error"] is None else f"{w['replay_error']:.1%}"
+    worst = w.get("replay_error_worst")
+    worst_text = "none" if worst is None else f"{worst:.1%}"
     measured = f"{w['measured'] * 1e3:.2f} ms" if w["measured"] is not None else "none"
     out().print(
         f"measured step {measured} (the slowest rank's, median over the steps); replay error "
-        f"{error} (a step against the replay from the rank's other steps): a setting "
-        "is recommended only above it"
+        f"median {error}, worst {worst_text} (a step against the replay from the rank's "
+        "other steps): a setting is recommended only above the worst"
     )
     best = w["recommendation"]
     if best is None:
-        out().print("no setting is recommended: none gains more than the replay's error")
+        out().print("no setting is recommended: none gains more than the replay's worst error")
     else:
         out().print(f"recommended: {best['setting']} = {best['value']} ({_signed(best['gain'])})")
     if (w.get("overlap") or {}).get("note"):
