@@ -14,6 +14,7 @@ Trace readers so that each check is one call there:
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -36,6 +37,14 @@ def _shape_error(value: Any, depth: int) -> str | None:
         return f"nested more than {MAX_DIMS_DEPTH} levels deep"
     if not isinstance(value, list):
         return f"holds {_a(value)} where a list of sizes belongs"
+    if all(type(x) is int for x in value):  # (speed) a shape, as nearly all are: in C
+        if value and not (min(value) >= 0 and max(value) < _MAX_DIM):
+            return next(f"holds the size {x}, out of range [0, 2**62)" for x in value
+                        if not 0 <= x < _MAX_DIM)  # fmt: skip
+        numel = math.prod(value)
+        if numel * 8 > MAX_NBYTES:
+            return f"describes a tensor of {numel} elements, over {size_text(MAX_NBYTES)}"
+        return None
     if any(isinstance(x, list) for x in value):
         for item in value:
             problem = _shape_error(item, depth + 1) if isinstance(item, list) else None
