@@ -55,18 +55,19 @@ def text_width(text: str, size: float = FONT) -> float:
 
 
 def nice_ticks(low: float, high: float, most: int = 7, integer: bool = False) -> list[float]:
-    """At most `most` round values (1, 2, 2.5 or 5 times a power of ten) in [low, high]."""
+    """Between 1 and `most` round values (1, 2, 2.5 or 5 times a power of ten) in [low,
+    high], evenly spaced: the finest such spacing that gives no more than `most`."""
     span = high - low
     if not span > 0 or not math.isfinite(span):
         return [low]
-    raw = span / max(most - 1, 1)
-    power = 10 ** math.floor(math.log10(raw))
-    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
-    if integer:
-        step = max(1.0, round(step))
-    first = math.ceil(low / step - 1e-9) * step
-    count = int(math.floor((high - first) / step + 1e-9)) + 1
-    return [round(first + k * step, 12) for k in range(max(count, 1))]
+    power = 10 ** math.floor(math.log10(span / max(most - 1, 1)))
+    for m in (1, 2, 2.5, 5, 10, 20, 25, 50, 100):
+        step = max(1.0, round(m * power)) if integer else m * power
+        first = math.ceil(low / step - 1e-9) * step
+        count = int(math.floor((high - first) / step + 1e-9)) + 1
+        if 1 <= count <= most:
+            return [round(first + k * step, 12) for k in range(count)]
+    return [low]
 
 
 def tick_labels(values: Sequence[float]) -> list[str]:
