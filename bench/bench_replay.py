@@ -58,6 +58,9 @@ DLRM = PUBLIC / "param/et_replay/tests/inputs/dlrm_kineto.tar.gz.extracted/dlrm_
 TARGET_MEDIAN = 0.02
 TARGET_WORST = 0.05
 REPO_PREFIX = "traces/"  # the names of repo_jobs(): recorded here, beside the shared set
+# TF jobs recorded with no process waiting for a core (traces/tf/README.md): 1 ps + 1
+# worker, each `taskset`-pinned to its own core, 1 executor thread; judged as a group too
+PINNED_TF = ("mlp_ps_pinned", "cnn_ps_pinned")
 # a step whose records cover less of its wall-clock time is not judged
 MIN_COVER = overheads.MIN_COVER
 
@@ -94,14 +97,16 @@ def repo_jobs() -> list[tuple[str, list[Path]]]:
     the input wait and the loop's iterations (the loop rule was set on it too); three
     runs each of an in-graph and a between-graph TF PS job on this host's kind, of the
     mlp and of a small CNN (traces/tf/README.md says which rules were set when each was
-    recorded); the generated cnn's GraphDef run as traced and with its TIC plan enforced
-    (`cnn_enforced`)."""
+    recorded); the mlp and the CNN in-graph on 1 ps + 1 worker, each process on its own
+    core (`PINNED_TF`: no process waited for a core); the generated cnn's GraphDef run as
+    traced and with its TIC plan enforced (`cnn_enforced`)."""
     folder = ROOT / "traces" / "torch" / "h100_cnn_windows"
     jobs = [(str(folder.relative_to(ROOT)), [folder])] if folder.is_dir() else []
     loader = ROOT / "traces" / "torch" / "cpu_dataloader"
     for path in sorted(loader.glob("*.json.gz")):
         jobs.append((str(path.relative_to(ROOT)), [path]))
-    for job in ("mlp_ps_ingraph", "mlp_ps_betweengraph", "cnn_ps_ingraph", "cnn_ps_betweengraph"):
+    for job in ("mlp_ps_ingraph", "mlp_ps_betweengraph", "cnn_ps_ingraph", "cnn_ps_betweengraph",
+                *PINNED_TF):  # fmt: skip
         for run in sorted((ROOT / "traces" / "tf" / job).glob("run*")):
             workers = sorted(p for p in run.iterdir() if p.is_dir())
             jobs.append((str(run.relative_to(ROOT)), workers or [run]))
@@ -117,8 +122,10 @@ def recorded_walls(paths: list[Path]) -> dict[tuple[str, int], float]:
     for path in paths:
         meta = path / "meta.json"
         if meta.is_file():  # TF: one file per client (both workers of an in-graph job)
-            steps = json.loads(meta.read_text()).get("steps", [])
-            ranks = [path.name] if path.name.startswith("worker") else ["worker0", "worker1"]
+            doc = json.loads(meta.read_text())
+            steps = doc.get("steps", [])
+            every = [f"worker{i}" for i in range(int(doc.get("workers", 2)))]  # in-graph
+            ranks = [path.name] if path.name.startswith("worker") else every
             for step in steps:
                 for rank in ranks:
                     out[(rank, int(step["step"]))] = float(step["wall_s"])
@@ -360,6 +367,10 @@ def main() -> int:
     summary(
         [x for x in judged_steps if x[0].startswith(REPO_PREFIX)],
         "  and the jobs recorded for this project (traces/, judged as well)",
+    )
+    summary(
+        [x for x in judged_steps if any(f"/{job}/" in x[0] for job in PINNED_TF)],
+        "    of those, the pinned TF jobs (1 ps + 1 worker, each process on its own core)",
     )
     if excluded:
         print(f"\n{len(excluded)} step(s) excluded for a defect of the trace itself:")

@@ -57,12 +57,25 @@ def cluster(workers: int = 2, inter_op: int = 2) -> Iterator[str]:
 def cluster_spec(workers: int = 2, inter_op: int = 2) -> Iterator[dict[str, list[str]]]:
     """Start a ps and `workers` workers, each server with `inter_op` executor threads;
     yield the cluster ({job: [host:port]}); stop them."""
+    with servers(workers, inter_op) as (spec, _):
+        yield spec
+
+
+@contextlib.contextmanager
+def servers(
+    workers: int = 2, inter_op: int = 2, cores: Sequence[int] | None = None
+) -> Iterator[tuple[dict[str, list[str]], list[int]]]:
+    """`cluster_spec`, yielding the servers' process ids too (ps first, then the
+    workers). With `cores`, server k runs under ``taskset -c cores[k]``: every thread it
+    starts (executor, gRPC) on that one core."""
     ports = _free_ports(workers + 1)
     spec = {"ps": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{p}" for p in ports[1:]]}
     tasks = [("ps", 0)] + [("worker", i) for i in range(workers)]
+    pin = [["taskset", "-c", str(c)] for c in cores] if cores else [[] for _ in tasks]
     procs = [
         subprocess.Popen(
             [
+                *pin[k],
                 sys.executable,
                 str(SCRIPT),
                 "--serve",
@@ -76,14 +89,14 @@ def cluster_spec(workers: int = 2, inter_op: int = 2) -> Iterator[dict[str, list
             env=ENV,
             text=True,
         )
-        for job, task in tasks
+        for k, (job, task) in enumerate(tasks)
     ]
     try:
         for proc in procs:
             assert proc.stdout is not None
             if "ready" not in proc.stdout.readline():  # printed once the server listens
                 raise RuntimeError(f"a TF server did not start (exit {proc.poll()})")
-        yield spec
+        yield spec, [proc.pid for proc in procs]  # taskset execs: the server's own pid
     finally:
         for proc in procs:
             proc.kill()

@@ -95,6 +95,9 @@ def test_each_analyses_every_run(capsys: pytest.CaptureFixture[str]) -> None:
     def within(job: str) -> list[str]:
         return [f"{job}/run{k}" for k in (1, 2, 3)]
 
+    def pinned(job: str) -> list[str]:  # 1 ps + 1 worker, each on its own core
+        return [f"{job}/run{k}" for k in (1, 2)]
+
     generated = ["mlp_ps_betweengraph_sync/worker0", "mlp_ps_betweengraph_sync/worker1"]
     assert paths == [
         "cnn_enforced/arrival",
@@ -103,10 +106,12 @@ def test_each_analyses_every_run(capsys: pytest.CaptureFixture[str]) -> None:
         "cnn_enforced_tac/sender",
         *between("cnn_ps_betweengraph"),
         *within("cnn_ps_ingraph"),
+        *pinned("cnn_ps_pinned"),
         "lab_mlp_1500mbit",  # the lab's mlp trace phase (docs/validation.md)
         *between("mlp_ps_betweengraph"),
         *generated,
         *within("mlp_ps_ingraph"),
+        *pinned("mlp_ps_pinned"),
         "mwms_cpu2",  # a TF2 multi-worker profile: one run of two workers' files
     ]
     assert {r["result"]["schema"] for r in document["runs"]} == {"planner.inspect/1"}

@@ -1075,6 +1075,43 @@ def test_the_tf_jobs_recorded_here_replay_within_their_pins(run):
     assert busy.max() <= worst_busy + SLACK
 
 
+# The TF jobs recorded with no process waiting for a core (traces/tf/README.md): 1 ps + 1
+# worker in-graph, each server `taskset`-pinned to its own core, intra-op and inter-op 1
+# thread, 9 steps traced (3..11). Median and worst |error| on the wall clock, worst on
+# the busy time, as bench/bench_replay.py measured them when they were recorded (no rule
+# set on them). Over the 36 steps: 1.48% median (within #16's 2%), 10.27% worst (not
+# within 5%: the largest misses are a recv or a gradient's send started 1-4 ms late or
+# early, waiting on the one inter-op thread that also serves TensorFlow's RPCs, and a
+# 1.1 ms stall of every read at cnn run2 step 5's start that nothing recorded explains).
+TF_PINNED = {
+    "mlp_ps_pinned/run1": (0.0192, 0.0607, 0.0196),
+    "mlp_ps_pinned/run2": (0.0167, 0.0633, 0.0209),
+    "cnn_ps_pinned/run1": (0.0119, 0.0412, 0.0691),
+    "cnn_ps_pinned/run2": (0.0096, 0.1027, 0.0169),
+}
+
+
+def test_the_pinned_tf_jobs_replay_within_their_pins_and_the_median_target():
+    """Each pinned run: one worker x 9 steps, all complete, each process on the core
+    its meta.json says (`record.py --pin` read every thread's affinity back), replayed
+    within its pins; over all 36 steps the wall-clock and busy medians within 2%."""
+    wall_all, busy_all = [], []
+    for run, (median, worst, worst_busy) in TF_PINNED.items():
+        folder = REPO / "traces" / "tf" / run
+        meta = json.loads((folder / "meta.json").read_text())
+        assert meta["affinity"] == {"ps0": [0], "worker0": [1], "client": [0]}
+        assert meta["workers"] == 1 and meta["server_config"] == {"intra_op": 1, "inter_op": 1}
+        steps = _complete(sim.replay(detect.load([folder])))
+        assert len(steps) == 9 and all(s["overhead_from"] == "other steps" for s in steps)
+        wall = np.array([abs(s["wall_error"]) for s in steps])
+        busy = np.array([abs(s["replay_error"]) for s in steps])
+        assert np.median(wall) <= median + SLACK and wall.max() <= worst + SLACK, run
+        assert busy.max() <= worst_busy + SLACK, run
+        wall_all.extend(wall)
+        busy_all.extend(busy)
+    assert np.median(wall_all) <= 0.02 and np.median(busy_all) <= 0.02
+
+
 def _raw_cover(path) -> tuple[float, float]:
     """(union of every record of a RunMetadata file over its span, the span in ms): all
     its partitions, the worker's ops and transfers and the PS's ops, from the protobuf."""
