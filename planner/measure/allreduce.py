@@ -46,6 +46,14 @@ def _named(graph: OpGraph, columns: Mapping[str, Any], test: Any) -> np.ndarray:
     return np.array(hits, dtype=bool)[columns["code"]] if hits else np.zeros(0, dtype=bool)
 
 
+def _collectives(graph: OpGraph, columns: dict[str, Any]) -> np.ndarray:
+    """Per row of `columns`: its op is a collective; found once per rank's columns (the
+    steps' figures and the windows both ask)."""
+    if "collective" not in columns:
+        columns["collective"] = _named(graph, columns, lambda o: o.kind == "collective")
+    return columns["collective"]
+
+
 def _compute_mask(graph: OpGraph, columns: Mapping[str, Any]) -> np.ndarray:
     """Compute ops that count for C: GPU compute kernels when the rank has any (memcpy
     and memset move data, as HTA's memory kernels), else all compute ops but the waits
@@ -98,7 +106,7 @@ def rank_steps(job: Job, rank: str) -> list[OverlapMetrics]:
     return _rank_steps(job, rank, _rank_columns(job, rank))
 
 
-def _rank_steps(job: Job, rank: str, columns: Mapping[str, Any]) -> list[OverlapMetrics]:
+def _rank_steps(job: Job, rank: str, columns: dict[str, Any]) -> list[OverlapMetrics]:
     """`rank_steps` from the rank's `_rank_columns`."""
     graph = job.graphs[rank]
     spans = job.trace.span_table
@@ -110,7 +118,7 @@ def _rank_steps(job: Job, rank: str, columns: Mapping[str, Any]) -> list[Overlap
             strict=True,
         )
     )
-    network = _named(graph, columns, lambda o: o.kind == "collective")
+    network = _collectives(graph, columns)
     picked = np.flatnonzero(_compute_mask(graph, columns) | network)
     picked = picked[np.argsort(columns["iteration"][picked], kind="stable")]
     steps, cuts = np.unique(columns["iteration"][picked], return_index=True)
@@ -150,14 +158,14 @@ def rank_windows(job: Job, rank: str) -> pd.DataFrame:
     return frame
 
 
-def _rank_windows(job: Job, rank: str, columns: Mapping[str, Any]) -> dict[str, np.ndarray]:
+def _rank_windows(job: Job, rank: str, columns: dict[str, Any]) -> dict[str, np.ndarray]:
     """`rank_windows` as numpy columns, from the rank's `_rank_columns`: the collectives'
     rows (``iteration``, ``op`` (object), ``start``, ``duration``, ``wait``) with
     ``ready``, ``window_end``, ``window`` and ``slack`` (float64, NaN without an end;
     ``window_end`` int64 when every row has one)."""
     graph = job.graphs[rank]
     iteration, start = columns["iteration"], columns["start"]
-    is_coll = np.flatnonzero(_named(graph, columns, lambda o: o.kind == "collective"))
+    is_coll = np.flatnonzero(_collectives(graph, columns))
     coll = {k: columns[k][is_coll] for k in ("iteration", "op", "start", "duration")}
     wait = columns.get("wait")
     coll["wait"] = wait[is_coll] if wait is not None else np.zeros(len(is_coll), np.int64)
@@ -266,7 +274,7 @@ def transfer_orders(job: Job, rank: str) -> int:
 
 def _rank_windows_rows(job: Job, rank: str) -> Mapping[str, np.ndarray]:
     columns = _rank_columns(job, rank)
-    rows = _named(job.graphs[rank], columns, lambda o: o.kind == "collective")
+    rows = _collectives(job.graphs[rank], columns)
     return {k: columns[k][rows] for k in ("iteration", "start", "op")}
 
 
