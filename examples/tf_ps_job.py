@@ -36,7 +36,8 @@ ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
 FETCHES = ("Momentum/update", "truediv:0", "global_step/Read/ReadVariableOp:0")
 
 
-def _free_ports(n: int) -> list[int]:
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free ports on 127.0.0.1 (the sockets closed again)."""
     sockets = [socket.socket() for _ in range(n)]
     for s in sockets:
         s.bind(("127.0.0.1", 0))
@@ -68,7 +69,7 @@ def servers(
     """`cluster_spec`, yielding the servers' process ids too (ps first, then the
     workers). With `cores`, server k runs under ``taskset -c cores[k]``: every thread it
     starts (executor, gRPC) on that one core."""
-    ports = _free_ports(workers + 1)
+    ports = free_ports(workers + 1)
     spec = {"ps": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{p}" for p in ports[1:]]}
     tasks = [("ps", 0)] + [("worker", i) for i in range(workers)]
     pin = [["taskset", "-c", str(c)] for c in cores] if cores else [[] for _ in tasks]

@@ -26,12 +26,14 @@ import argparse
 import gzip
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
+from tf_ps_job import free_ports  # noqa: E402
 
 WORKERS = 2
 WARMUP = 5  # steps before the profile (the first builds the function)
@@ -39,16 +41,6 @@ STEPS = 10  # steps run while the profiler traces
 DURATION_MS = 2000  # long enough for STEPS steps on a loaded 2-core host
 BATCH = 16  # per replica
 WIDTHS = (784, 512, 256, 10)
-
-
-def _free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def _model(tf):  # noqa: ANN001, ANN202
@@ -134,7 +126,7 @@ def main() -> None:
         worker(args.out, args.worker[0].split(","), int(args.worker[1]), int(args.worker[2]))
         return
     args.out.mkdir(parents=True, exist_ok=True)
-    ports = _free_ports(2 * WORKERS)
+    ports = free_ports(2 * WORKERS)
     spec = [f"127.0.0.1:{p}" for p in ports[:WORKERS]]
     profilers = ports[WORKERS:]
     procs = [

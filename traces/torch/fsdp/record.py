@@ -29,9 +29,7 @@ Variants (a folder each):
   ``reshard_after_forward=False``), default backward prefetch.
 """
 
-import gzip
 import os
-import shutil
 import socket
 import sys
 
@@ -39,7 +37,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
-from torch.profiler import record_function
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from profiled_steps import gzip_trace, profile_steps  # noqa: E402
 
 WIDTHS = (64, 96, 160, 128, 64, 32)
 VARIANTS = (
@@ -104,27 +104,10 @@ def worker(rank: int, port: int, out: str, variant: str) -> None:
     torch.manual_seed(1 + rank)
     x, y = torch.randn(32, WIDTHS[0]), torch.randn(32, WIDTHS[-1])
     path = os.path.join(out, variant, f"rank{rank}.json")
-    with torch.profiler.profile(
-        activities=[torch.profiler.ProfilerActivity.CPU],
-        schedule=torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1),
-        on_trace_ready=lambda p: p.export_chrome_trace(path),
-        record_shapes=True,
-    ) as prof:
-        for _ in range(6):
-            with record_function("train_step"):
-                opt.zero_grad(set_to_none=True)
-                with record_function("forward"):
-                    loss = nn.functional.mse_loss(model(x), y)
-                with record_function("backward"):
-                    loss.backward()
-                with record_function("optimizer_step"):
-                    opt.step()
-            prof.step()
+    profile_steps(model, opt, x, y, path)
     dist.barrier()
     dist.destroy_process_group()
-    with open(path, "rb") as src, gzip.open(path + ".gz", "wb", compresslevel=9) as dst:
-        shutil.copyfileobj(src, dst)
-    os.remove(path)
+    gzip_trace(path)
 
 
 if __name__ == "__main__":

@@ -20,9 +20,7 @@ all-reduces the gradients. Batch 32 per replica, SGD, 6 steps under ``torch.prof
 ``rank<r>.json.gz`` per rank.
 """
 
-import gzip
 import os
-import shutil
 import socket
 import sys
 
@@ -31,7 +29,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.profiler import record_function
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from profiled_steps import gzip_trace, profile_steps  # noqa: E402
 
 WORLD, TP = 4, 2
 HIDDEN, INNER, OUT, BATCH = 64, 128, 16, 32
@@ -98,27 +98,10 @@ def worker(rank: int, port: int, out: str) -> None:
     torch.manual_seed(100 + rank // TP)  # each replica its own batch, the TP pair the same
     x, y = torch.randn(BATCH, HIDDEN), torch.randn(BATCH, OUT)
     path = os.path.join(out, f"rank{rank}.json")
-    with torch.profiler.profile(
-        activities=[torch.profiler.ProfilerActivity.CPU],
-        schedule=torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1),
-        on_trace_ready=lambda p: p.export_chrome_trace(path),
-        record_shapes=True,
-    ) as prof:
-        for _ in range(6):
-            with record_function("train_step"):
-                opt.zero_grad(set_to_none=True)
-                with record_function("forward"):
-                    loss = nn.functional.mse_loss(model(x), y)
-                with record_function("backward"):
-                    loss.backward()
-                with record_function("optimizer_step"):
-                    opt.step()
-            prof.step()
+    profile_steps(model, opt, x, y, path)
     dist.barrier()
     dist.destroy_process_group()
-    with open(path, "rb") as src, gzip.open(path + ".gz", "wb", compresslevel=9) as dst:
-        shutil.copyfileobj(src, dst)
-    os.remove(path)
+    gzip_trace(path)
 
 
 if __name__ == "__main__":
