@@ -53,13 +53,20 @@ def rank_programs(job: Job, rank: str) -> dict[int, dict[str, Any]]:
     steps = np.asarray(table["iteration"])[rows].astype(np.int64)
     start = np.asarray(table["start"])[rows].astype(np.int64)
     took = np.asarray(table["duration"])[rows].astype(np.int64)
+    # (speed) an op's kind and phase looked up once per name, not once per row
+    names, codes = job.trace.op_codes
+    found = [graph.ops.get(n) for n in names]
+    is_coll = np.array([o is not None and o.kind == "collective" for o in found], bool)
+    is_back = np.array([o is not None and o.phase == "backward" for o in found], bool)
+    is_coll, is_back = is_coll[codes[rows]], is_back[codes[rows]]
     out: dict[int, dict[str, Any]] = {}
     for it, (t0, t1) in sorted(spans_of(job, rank).items()):
-        mine = np.flatnonzero(steps == it)
+        in_step = steps == it
+        mine = np.flatnonzero(in_step)
         if not len(mine):
             continue
-        coll = [int(i) for i in mine if graph.ops[ops[i]].kind == "collective"]
-        coll.sort(key=lambda i: (int(start[i]), i))
+        coll_rows = np.flatnonzero(in_step & is_coll)
+        coll = coll_rows[np.lexsort((coll_rows, start[coll_rows]))].tolist()
         ends = np.array([start[i] + took[i] for i in coll], dtype=np.int64)
         x = np.array([exposed_ns(shown, it, ops[i], int(took[i])) for i in coll], dtype=np.int64)
         waits = merged(ends - x, ends) if len(coll) else (ends, ends)
@@ -69,7 +76,7 @@ def rank_programs(job: Job, rank: str) -> dict[int, dict[str, Any]]:
             t = np.asarray(t, dtype=np.int64)
             return ((t - t0) - covered(np.full(len(t), t0), t, waits)) / 1e9
 
-        back = [int(start[i]) for i in mine if graph.ops[ops[i]].phase == "backward"]
+        back = start[in_step & is_back].tolist()
         out[it] = {
             "measured": (t1 - t0) / 1e9,
             "compute": float(progress(np.array([t1]))[0]),
