@@ -20,11 +20,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from planner.reporting.svg import (
-    FONT,
-    PAD,
-    TICK,
     Plot,
     hline,
+    left_margin,
     marker,
     marks,
     nice_ticks,
@@ -33,7 +31,6 @@ from planner.reporting.svg import (
     spans,
     swatch_box,
     swatch_line,
-    text_width,
     tick_labels,
     vline_segment,
 )
@@ -246,7 +243,7 @@ def transfer_windows(
     _time_axis(plot, end)
     labels = [_short(str(n), 28) for n in [*names, *(r["param"] for r in rows)]]
     # the room of the widest name: charts given the same names put their plots at one x
-    plot.left = PAD * 3 + FONT * 1.2 + max(map(text_width, labels), default=0.0) + TICK
+    plot.left = left_margin(labels)
     hollow = marker("o", "black", 3, hollow=True)
     windows = 0
     for yi, r in zip(range(len(rows) - 1, -1, -1), rows, strict=True):

@@ -238,10 +238,16 @@ def _legend_rows(plot: Plot) -> list[list[tuple[str, str, float]]]:
     return rows if plot.legend else []
 
 
+def left_margin(labels: Sequence[str]) -> float:
+    """The room left of a plot area for the y label and the widest of `labels` (its y
+    tick labels): charts given the same labels put their plot areas at the same x."""
+    widest = max((text_width(t) for t in labels), default=0.0)
+    return PAD + FONT * 1.2 + PAD + widest + PAD + TICK
+
+
 def _margins(plot: Plot) -> tuple[float, float, float, float]:
     """Room (left, top, right, bottom) around the plot area for ticks, labels, legend."""
-    widest = max((text_width(t) for _, t in plot.yticks), default=0.0)
-    left = plot.left if plot.left is not None else PAD + FONT * 1.2 + PAD + widest + PAD + TICK
+    left = plot.left if plot.left is not None else left_margin([t for _, t in plot.yticks])
     top = PAD + len(_legend_rows(plot)) * LEGEND_FONT * 1.6 + (PAD if plot.legend else FONT / 2)
     if plot.rotate_xticks:
         tall = max((text_width(t) for _, t in plot.xticks), default=0.0) * math.sqrt(0.5)
