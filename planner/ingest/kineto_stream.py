@@ -81,7 +81,7 @@ _IDS = msgspec.json.Decoder(list[_Ids | None])
 _ARGS = msgspec.json.Decoder(list[Any])
 _LONG_ID = re.compile(r"^Integer value out of range - at `\$\[(\d+)\]\.(.+)`$")
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
-STREAM_CHUNK = 1 << 16
+STREAM_CHUNK = 1 << 18
 """Bytes of decompressed JSON parsed at a time by the streaming reader (bounds its memory)."""
 _MAX_PENDING = 64 << 20  # an unsplittable stretch longer than this: parse the file whole
 

@@ -29,7 +29,7 @@ SCHEMA = "planner.allreduce/1"
 def _rank_columns(job: Job, rank: str) -> dict[str, Any]:
     """One rank's timing rows as numpy columns (`Trace.table` order), with ``code``: each
     row's index into ``names`` (`Trace.op_codes`), so that an op's attributes are looked
-    up once per name (`_named`)."""
+    up once per name (`_op_flags`)."""
     table = job.trace.table
     rows = job.trace.rows_of(rank)
     names, codes = job.trace.op_codes
@@ -38,36 +38,43 @@ def _rank_columns(job: Job, rank: str) -> dict[str, Any]:
     return columns
 
 
-def _named(graph: OpGraph, columns: Mapping[str, Any], test: Any) -> np.ndarray:
-    """Per row of `columns` (`_rank_columns`): whether `test(op)` holds for its op (False
-    for an op the graph lacks)."""
+def _op_flags(graph: OpGraph, columns: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Per row of `columns` (`_rank_columns`): whether its op is a collective, a compute op
+    that counts for C (`_compute_mask`) and a forward op (False for an op the graph lacks).
+    One walk over the op names per rank, kept in `columns`: the steps' figures and the
+    windows both ask."""
+    if "flags" in columns:
+        return columns["flags"]
     ops = graph.ops
-    hits = [n in ops and bool(test(ops[n])) for n in columns["names"]]
-    return np.array(hits, dtype=bool)[columns["code"]] if hits else np.zeros(0, dtype=bool)
+    # GPU compute kernels when the rank has any (memcpy and memset move data, as HTA's
+    # memory kernels), else all compute ops but the waits for the step's input
+    on_gpu = any(o.kind == "compute" and o.resource.startswith("gpu") for o in ops.values())
+    hits = []
+    for name in columns["names"]:
+        op = ops.get(name)
+        if op is None:
+            hits.append((False, False, False))
+            continue
+        compute = (
+            op.kind == "compute"
+            and bool(op.is_work)
+            and (not on_gpu or (op.resource.startswith("gpu") and not _is_memory(op.type)))
+        )
+        hits.append((op.kind == "collective", compute, op.phase == "forward"))
+    table = np.array(hits, dtype=bool).reshape(-1, 3)[columns["code"]]
+    flags = {"collective": table[:, 0], "compute": table[:, 1], "forward": table[:, 2]}
+    columns["flags"] = flags
+    return flags
 
 
 def _collectives(graph: OpGraph, columns: dict[str, Any]) -> np.ndarray:
-    """Per row of `columns`: its op is a collective; found once per rank's columns (the
-    steps' figures and the windows both ask)."""
-    if "collective" not in columns:
-        columns["collective"] = _named(graph, columns, lambda o: o.kind == "collective")
-    return columns["collective"]
+    """Per row of `columns`: its op is a collective."""
+    return _op_flags(graph, columns)["collective"]
 
 
-def _compute_mask(graph: OpGraph, columns: Mapping[str, Any]) -> np.ndarray:
-    """Compute ops that count for C: GPU compute kernels when the rank has any (memcpy
-    and memset move data, as HTA's memory kernels), else all compute ops but the waits
-    for the step's input."""
-    on_gpu = any(o.kind == "compute" and o.resource.startswith("gpu") for o in graph.ops.values())
-    return _named(
-        graph,
-        columns,
-        lambda o: (
-            o.kind == "compute"
-            and o.is_work
-            and (not on_gpu or (o.resource.startswith("gpu") and not _is_memory(o.type)))
-        ),
-    )
+def _compute_mask(graph: OpGraph, columns: dict[str, Any]) -> np.ndarray:
+    """Per row of `columns`: its op is a compute op that counts for C."""
+    return _op_flags(graph, columns)["compute"]
 
 
 def _is_memory(event: str) -> bool:
@@ -192,7 +199,7 @@ def _rank_windows(job: Job, rank: str, columns: dict[str, Any]) -> dict[str, np.
         ],
         dtype=np.float64,
     )
-    forward = np.flatnonzero(_named(graph, columns, lambda o: o.phase == "forward"))
+    forward = np.flatnonzero(_op_flags(graph, columns)["forward"])
     first_read = _first_starts(iteration[forward], start[forward])
     if not first_read:  # no phase ranges: the next step's start is the earliest read
         spans = job.trace.span_table
