@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from planner.errors import InputError
 from planner.export import ddp_buckets
 from planner.measure.allreduce import allreduce_metrics
+from planner.measure.foreign_load import is_loaded
 from planner.measure.inspection import inspect, oracles  # noqa: F401 (the API of this module)
 from planner.measure.metrics import (
     StepMetrics,
@@ -493,7 +494,8 @@ def sweep_notes(
             "rough; give a benchmark model (--network)"
         )
         document["recommended_cap_mb"] = None
-        document["reason"] = "no recommendation without a network model that holds"
+        if not is_loaded(document.get("foreign_load")):  # the load, said first, explains more
+            document["reason"] = "no recommendation without a network model that holds"
     return document
 
 

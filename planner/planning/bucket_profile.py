@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from planner.measure.foreign_load import forward_stretch
 from planner.model.trace import Job, rank_meta
 from planner.planning.scope import group_scope, scope_line
 
@@ -55,6 +56,8 @@ class Profile:
     lanes: int  # the most collectives a rank ever had in flight at once
     # on ranks of several process groups: the groups it plans and leaves alone
     groups: dict[str, Any] | None = None
+    # the most stretched rank's forward ops (`foreign_load.forward_stretch`): foreign load
+    load: dict[str, Any] | None = None
     # kappa -> per step the latest rank's backward work per gradient (`backward_work`)
     work: dict[float, list[np.ndarray]] = field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -202,7 +205,7 @@ def rank_profile(job: Job, rank: str) -> Profile | None:
     cpu = not any(op.resource.startswith("gpu") for op in graph.ops.values())
     return Profile(by_step, np.array(sizes or [], dtype=np.float64),
                    np.array([n for _, n in observed], dtype=np.float64), cpu, lanes,
-                   groups)  # fmt: skip
+                   groups, forward_stretch(job, rank))  # fmt: skip
 
 
 def _bucket_rows(job: Job, rank: str, ops: list[str]) -> tuple[np.ndarray, dict[str, Any] | None]:
@@ -236,7 +239,9 @@ def join(profiles: Sequence[Profile | None], cpu: bool) -> Profile | None:
         for step, steps in p.steps.items():
             by_step.setdefault(step, []).extend(steps)
     lanes = max(p.lanes for p in traced)
-    return Profile(by_step, first.sizes, first.observed_buckets, cpu, lanes, first.groups)
+    loads = [p.load for p in traced if p.load is not None]
+    load = max(loads, key=lambda s: s["stretch"]) if loads else None
+    return Profile(by_step, first.sizes, first.observed_buckets, cpu, lanes, first.groups, load)
 
 
 def _bucket_index(param: str | None) -> int:

@@ -60,6 +60,7 @@ from typing import Any
 
 import numpy as np
 
+from planner.measure.foreign_load import is_loaded, load_line
 from planner.model.oracle import NetworkModel
 from planner.model.trace import Job
 from planner.planning.bucket_profile import (
@@ -361,6 +362,9 @@ def _sweep(
         )
     else:
         reason = f"predicted {gain:.1%} faster than the traced buckets (replay error {error:+.1%})"
+    loaded = p.cpu and is_loaded(p.load)
+    if loaded:  # what it predicts carries the load: said, and nothing recommended
+        reason = load_line(p.load)
     return _document(p, observed, network, rows, {
         "first_bucket_rule": rule,
         "observed_predicted_step_time": replays[0],
@@ -375,8 +379,9 @@ def _sweep(
         "best_cap_mb": best["bucket_cap_mb"],
         "best_gain": gain,
         "gain_margin": margin,
-        "recommended_cap_mb": best["bucket_cap_mb"] if wins else None,
+        "recommended_cap_mb": best["bucket_cap_mb"] if wins and not loaded else None,
         "reason": reason,
+        "foreign_load": p.load if p.cpu else None,
     })  # fmt: skip
 
 
@@ -391,7 +396,8 @@ def _document(
              "replay_error": None, "replay_error_worst": None, "kappa": None,
              "kappa_source": "", "uncalibrated_replay_error": None,
              "default_configuration": None, "best_cap_mb": None, "best_gain": None,
-             "gain_margin": None, "recommended_cap_mb": None}  # fmt: skip
+             "gain_margin": None, "recommended_cap_mb": None,
+             "foreign_load": None}  # fmt: skip
     return {
         "schema": "planner.bucket_sweep/1",
         "gradients": len(p.sizes),
