@@ -163,7 +163,7 @@ def per_step(results: list[dict], key: str) -> list[float]:
 def analyze(trace: Path, where: Path, net: dict | None, untraced: float) -> tuple[dict, list]:
     """`planner analyze` on the trace as a user runs it: with the bench-network file and
     the untraced step time (dropped, and said, when analyze refuses it)."""
-    ranks = [str(p) for p in sorted(trace.glob("rank*.json"))]
+    ranks = [str(p) for p in sorted(trace.glob("rank*.json*"))]
     base = [*ranks, "-o", str(where / "plan"), "--force", "-j", "1"]
     notes = []
     options = ["--untraced-step-time", f"{untraced:.6f}"]
