@@ -21,12 +21,12 @@ GRID = REPO / "bench" / "lab" / "results" / "ddp-grid"
 # (job, rate) -> predictions within 5% of the measured median or inside the 95%
 # interval of the measured ratio to plain, of those printed
 FLOORS = {
-    ("ddp-mlp", "unshaped"): (6, 7),
-    ("ddp-mlp", "3000mbit"): (2, 7),  # the benchmark's latency, paid per small bucket
-    ("ddp-mlp", "800mbit"): (6, 7),
-    ("ddp-mlp", "130mbit"): (1, 7),  # every cap 5-8% slow: the profiler's cost
-    ("ddp-wide", "unshaped"): (3, 4),
-    ("ddp-wide", "6000mbit"): (4, 5),
+    ("ddp-mlp", "unshaped"): (6, 7),  # cap0.25 +23%: 24 buckets' CPU cost on a loopback
+    ("ddp-mlp", "3000mbit"): (5, 7),  # the small caps' gain from overlap, under-predicted
+    ("ddp-mlp", "800mbit"): (7, 7),
+    ("ddp-mlp", "130mbit"): (5, 7),  # caps 2 and 8 +5.4-5.8%
+    ("ddp-wide", "unshaped"): (3, 4),  # cap16 +15%
+    ("ddp-wide", "6000mbit"): (5, 5),
     ("ddp-wide", "1700mbit"): (4, 4),
     ("ddp-wide", "270mbit"): (4, 4),
 }

@@ -16,6 +16,7 @@ import multiprocessing as mp
 import socket
 import statistics
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -189,21 +190,21 @@ def to_csv(rows: Sequence[dict[str, Any]]) -> str:
     return out.getvalue()
 
 
-def read_csv(text: str) -> tuple[list[float], list[float]]:
+def read_csv(text: str, column: str = "seconds") -> tuple[list[float], list[float]]:
     """(nbytes, seconds) from a benchmark CSV (needs columns `nbytes` and `seconds`).
 
     Raises ValueError naming the problem (missing column, non-numeric or negative value).
     """
     reader = csv.DictReader(io.StringIO(text))
     fields = reader.fieldnames or []
-    for column in ("nbytes", "seconds"):
-        if column not in fields:
-            raise ValueError(f"CSV has no {column!r} column (columns: {', '.join(fields)})")
+    for needed in ("nbytes", "seconds"):
+        if needed not in fields:
+            raise ValueError(f"CSV has no {needed!r} column (columns: {', '.join(fields)})")
     sizes: list[float] = []
     seconds: list[float] = []
     for line, row in enumerate(reader, start=2):
         try:
-            n, s = float(row["nbytes"]), float(row["seconds"])
+            n, s = float(row["nbytes"]), float(row.get(column) or row["seconds"])
         except (TypeError, ValueError):
             raise ValueError(f"line {line}: nbytes and seconds must be numbers") from None
         if n < 0 or s < 0:
@@ -217,6 +218,10 @@ def read_model(path: Path) -> NetworkModel:
     """The network model of a benchmark: a CSV from `planner bench-network` (fitted
     here) or a ``planner.network_model/1`` JSON from `planner fit-network --json`.
 
+    The fit is of each size's median (``seconds``); the latency of the fastest calls
+    (``seconds_min``) is kept beside it (`NetworkModel.a_fastest`): the median of a few
+    blocking calls carries each call's jitter, most of a small one's time, which a
+    wire-bound job's pipelined all-reduces do not pay (`buckets.wire_network`).
     Raises InputError naming the file and the problem.
     """
     try:
@@ -232,9 +237,13 @@ def read_model(path: Path) -> NetworkModel:
             raise InputError(path, f"not a planner.network_model/1 document ({exc})") from None
     try:
         sizes, seconds = read_csv(text)
+        _, fastest = read_csv(text, "seconds_min")
     except ValueError as exc:
         raise InputError(path, str(exc)) from None
     model = fit_network_model(np.asarray(sizes), np.asarray(seconds))
     if model is None:
         raise InputError(path, "the fit needs at least two distinct message sizes")
+    floor = fit_network_model(np.asarray(sizes), np.asarray(fastest))
+    if floor is not None and floor.a < model.a:  # the latency of the fastest calls
+        model = replace(model, a_fastest=floor.a)
     return model

@@ -29,6 +29,8 @@ class NetworkModel:
     b: float
     r2: float = float("nan")
     points: int = 0
+    # the latency of a benchmark's fastest calls (`netbench.read_model`), where it has one
+    a_fastest: float | None = None
 
     def time(self, nbytes: float) -> float:
         return self.a + self.b * nbytes

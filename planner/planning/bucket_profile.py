@@ -77,11 +77,36 @@ class Profile:
         return float(np.median(copies)) / total if copies and total > 0 else 0.0
 
 
-def without_profiler(p: Profile, untraced: float) -> Profile:
-    """`p` with the profiler's own cost taken out: each step's times scaled so that the
-    median step takes `untraced` (the job's step time without the profiler, at the
-    traced configuration), the cost spread evenly over the step; `ValueError` when the
-    two are more than 2x apart."""
+def wire_share(compute: float, wire: float) -> float:
+    """How far a step is bound by the wire rather than by its cores: 0 while the network
+    model's time for its all-reduces (`wire`) is at most half its compute on the critical
+    path, 1 from equal on, linear between. On a loopback faster than the cores can feed
+    it (the lab unshaped: 0.2-0.35 of the compute) the all-reduces are CPU work on the
+    same cores; on a shaped link (0.9 to 25 in the lab's grid) they are wire time."""
+    if compute <= 0:
+        return 0.0
+    return float(min(1.0, max(0.0, 2.0 * wire / compute - 1.0)))
+
+
+def step_compute(s: Step) -> float:
+    """A traced step's compute on its critical path: the forward and backward passes up to
+    the last gradient, and the tail."""
+    return min(s.measured, float(s.ready.max(initial=0.0)) + s.tail)
+
+
+def without_profiler(p: Profile, untraced: float, wire: float = 0.0) -> Profile:
+    """`p` with the profiler's own cost taken out: each step loses the difference between
+    the traced steps' median and `untraced` (the job's step time without the profiler,
+    at the traced configuration); `ValueError` when the two are more than 2x apart.
+
+    The profiler slows the ops it records, not a wire. Where a step's all-reduces are
+    wire time (`wire_share` of `wire`, the network model's time for the step's traced
+    buckets), the cost comes out of its compute on the critical path (`step_compute`);
+    where they are CPU work on the same cores, it is spread over the whole step, as the
+    profiler slows those too. Spread over the whole step at every rate, the cost came
+    out of the all-reduces' time too: on the lab's link-bound MLP (130 Mbit/s, 20 ms of
+    profiler cost in an 800 ms step that is mostly one all-reduce) every cap was
+    predicted 5-8% slow (docs/validation.md)."""
     if not 0.5 <= untraced / p.measured <= 2.0:
         raise ValueError(
             f"the untraced step time {untraced * 1e3:.1f} ms is more than 2x from the traced "
@@ -92,9 +117,13 @@ def without_profiler(p: Profile, untraced: float) -> Profile:
     for step, ranks in p.steps.items():
         scaled = []
         for s in ranks:
-            f = max(0.5, 1.0 - cost / s.measured)
+            compute = step_compute(s)
+            share = wire_share(compute, wire)
+            taken = share * cost / compute if compute > 0 else 0.0
+            f = max(0.5, 1.0 - taken - (1.0 - share) * cost / s.measured)
+            measured = max(s.measured - cost, 0.5 * s.measured)
             scaled.append(Step(s.ready * f, [(a * f, b * f) for a, b in s.busy], s.tail * f,
-                               s.measured * f, s.copy * f, s.copy_tail * f))  # fmt: skip
+                               measured, s.copy * f, s.copy_tail * f))  # fmt: skip
         steps[step] = scaled
     return replace(p, steps=steps)
 

@@ -56,6 +56,7 @@ they are defined.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -68,6 +69,8 @@ from planner.planning.bucket_profile import (
     join,
     profile,
     rank_profile,
+    step_compute,
+    wire_share,
     without_profiler,
 )
 from planner.planning.bucket_replay import (
@@ -292,8 +295,9 @@ def sweep_profile(
     traced configuration's, `BadReference` when the reference cannot be one
     (`backward_factor`)."""
     traced = p.measured
+    network = wire_network(p, network)
     if untraced_step_time is not None:
-        p = without_profiler(p, untraced_step_time)
+        p = without_profiler(p, untraced_step_time, _wire(p, network))
     profiler = {
         "traced_step_time": traced,
         "untraced_step_time": untraced_step_time,
@@ -318,6 +322,30 @@ def sweep_profile(
     document["kappa_backward"] = kappa_backward if kappa_backward is not None else document["kappa"]
     document["kappa_backward_source"] = source
     return document
+
+
+def _wire(p: Profile, network: NetworkModel) -> float:
+    """The network model's time for a step's traced buckets, one after another."""
+    return float(sum(network.time(float(n)) for n in p.observed_buckets))
+
+
+def wire_network(p: Profile, network: NetworkModel) -> NetworkModel:
+    """`network` with the latency a wire-bound job pays: the benchmark's fastest calls'
+    (`NetworkModel.a_fastest`) as far as the traced steps are bound by the wire
+    (`wire_share`, at their median compute), its medians' where they are CPU work.
+
+    DDP's all-reduces of one step follow each other on gloo's two threads, each one's
+    start overlapping another's bytes, so a wire-bound step pays the call's own latency
+    and not the jitter a few blocking calls of the benchmark add; on the lab's 3000
+    Mbit/s link the medians put ``a`` at 1.8 ms where the fastest 4 KiB calls took
+    0.5 ms, and a cap of 24 buckets was predicted 60% slow. On a loopback the
+    all-reduces share the cores with the backward pass and the medians' latency holds
+    (docs/algorithms.md)."""
+    if network.a_fastest is None or not p.steps:
+        return network
+    compute = float(np.median([step_compute(s) for v in p.steps.values() for s in v]))
+    share = wire_share(compute, _wire(p, network))
+    return replace(network, a=share * network.a_fastest + (1.0 - share) * network.a)
 
 
 def _sweep(
