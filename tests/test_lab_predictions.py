@@ -1,8 +1,9 @@
 """planner's predictions of DDP configurations it did not trace, judged against measured
 runs of those configurations: the lab's grid of 2 models x 4 rates (issue #44; stored
-in bench/lab/results/ddp-grid, its tables in docs/validation.md), re-predicted by this
-checkout (`bench.lab.repredict`, the untraced step time of the traced configuration as
-the interleaved measurement timed it).
+in bench/lab/results/ddp-grid, its tables in docs/validation.md) and 2 x 2 rates
+recorded after the model was last changed on the grid (ddp-heldout), re-predicted by
+this checkout (`bench.lab.repredict`, the untraced step time of the traced
+configuration as the interleaved measurement timed it).
 
 The floors are what the model reached when the grid was recorded: a change that makes
 a prediction miss where it passed fails here; one that passes more raises a floor."""
@@ -17,27 +18,33 @@ import pytest
 from bench.lab import repredict
 from tests.conftest import REPO
 
-GRID = REPO / "bench" / "lab" / "results" / "ddp-grid"
+RESULTS = REPO / "bench" / "lab" / "results"
 # (job, rate) -> predictions within 5% of the measured median or inside the 95%
 # interval of the measured ratio to plain, of those printed
 FLOORS = {
-    ("ddp-mlp", "unshaped"): (6, 7),  # cap0.25 +23%: 24 buckets' CPU cost on a loopback
-    ("ddp-mlp", "3000mbit"): (5, 7),  # the small caps' gain from overlap, under-predicted
-    ("ddp-mlp", "800mbit"): (7, 7),
-    ("ddp-mlp", "130mbit"): (5, 7),  # caps 2 and 8 +5.4-5.8%
-    ("ddp-wide", "unshaped"): (3, 4),  # cap16 +15%
-    ("ddp-wide", "6000mbit"): (5, 5),
-    ("ddp-wide", "1700mbit"): (4, 4),
-    ("ddp-wide", "270mbit"): (4, 4),
+    ("ddp-grid", "ddp-mlp", "unshaped"): (6, 7),  # cap0.25 +23%: 24 buckets on a loopback
+    ("ddp-grid", "ddp-mlp", "3000mbit"): (5, 7),  # the small caps' overlap, under-predicted
+    ("ddp-grid", "ddp-mlp", "800mbit"): (7, 7),
+    ("ddp-grid", "ddp-mlp", "130mbit"): (5, 7),  # caps 2 and 8 +5.4-5.8%
+    ("ddp-grid", "ddp-wide", "unshaped"): (3, 4),  # cap16 +15%
+    ("ddp-grid", "ddp-wide", "6000mbit"): (5, 5),
+    ("ddp-grid", "ddp-wide", "1700mbit"): (4, 4),
+    ("ddp-grid", "ddp-wide", "270mbit"): (4, 4),
+    ("ddp-heldout", "ddp-mlp", "1500mbit"): (7, 7),
+    ("ddp-heldout", "ddp-mlp", "400mbit"): (5, 7),
+    ("ddp-heldout", "ddp-wide", "3000mbit"): (4, 4),
+    ("ddp-heldout", "ddp-wide", "600mbit"): (4, 4),
 }
+SETS = sorted({key[0] for key in FLOORS})
 
 
 @pytest.fixture(scope="module")
-def records() -> dict[tuple[str, str], dict]:
+def records() -> dict[tuple[str, str, str], dict]:
     found = {}
-    for job in ("mlp", "wide"):
-        for record in repredict.repredict(GRID / job, "measured"):
-            found[(record["job"], record["rate"])] = record
+    for name in SETS:
+        for job in ("mlp", "wide"):
+            for record in repredict.repredict(RESULTS / name / job, "measured"):
+                found[(name, record["job"], record["rate"])] = record
     return found
 
 
@@ -46,7 +53,7 @@ def test_every_run_of_the_grid_is_judged(records: dict) -> None:
 
 
 @pytest.mark.parametrize("run", sorted(FLOORS))
-def test_no_prediction_misses_where_it_passed(records: dict, run: tuple[str, str]) -> None:
+def test_no_prediction_misses_where_it_passed(records: dict, run: tuple[str, str, str]) -> None:
     judged = records[run]["judged"]
     floor, printed = FLOORS[run]
     assert len(judged) == printed
@@ -56,20 +63,30 @@ def test_no_prediction_misses_where_it_passed(records: dict, run: tuple[str, str
 def test_the_measured_medians_are_the_raw_steps(records: dict) -> None:
     """Recounted from lab.json's per-step times: each configuration's median over both
     repeats, and the plain median the predictions were anchored on."""
-    for job in ("mlp", "wide"):
-        for run in json.loads((GRID / job / "lab.json").read_text())["runs"]:
-            rows = records[(run["job"], run["rate"])]["summary"]["rows"]
-            for label, row in rows.items():
-                steps = [t for rep in run["repeats"] for t in rep["times"][label]]
-                assert len(steps) == 2 * 20  # --steps 20 --repeats 2
-                assert row["median_s"] == statistics.median(steps)
+    for name in SETS:
+        for job in ("mlp", "wide"):
+            for run in json.loads((RESULTS / name / job / "lab.json").read_text())["runs"]:
+                _same_medians(run, records[(name, run["job"], run["rate"])]["summary"]["rows"])
 
 
-def test_the_ranking_holds_where_the_link_is_the_bottleneck(records: dict) -> None:
-    """At 1700 and 270 Mbit/s (the wide model) the caps are predicted in their measured
-    order, and the fastest cap is the one predicted fastest."""
-    for rate in ("1700mbit", "270mbit"):
-        summary = records[("ddp-wide", rate)]["summary"]
-        assert summary["spearman_caps"] == pytest.approx(1.0)
-        caps = {k: r for k, r in summary["rows"].items() if k.startswith("cap")}
-        assert min(caps, key=lambda c: caps[c]["predicted_s"]) == summary["fastest_cap"]
+def _same_medians(run: dict, rows: dict) -> None:
+    for label, row in rows.items():
+        steps = [t for rep in run["repeats"] for t in rep["times"][label]]
+        assert len(steps) == 2 * 20  # --steps 20 --repeats 2
+        assert row["median_s"] == statistics.median(steps)
+
+
+@pytest.mark.parametrize(
+    "run",
+    [("ddp-grid", "1700mbit"), ("ddp-grid", "270mbit"), ("ddp-heldout", "3000mbit"),
+     ("ddp-heldout", "600mbit")],
+)  # fmt: skip
+def test_the_ranking_holds_where_the_link_is_the_bottleneck(
+    records: dict, run: tuple[str, str]
+) -> None:
+    """The wide model on a shaped link: the caps are predicted in their measured order,
+    and the fastest cap is the one predicted fastest."""
+    summary = records[(run[0], "ddp-wide", run[1])]["summary"]
+    assert summary["spearman_caps"] == pytest.approx(1.0)
+    caps = {k: r for k, r in summary["rows"].items() if k.startswith("cap")}
+    assert min(caps, key=lambda c: caps[c]["predicted_s"]) == summary["fastest_cap"]
