@@ -191,7 +191,8 @@ def to_csv(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def read_csv(text: str, column: str = "seconds") -> tuple[list[float], list[float]]:
-    """(nbytes, seconds) from a benchmark CSV (needs columns `nbytes` and `seconds`).
+    """(nbytes, seconds) from a benchmark CSV (needs columns `nbytes` and `seconds`); the
+    seconds from `column` where a row has it (``seconds_min``: the fastest repeat).
 
     Raises ValueError naming the problem (missing column, non-numeric or negative value).
     """
