@@ -62,6 +62,17 @@ def test_a_quiet_trace_is_not_taken_for_a_loaded_one(folder: str) -> None:
     assert max(_stretches(folder).values()) < FOREIGN_STRETCH - 0.1
 
 
+LAB_RUNS = sorted((REPO / "bench" / "lab" / "results").glob("*/*/ddp-*/*/trace/ranks"))
+
+
+@pytest.mark.parametrize("ranks", LAB_RUNS, ids=[str(p.parents[1].name) for p in LAB_RUNS])
+def test_the_lab_grid_traces_are_not_taken_for_loaded_ones(ranks: Path) -> None:
+    """The 12 traces of the lab's DDP grid, which its own foreign-CPU check found quiet
+    (bench/lab/results/*/*/lab.json: no trace phase above 0.10 cores): 0.01-0.31."""
+    job = detect.load([ranks])
+    assert all(not is_loaded(forward_stretch(job, rank)) for rank in job.graphs)
+
+
 @pytest.mark.parametrize("folder", LOADED)
 def test_a_trace_taken_beside_busy_processes_is_told(folder: str) -> None:
     """0.41 to 0.91 foreign cores while tracing; the half-loaded one is the closest call
