@@ -16,8 +16,8 @@ import numpy as np
 
 from planner.errors import InputError
 from planner.measure.metrics import OverlapMetrics, overlap_figures
-from planner.model.graph import OpGraph
-from planner.model.trace import Job
+from planner.model.graph import OpGraph, on_gpu
+from planner.model.trace import Job, op_flags
 from planner.model.waits import with_step_waits
 
 if TYPE_CHECKING:
@@ -40,31 +40,21 @@ def _rank_columns(job: Job, rank: str) -> dict[str, Any]:
 
 def _op_flags(graph: OpGraph, columns: dict[str, Any]) -> dict[str, np.ndarray]:
     """Per row of `columns` (`_rank_columns`): whether its op is a collective, a compute op
-    that counts for C (`_compute_mask`) and a forward op (False for an op the graph lacks).
-    One walk over the op names per rank, kept in `columns`: the steps' figures and the
-    windows both ask."""
-    if "flags" in columns:
-        return columns["flags"]
-    ops = graph.ops
-    # GPU compute kernels when the rank has any (memcpy and memset move data, as HTA's
-    # memory kernels), else all compute ops but the waits for the step's input
-    on_gpu = any(o.kind == "compute" and o.resource.startswith("gpu") for o in ops.values())
-    hits = []
-    for name in columns["names"]:
-        op = ops.get(name)
-        if op is None:
-            hits.append((False, False, False))
-            continue
-        compute = (
-            op.kind == "compute"
-            and bool(op.is_work)
-            and (not on_gpu or (op.resource.startswith("gpu") and not _is_memory(op.type)))
-        )
-        hits.append((op.kind == "collective", compute, op.phase == "forward"))
-    table = np.array(hits, dtype=bool).reshape(-1, 3)[columns["code"]]
-    flags = {"collective": table[:, 0], "compute": table[:, 1], "forward": table[:, 2]}
-    columns["flags"] = flags
-    return flags
+    that counts for C (`_compute_mask`) and a forward op (`trace.op_flags`), kept in
+    `columns`: the steps' figures and the windows both ask."""
+    if "flags" not in columns:
+        # GPU compute kernels when the rank has any (memcpy and memset move data, as
+        # HTA's memory kernels), else all compute ops but the waits for the step's input
+        gpu_rank = any(o.kind == "compute" and on_gpu(o.resource) for o in graph.ops.values())
+        found = op_flags(
+            graph, columns["names"], columns["code"],
+            lambda o: o.kind == "collective",
+            lambda o: o.kind == "compute" and o.is_work
+            and (not gpu_rank or (on_gpu(o.resource) and not _is_memory(o.type))),
+            lambda o: o.phase == "forward",
+        )  # fmt: skip
+        columns["flags"] = dict(zip(("collective", "compute", "forward"), found, strict=True))
+    return columns["flags"]
 
 
 def _collectives(graph: OpGraph, columns: dict[str, Any]) -> np.ndarray:

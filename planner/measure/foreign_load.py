@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from planner.model.trace import Job
+from planner.model.graph import on_gpu
+from planner.model.trace import Job, op_flags
 
 FOREIGN_STRETCH = 0.35
 """`forward_stretch` above this: the trace is taken as recorded under foreign CPU load."""
@@ -29,21 +30,13 @@ def forward_stretch(job: Job, rank: str) -> dict[str, Any] | None:
     over; None on a GPU rank (its CPU ops wait on the device's queue, not on cores) or
     with fewer than `MIN_STEPS` steps of forward ops."""
     graph = job.graphs[rank]
-    if any(op.resource.startswith("gpu") for op in graph.ops.values()):
+    if any(on_gpu(op.resource) for op in graph.ops.values()):
         return None
     names, codes = job.trace.op_codes
-    forward = np.array(
-        [
-            (op := graph.ops.get(name)) is not None
-            and op.kind == "compute"
-            and op.phase == "forward"
-            for name in names
-        ],
-        dtype=bool,
-    )
     rows = job.trace.rows_of(rank)
-    code = codes[rows]
-    rows = rows[forward[code]] if len(forward) else rows[:0]
+    (forward,) = op_flags(graph, names, codes[rows],
+                          lambda o: o.kind == "compute" and o.phase == "forward")  # fmt: skip
+    rows = rows[forward]
     if not len(rows):
         return None
     code = codes[rows]

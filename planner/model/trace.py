@@ -10,7 +10,7 @@ pandas view (`Trace.timings`, `Trace.spans`) is built from them on first use.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from planner.model.arrays import unique
-from planner.model.graph import OpGraph
+from planner.model.graph import Op, OpGraph
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -152,6 +152,19 @@ def _renumbered(names: list[str], codes: np.ndarray) -> tuple[list[str], np.ndar
     number = np.zeros(len(names), dtype=np.int64)
     number[order] = np.arange(len(order), dtype=np.int64)
     return [names[c] for c in order.tolist()], number[codes]
+
+
+def op_flags(
+    graph: OpGraph, names: Sequence[str], codes: np.ndarray, *tests: Callable[[Op], bool]
+) -> list[np.ndarray]:
+    """Per entry of `codes` (rows' indices into `names`, `Trace.op_codes`): whether each of
+    `tests` holds for its op in `graph` (False for an op the graph lacks). (speed) Each op
+    is looked up and tested once per name, all tests in one walk, not once per row."""
+    found = [graph.ops.get(name) for name in names]
+    table = np.array(
+        [[op is not None and bool(test(op)) for test in tests] for op in found], dtype=bool
+    ).reshape(len(found), len(tests))
+    return [table[codes, k] for k in range(len(tests))]
 
 
 def rows_by_value(names: list[str], codes: np.ndarray) -> dict[str, np.ndarray]:

@@ -23,7 +23,7 @@ import numpy as np
 
 from planner.measure.communication import exposed_ns
 from planner.model.arrays import covered, merged
-from planner.model.trace import Job, rank_meta
+from planner.model.trace import Job, op_flags, rank_meta
 from planner.prediction.releases import spans_of
 
 FSDP_KINDS = ("all_gather", "reduce_scatter")
@@ -53,12 +53,9 @@ def rank_programs(job: Job, rank: str) -> dict[int, dict[str, Any]]:
     steps = np.asarray(table["iteration"])[rows].astype(np.int64)
     start = np.asarray(table["start"])[rows].astype(np.int64)
     took = np.asarray(table["duration"])[rows].astype(np.int64)
-    # (speed) an op's kind and phase looked up once per name, not once per row
     names, codes = job.trace.op_codes
-    found = [graph.ops.get(n) for n in names]
-    is_coll = np.array([o is not None and o.kind == "collective" for o in found], bool)
-    is_back = np.array([o is not None and o.phase == "backward" for o in found], bool)
-    is_coll, is_back = is_coll[codes[rows]], is_back[codes[rows]]
+    is_coll, is_back = op_flags(graph, names, codes[rows], lambda o: o.kind == "collective",
+                                lambda o: o.phase == "backward")  # fmt: skip
     out: dict[int, dict[str, Any]] = {}
     for it, (t0, t1) in sorted(spans_of(job, rank).items()):
         in_step = steps == it
