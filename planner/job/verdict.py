@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from planner.planning.buckets import MIN_GAIN
 from planner.prediction import enforced
 
 SCHEMA = "planner.verdict/1"
@@ -27,12 +28,10 @@ SCHEMA = "planner.verdict/1"
 SAME = 0.001
 """Predicted step times within this fraction of each other are the same step."""
 
-MIN_GAIN = 0.02
-"""A plan is applied only when it is predicted faster than the observed order by more
-than this, as a bucket cap is (`planner.planning.buckets.MIN_GAIN`): the lab's A/A
-pairs, the same job measured twice, differed by 0.1-6.5%, and a plan predicted +0.1% to
-+0.4% (the TF mlp at 1500 and 600 Mbit/s) measured +0.2% to +0.4% slower."""
-
+# A plan is applied only when it is predicted faster than the observed order by more
+# than a bucket cap must be (`buckets.MIN_GAIN`): the lab's A/A pairs, the same job
+# measured twice, differed by 0.1-6.5%, and a plan predicted +0.1% to +0.4% (the TF mlp at
+# 1500 and 600 Mbit/s) measured +0.2% to +0.4% slower.
 REFERENCE_PLANS = ("baseline", "observed")
 
 
