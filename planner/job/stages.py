@@ -490,7 +490,7 @@ def sweep_notes(
     document["network_note"] = None
     if problem:
         document["network_note"] = (
-            f"the trace's network fit does not hold ({problem}): the predictions are "
+            f"the trace's network fit cannot be trusted ({problem}): the predictions are "
             "rough; give a benchmark model (--network)"
         )
         document["recommended_cap_mb"] = None

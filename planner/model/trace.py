@@ -257,19 +257,37 @@ def dedicated_durations(starts: np.ndarray, durations: np.ndarray) -> np.ndarray
     return prefix[np.searchsorted(points, ends)] - prefix[np.searchsorted(points, starts)]
 
 
-def busy_time(starts: np.ndarray, durations: np.ndarray) -> int:
-    """Length of the union of the intervals [start, start + duration)."""
-    if len(starts) == 0:
-        return 0
+def _blocks(
+    starts: np.ndarray, durations: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(order, sorted starts, their ends, index of each overlap block's first interval)."""
     order = np.argsort(starts, kind="stable")
     s = np.asarray(starts, dtype=np.int64)[order]
     e = s + np.asarray(durations, dtype=np.int64)[order]
     reach = np.maximum.accumulate(e)
-    gap_start = np.concatenate([[False], s[1:] > reach[:-1]])
-    first = np.flatnonzero(np.concatenate([[True], gap_start[1:]]))
-    block_start = s[first]
-    block_end = np.maximum.reduceat(e, first)
-    return int((block_end - block_start).sum())
+    first = np.flatnonzero(np.concatenate([[True], s[1:] > reach[:-1]]))
+    return order, s, e, first
+
+
+def busy_time(starts: np.ndarray, durations: np.ndarray) -> int:
+    """Length of the union of the intervals [start, start + duration)."""
+    if len(starts) == 0:
+        return 0
+    _, s, e, first = _blocks(starts, durations)
+    return int((np.maximum.reduceat(e, first) - s[first]).sum())
+
+
+def concurrent_blocks(
+    starts: np.ndarray, durations: np.ndarray, amounts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(summed `amounts`, union length) of each block of intervals that overlap one
+    another (or touch): transfers in flight together on one link, as one transfer of
+    their bytes over the time they held it."""
+    if len(starts) == 0:
+        return np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.int64)
+    order, s, e, first = _blocks(starts, durations)
+    summed = np.add.reduceat(np.asarray(amounts, dtype=np.float64)[order], first)
+    return summed, np.maximum.reduceat(e, first) - s[first]
 
 
 def dedicated_columns(

@@ -23,7 +23,7 @@ import pandas as pd
 from planner.model.graph import OpGraph
 from planner.model.oracle import NetworkModel, TimeOracle, fit_network_model
 from planner.model.plan import Plan
-from planner.model.trace import dedicated_durations, transfer_part
+from planner.model.trace import concurrent_blocks, transfer_part
 from planner.planning import batching, packing
 from planner.planning.activation import Activation, activation_order, time_map
 from planner.planning.depth import depth, depth_table
@@ -326,25 +326,43 @@ MIN_SIZES = 3
 def trace_network_model(graph: OpGraph, timings: pd.DataFrame) -> NetworkModel | None:
     """f(d) = a + b*d fitted to the transfers of a job's ranks, one point per size.
 
-    `timings`: rows of `Trace.timings` (``op``, ``duration`` and ``wait`` in ns). Each
-    point is the fastest transfer part (duration less the wait for peers) seen for that
-    size over the ranks and steps, shared out among the transfers in flight with it on
-    the rank (processor sharing, as the time oracle's `dedicated` times: gloo runs two
-    all-reduces at once, each at about half the bandwidth): the uncontended transfer, as
-    the time oracle takes the minimum of the runs. None with fewer than two distinct
-    sizes. Lets Caramel run without a benchmark; check it with `network_problem`.
+    `timings`: rows of `Trace.timings` (``op``, ``duration`` and ``wait`` in ns). The
+    transfers in flight together on a rank in a step share its link, so each block of
+    overlapping transfer parts (duration less the wait for peers) is one point: their
+    bytes over the union of their spans (`trace.concurrent_blocks`). Each size's point
+    is its fastest over the ranks and steps, the uncontended transfer, as the time
+    oracle takes the minimum of the runs. Where the blocks are all of one size and hold
+    several transfers (a gloo DDP step on a slow link: the first bucket's all-reduce
+    still runs when the last starts, and the link is busy throughout), the fastest
+    block's throughput with no latency, one point; with one transfer each, None, as
+    with fewer than two sizes (a latency cannot be told from a bandwidth). Lets
+    Caramel run without a benchmark; check it with `network_problem`.
     """
     sizes = {n: graph.ops[n].nbytes for n in graph.transfers if graph.ops[n].nbytes > 0}
     rows = timings[timings["op"].isin(sizes)]
+    if rows.empty:
+        return None
     start, span = transfer_part(rows)  # a collective's wait for its peers is no network time
-    transfer = span.astype(np.float64)
-    if {"rank", "iteration"} <= set(rows.columns):  # else no step to share out within
-        for idx in rows.groupby(["rank", "iteration"], sort=False).indices.values():
-            transfer[idx] = dedicated_durations(start[idx], span[idx])
-    fastest = pd.Series(transfer, index=rows["op"].map(sizes).to_numpy()).groupby(level=0).min()
-    return fit_network_model(
+    nbytes = rows["op"].map(sizes).to_numpy(dtype=np.float64)
+    groups = (
+        rows.groupby(["rank", "iteration"], sort=False).indices.values()
+        if {"rank", "iteration"} <= set(rows.columns)
+        else [np.arange(len(rows))]
+    )
+    blocks = [concurrent_blocks(start[idx], span[idx], nbytes[idx]) for idx in groups]
+    block_bytes = np.concatenate([d for d, _ in blocks])
+    block_ns = np.concatenate([t for _, t in blocks]).astype(np.float64)
+    together = max(
+        int(concurrent_blocks(start[idx], span[idx], np.ones(len(idx)))[0].max()) for idx in groups
+    )
+    fastest = pd.Series(block_ns, index=block_bytes).groupby(level=0).min()
+    fitted = fit_network_model(
         fastest.index.to_numpy(dtype=np.float64), fastest.to_numpy(dtype=np.float64) / 1e9
     )
+    if fitted is None and together > 1 and float(block_ns.min()) > 0:
+        b = float((block_ns / block_bytes).min()) / 1e9
+        return NetworkModel(a=0.0, b=b, r2=float("nan"), points=1)
+    return fitted
 
 
 def network_problem(network: NetworkModel | None) -> str | None:
@@ -353,7 +371,8 @@ def network_problem(network: NetworkModel | None) -> str | None:
     if network is None:
         return "fewer than two transfer sizes: no network model can be fitted"
     if network.points < MIN_SIZES:
-        return f"only {network.points} transfer sizes (a fit needs {MIN_SIZES})"
+        plural = "" if network.points == 1 else "s"
+        return f"only {network.points} transfer size{plural} (a fit needs {MIN_SIZES})"
     if not math.isfinite(network.r2) or network.r2 < MIN_R2:
         return f"the fit does not hold (R² {network.r2:.2f} < {MIN_R2})"
     if network.b <= 0:
