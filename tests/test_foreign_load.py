@@ -73,6 +73,12 @@ def test_the_lab_grid_traces_are_not_taken_for_loaded_ones(ranks: Path) -> None:
     assert all(not is_loaded(forward_stretch(job, rank)) for rank in job.graphs)
 
 
+def test_the_lab_grid_traces_are_there() -> None:
+    """The parametrized test above judges the 12 grid and held-out traces: a lost folder
+    fails here, not silently."""
+    assert len(LAB_RUNS) == 12
+
+
 @pytest.mark.parametrize("folder", LOADED)
 def test_a_trace_taken_beside_busy_processes_is_told(folder: str) -> None:
     """0.41 to 0.91 foreign cores while tracing; the half-loaded one is the closest call

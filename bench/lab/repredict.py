@@ -61,9 +61,11 @@ def rows_judged(summary: dict) -> list[dict]:
     return out
 
 
-def repredict(lab_dir: Path, anchor: str) -> list[dict]:
+def repredict(lab_dir: Path, anchor: str, benchmark: bool = True) -> list[dict]:
     """Each DDP run of `lab_dir` (its ``lab.json``) re-predicted by this checkout's planner:
-    the run's record with ``predicted`` and ``summary`` replaced, and the judged rows."""
+    the run's record with ``predicted`` and ``summary`` replaced, and the judged rows.
+    Without `benchmark`, the run's bench-network CSV is not given: the network is the
+    one planner fits from the trace."""
     document = json.loads((lab_dir / "lab.json").read_text())
     threshold = document.get("foreign_threshold_cores", 0.10)
     args = argparse.Namespace(foreign_threshold=threshold, discard_loaded=False)
@@ -77,7 +79,8 @@ def repredict(lab_dir: Path, anchor: str) -> list[dict]:
             if anchor == "measured"
             else record["trace"]["untraced_s"]
         )
-        net = {"csv": str(where / "net.csv")} if (where / "net.csv").exists() else None
+        csv = where / "net.csv"
+        net = {"csv": str(csv)} if benchmark and csv.exists() else None
         with tempfile.TemporaryDirectory() as tmp:
             report, notes = lab.analyze(where / "trace" / "ranks", Path(tmp), net, untraced)
         again = copy.deepcopy(record)
@@ -110,12 +113,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("lab_dir", type=Path, help="a lab --out folder (lab.json, traces)")
     parser.add_argument("--anchor", choices=("trace", "measured"), default="trace")
+    parser.add_argument(
+        "--no-benchmark", action="store_true",
+        help="leave out each run's bench-network CSV: predict with the trace's own network fit",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="the judged rows as JSON")
     args = parser.parse_args(argv)
     if not (args.lab_dir / "lab.json").exists():
         print(f"repredict: {args.lab_dir}: no lab.json", file=sys.stderr)
         return 2
-    records = repredict(args.lab_dir, args.anchor)
+    records = repredict(args.lab_dir, args.anchor, not args.no_benchmark)
     if args.json:
         rows = [
             {"job": r["job"], "rate": r["rate"], "judged": r["judged"], "summary": r["summary"]}

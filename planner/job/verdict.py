@@ -20,6 +20,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+# A plan is applied only when it is predicted faster than the observed order by more
+# than a bucket cap must be (`buckets.MIN_GAIN`): the lab's A/A pairs, the same job
+# measured twice, differed by 0.1-6.5%, and a plan predicted +0.1% to +0.4% (the TF mlp at
+# 1500 and 600 Mbit/s) measured +0.2% to +0.4% slower.
 from planner.planning.buckets import MIN_GAIN
 from planner.prediction import enforced
 
@@ -28,10 +32,6 @@ SCHEMA = "planner.verdict/1"
 SAME = 0.001
 """Predicted step times within this fraction of each other are the same step."""
 
-# A plan is applied only when it is predicted faster than the observed order by more
-# than a bucket cap must be (`buckets.MIN_GAIN`): the lab's A/A pairs, the same job
-# measured twice, differed by 0.1-6.5%, and a plan predicted +0.1% to +0.4% (the TF mlp at
-# 1500 and 600 Mbit/s) measured +0.2% to +0.4% slower.
 REFERENCE_PLANS = ("baseline", "observed")
 
 
