@@ -13,7 +13,12 @@ traced (first to last record of the RunMetadata, what the replay times) of each 
 and the TIC plan replayed on that round's traced run (``planner.prediction.replay.replay``) in
 each mode and with its priorities alone, against the enforced run's median step.
 ``--tf-python`` runs the cluster with another interpreter (one with TensorFlow, where
-this one has planner's dependencies).
+this one has planner's dependencies). ``--keep DIR`` keeps the recorded rounds there;
+``--judge DIR`` judges rounds kept so, recording nothing, so that two checkouts of the
+replay are judged on the same runs:
+
+    python bench/bench_enforce_tf.py --rounds 4 --steps 8 --keep /tmp/enforce-runs
+    python bench/bench_enforce_tf.py --judge /tmp/enforce-runs
 """
 
 from __future__ import annotations
@@ -101,9 +106,19 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--tf-python", default=sys.executable)
+    parser.add_argument("--keep", type=Path, help="keep the recorded rounds in this folder")
+    parser.add_argument("--judge", type=Path, help="judge the rounds kept in this folder")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp)
+    if args.judge is not None:
+        rounds = len(list(args.judge.glob("none[0-9]*")))
+        judge(args.judge, args.judge / "tic.json", rounds)
+        return
+    with contextlib.ExitStack() as stack:
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            out = args.keep
+        else:
+            out = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         plan = out / "tic.json"
         _planner("schedule", "-a", "tic", str(GRAPH), "-o", str(plan), "--json")
         graphs = {"none": GRAPH}

@@ -281,7 +281,8 @@ def test_the_arrival_caution_cites_the_job_it_was_measured_on(
         f"algorithms), the replay missed the enforced step by {UNCERTAINTY['arrival']:.1%}"
     )
     assert cited in said and cited in caution("arrival")
-    assert "7.5%" in (REPO / "docs" / "commands" / "simulate.md").read_text(encoding="utf-8")
+    figure = f"{UNCERTAINTY['arrival']:.1%}"
+    assert figure in (REPO / "docs" / "commands" / "simulate.md").read_text(encoding="utf-8")
 
 
 def _header(out: str, title: str) -> str:

@@ -57,6 +57,30 @@ def test_shared_schedule_shares_each_processor_apart():
     assert end.tolist() == pytest.approx([4.0, 4.0, 2.0])
 
 
+def test_a_link_is_shared_by_connections_then_by_the_transfers_of_each():
+    # a [0, 12) alone in its flow, b, c, d [0, 12) in the other: a gets 1/2, each of the
+    # three 1/6 -> 6, 2, 2, 2 (12 in all, the union)
+    start, duration = np.zeros(4, dtype=np.int64), np.full(4, 12)
+    flow = np.array(["worker1", "", "", ""], dtype=object)
+    assert host.shares(start, duration, flow=flow).tolist() == pytest.approx([6, 2, 2, 2])
+    assert host.shares(start, duration).tolist() == pytest.approx([3, 3, 3, 3])  # one flow
+    # replayed with that work on one processor, every op ends at 12, as it ran ...
+    none = np.zeros(0, dtype=np.int64)
+    args = (none, none, np.zeros(4, dtype=np.int64), np.array([1]), np.full(4, -1))
+    _, end = host.shared_schedule(np.array([6, 2, 2, 2]), *args, np.array([True]), flow)
+    assert end.tolist() == pytest.approx([12, 12, 12, 12])
+    # ... and a flow's transfer alone in it keeps half the link (a chained read): 6 of
+    # work ends at 12 beside the other flow's three, not at 4 * 6 = 24
+    _, end = host.shared_schedule(np.array([6, 6, 6, 6]), *args, np.array([True]), flow)
+    assert end[0] == pytest.approx(12.0) and end[1:].tolist() == pytest.approx([24, 24, 24])
+
+
+def test_the_replay_names_each_link_transfer_by_its_workers_connection():
+    names = ["recv:a", "(link) worker1:recv:b", "(host core) worker1:MatMul", "MatMul"]
+    where = ["(link) ps0", "(link) ps0", host.HOST, host.HOST]
+    assert host.flows(names, where).tolist() == ["", "worker1", "", ""]
+
+
 def test_a_transfer_runs_through_its_ps_link_both_ways():
     assert host.link_of("worker1<-ps0") == "(link) ps0"  # the PS sends
     assert host.link_of("worker0->ps0") == "(link) ps0"  # the PS receives
@@ -158,7 +182,8 @@ def test_the_shared_links_cut_the_two_core_tf_replay_error(monkeypatch):
     1.2 ms, as the PS's sending end served both. Started at its typical time, at its
     observed duration, the replay ended it 5 ms early (-9.68%); on the PS's end shared
     with worker0's transfers it ends with worker0's (-2.0%). Over the run's 10 steps,
-    wall-clock 0.96% / 9.68% -> 0.25% / 2.26%."""
+    wall-clock 0.96% / 9.68% -> 0.25% / 2.97% (2.26% with the link shared by transfer,
+    not by connection: `host.flows`)."""
     job = detect.load([MLP_RUN2])
     shared = _wall_errors(sim.replay(job))
     without_links(monkeypatch)
@@ -166,4 +191,4 @@ def test_the_shared_links_cut_the_two_core_tf_replay_error(monkeypatch):
     assert alone[("worker1", 5)] < -0.09 and abs(shared[("worker1", 5)]) < 0.03
     before, after = np.abs(list(alone.values())), np.abs(list(shared.values()))
     assert np.median(before) > 0.009 and before.max() > 0.09
-    assert np.median(after) < 0.004 and after.max() < 0.025
+    assert np.median(after) < 0.004 and after.max() < 0.031

@@ -122,13 +122,16 @@ def test_the_comparison_carries_each_plans_replayed_gain():
     cnn job's TIC and TAC orders, which the comparison credits with 10-25%, change
     nothing in the replay by their priorities alone (its recvs run 12-14 at a time as
     they are released), and replayed as `planner export --enforce arrival` applies them
-    they cost (the enforced runs of this job measured 1.01-1.87x the step,
-    tests/test_enforced.py)."""
+    they cost over the job (the enforced runs of this job measured 1.01-1.87x the step,
+    tests/test_enforced.py). Worker1's replay credits them +3.7-4.0%: priced at the
+    reads' rate, its chained reads are cheap, and what each hop waits for the executors
+    to dispatch is in no record of a plain run (`enforced.caution`)."""
     from planner.job import analysis
 
     job = detect.load([need(p) for p in TF_RUNS["cnn_ps_ingraph"]])
     plans = {name: analysis.schedule(job, name) for name in analysis.algorithms_for(job)}
     document = sim.simulation(job, plans, samples=4)
+    gains: dict[str, list[float]] = {"tic": [], "tac": []}
     for rank in document["comparison"]["ranks"]:
         entries = {p["plan"]: p for p in rank["plans"]}
         assert entries["baseline"]["replayed"] is None
@@ -139,8 +142,10 @@ def test_the_comparison_carries_each_plans_replayed_gain():
         for name in ("tic", "tac"):
             assert entries[name]["speedup_vs_observed"] > 0.05
             assert entries[name]["replayed"]["enforce"] == "arrival"
-            assert entries[name]["replayed"]["gain"] < -0.05
             assert entries[name]["replayed"]["steps"] == len(walls)
+            gains[name].append(entries[name]["replayed"]["gain"])
+    for name, found in gains.items():  # the slowest rank sets the step
+        assert len(found) == 2 and min(found) < -0.08 and sum(found) / 2 < -0.02, name
     alone = sim.replay(job, plans=plans, enforce=None)
     for rank in alone["ranks"]:
         for name in ("tic", "tac"):

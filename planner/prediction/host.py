@@ -24,13 +24,17 @@ with the others for less time and ends about when they do
 (``traces/tf/mlp_ps_ingraph/run2`` worker1 step 5: its 16 MB read of `MatMul_1`
 answered 5.1 ms after worker0's, both ended within 1.2 ms). `on_links` puts each
 worker's transfers and the other workers' transfers of the same step on their link,
-each needing its share of the link in the step.
+each needing its share of the link in the step. The link is shared by connections, not
+by transfers (`flows`): each worker's gRPC connection to the PS gets an even part of it,
+however many of the worker's transfers are in flight, and its transfers split that part.
+A worker whose reads a plan chains one at a time (`planner.prediction.enforced`) then
+still gets half of a link its peer shares, not one share in thirteen.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -119,20 +123,35 @@ def _per_segment(k: int, first: np.ndarray, last: np.ndarray, weight: np.ndarray
     return np.cumsum(total)[:-1]
 
 
-def shares(start: np.ndarray, duration: np.ndarray, since: int | None = None) -> np.ndarray:
-    """Per interval its share of one core: the integral over it (from `since` on, when
-    given) of 1 / (intervals running). They add up to the union of the intervals: the
-    core's busy time is kept, split evenly among the ops that held it at once."""
+def shares(
+    start: np.ndarray,
+    duration: np.ndarray,
+    since: int | None = None,
+    flow: np.ndarray | None = None,
+) -> np.ndarray:
+    """Per interval its share of one processor: the integral over it (from `since` on,
+    when given) of its rate: 1 / (flows running) / (its flow's intervals running); one
+    flow without `flow` (so 1 / intervals running). They add up to the union of the
+    intervals: the processor's busy time is kept, split evenly among the flows that
+    held it at once, a flow's part evenly among its intervals."""
     start = np.asarray(start, dtype=np.int64)
     end = start + np.asarray(duration, dtype=np.int64)
     if not len(start):
         return np.zeros(0)
-    bounds, running = _segments(start, end)
-    rate = np.where(running > 0, 1.0 / np.maximum(running, 1), 0.0)
-    cumulative = np.concatenate([[0.0], np.cumsum(rate * np.diff(bounds))])
-    at = lambda t: np.interp(t, bounds, cumulative)  # noqa: E731
     begin = start if since is None else np.clip(start, since, end)
-    return at(end) - at(begin)
+    bounds = np.unique(np.concatenate([start, end]))
+    first, last = np.searchsorted(bounds, start), np.searchsorted(bounds, end)
+    ones = np.ones(len(start))
+    labels = np.zeros(len(start), dtype=np.int64) if flow is None else pd.factorize(flow)[0]
+    groups = [labels == k for k in range(int(labels.max()) + 1)]
+    per_flow = [_per_segment(len(bounds), first[m], last[m], ones[m]) for m in groups]
+    flows = np.sum([n > 0.5 for n in per_flow], axis=0)
+    out = np.zeros(len(start))
+    for m, running in zip(groups, per_flow, strict=True):
+        rate = np.where(running > 0.5, 1.0 / np.maximum(running * flows, 1), 0.0)
+        cumulative = np.concatenate([[0.0], np.cumsum(rate * np.diff(bounds))])
+        out[m] = np.interp(end[m], bounds, cumulative) - np.interp(begin[m], bounds, cumulative)
+    return out
 
 
 def one_core(job: Any, frame: pd.DataFrame) -> dict[str, float] | None:
@@ -325,7 +344,9 @@ def _with_shares(
         since = min(spans.get(it, (first,))[0], first)
         for resource in dict.fromkeys(where[at]):
             on = at[where[at] == resource]
-            work[on] = shares(start[on], duration[on], since)
+            names = rows["op"].to_numpy()[on]
+            flow = flows(names, where[on])
+            work[on] = shares(start[on], duration[on], since, flow)
         late = start[at] < since
         keep[at[late & (start[at] + duration[at] <= since)]] = False
         start[at[late]] = since
@@ -350,6 +371,23 @@ def _tagged_releases(
     return out
 
 
+def flows(names: Sequence[str], resources: Sequence[str]) -> np.ndarray:
+    """Per op (`names`, on `resources`) its flow on a shared processor (`shares`): on a
+    PS's link the worker whose transfer it is, for the one connection gRPC holds between
+    a worker and its PS, which TCP gives an even part of the link however many of the
+    worker's transfers are in flight (the other ranks' ops are named ``(link) rank:op``,
+    the replayed rank's own ``""``); on the host core every op alike (``""``)."""
+    return np.array(
+        [
+            name[len(LINK) :].split(":", 1)[0]
+            if resource.startswith(LINK) and name.startswith(LINK)
+            else ""
+            for name, resource in zip(names, resources, strict=True)
+        ],
+        dtype=object,
+    )
+
+
 def is_shared(resource: str) -> bool:
     """Whether a replay resource is one processor shared evenly by the ops on it: the
     host core (`HOST`) or a PS's link (`link_of`)."""
@@ -364,12 +402,14 @@ def shared_schedule(
     cap: np.ndarray,
     priority: np.ndarray,
     cores: np.ndarray,
+    flow: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(start, end) per op of a replay in which each resource of `cores` (a mask over
-    the resources) is one processor shared evenly by every op that runs on it (an op of
-    `ticks` work takes longer while others share it); every other resource runs up to
-    `cap` ops at once, the ready ones in `priority` order (lowest first, then the op's
-    index; -1 last). Ticks as given.
+    the resources) is one processor shared evenly by the flows running on it, a flow's
+    part evenly by its ops (`flow`: per op its flow, as `shares` takes it; None: one
+    flow, every op an even share), so an op of `ticks` work takes longer while others
+    share it; every other resource runs up to `cap` ops at once, the ready ones in
+    `priority` order (lowest first, then the op's index; -1 last). Ticks as given.
 
     With each op's share of its processor as its work (`shares`) and its own waits, the
     replay runs every op when it ran: the same ops share it at every instant.
@@ -380,12 +420,13 @@ def shared_schedule(
     for u, v in zip(src.tolist(), dst.tolist(), strict=True):
         succ[u].append(v)
         indeg[v] += 1
-    # per shared processor its ops, by the service (work per op since the start) at
-    # which each is done: all progress alike, so the next to finish is the heap's first
-    on: dict[int, list[tuple[float, int]]] = {int(r): [] for r in np.flatnonzero(cores)}
+    # per shared processor and flow on it its ops, by the service (work per op of the
+    # flow since the start) at which each is done: a flow's ops all progress alike
+    on: dict[int, dict[int, list[tuple[float, int]]]] = {int(r): {} for r in np.flatnonzero(cores)}
     state: dict[str, Any] = {
         "start": np.full(n, -1.0), "end": np.full(n, -1.0), "free": cap.astype(np.int64).copy(),
-        "queues": {}, "ends": [], "on": on, "served": dict.fromkeys(on, 0.0), "now": 0.0,
+        "queues": {}, "ends": [], "on": on, "served": {r: {} for r in on}, "now": 0.0,
+        "flow": np.zeros(n, dtype=np.int64) if flow is None else pd.factorize(flow)[0],
     }  # fmt: skip
     for i in np.flatnonzero(indeg == 0).tolist():
         _ready(state, i, ticks, res, priority)
@@ -420,7 +461,9 @@ def _ready(
         if ticks[i] <= 0:
             heapq.heappush(state["ends"], (now, i))
         else:
-            heapq.heappush(state["on"][r], (state["served"][r] + float(ticks[i]), i))
+            f = int(state["flow"][i])
+            served = state["served"][r].setdefault(f, 0.0)
+            heapq.heappush(state["on"][r].setdefault(f, []), (served + float(ticks[i]), i))
         return
     key = int(priority[i]) if priority[i] >= 0 else np.iinfo(np.int64).max
     heapq.heappush(state["queues"].setdefault(r, []), (key, i))
@@ -442,17 +485,20 @@ def _advance(state: dict[str, Any], res: np.ndarray) -> list[int] | None:
     (their channels freed), or None where nothing runs (a cycle)."""
     on, served, ends, now = state["on"], state["served"], state["ends"], state["now"]
     t = ends[0][0] if ends else np.inf
-    for r, heap in on.items():
-        if heap:
-            t = min(t, now + (heap[0][0] - served[r]) * len(heap))
+    for r, running in on.items():
+        for f, heap in running.items():  # each flow running gets 1 / len(running)
+            t = min(t, now + (heap[0][0] - served[r][f]) * len(heap) * len(running))
     if t == np.inf:
         return None
     finished = []
-    for r, heap in on.items():
-        if heap:
-            served[r] += (t - now) / len(heap)
-        while heap and heap[0][0] - served[r] <= 0.5:  # ticks: rounding left
-            finished.append(heapq.heappop(heap)[1])
+    for r, running in on.items():
+        part = len(running)
+        for f, heap in list(running.items()):
+            served[r][f] += (t - now) / (len(heap) * part)
+            while heap and heap[0][0] - served[r][f] <= 0.5:  # ticks: rounding left
+                finished.append(heapq.heappop(heap)[1])
+            if not heap:
+                del running[f]
     state["now"] = now = t
     while ends and ends[0][0] <= now:
         _, i = heapq.heappop(ends)

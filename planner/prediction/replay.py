@@ -412,8 +412,9 @@ def replay_step(model: StepModel, seed: int = 0) -> tuple[np.ndarray, np.ndarray
     c = model.compiled
     cores = np.array([host.is_shared(r) for r in c.resources])
     if cores.any():
+        flow = host.flows(c.names, [c.resources[r] for r in c.res])
         begin, end = host.shared_schedule(
-            ticks, c.src, c.dst, c.res, model.cap, model.priority, cores
+            ticks, c.src, c.dst, c.res, model.cap, model.priority, cores, flow
         )
         if (end < 0).any():
             raise InputError(None, "the replay's edges make the graph cyclic: ops never run")
