@@ -364,12 +364,14 @@ def analyze_command(
     are those of the slowest, the fastest and the last-arriving rank: planner docs parallel).
     """
     from planner.export.files import check_set_target, holds_demo_results, write_set
-    from planner.ingest.demos import demo_trace
+    from planner.ingest.demos import DEMOS, demo_trace
 
     if output is not None:
-        # the quick start (no PATH, or `demo`) replaces its own earlier output
-        quick = not paths or [p.resolve() for p in resolve(paths)] == [demo_trace().resolve()]
-        force = force or (quick and holds_demo_results(output, demo_trace()))
+        # the quick start (no PATH, or a bundled demo) replaces its own earlier output
+        given = [p.resolve() for p in resolve(paths)] if paths else [demo_trace().resolve()]
+        demos = {demo_trace(name).resolve() for name in DEMOS}
+        quick = len(given) == 1 and given[0] in demos
+        force = force or (quick and holds_demo_results(output, given[0]))
         check_set_target(output, force)
     if reference_untraced_step_time is not None and bucket_reference is None:
         raise click.UsageError("--reference-untraced-step-time needs --bucket-reference")

@@ -88,8 +88,9 @@ def _network(_ctx: click.Context, _param: click.Parameter, value: Path | None) -
     if value is None:
         return None
     from planner.ingest import netbench
+    from planner.ingest.demos import named
 
-    return netbench.read_model(value)
+    return netbench.read_model(named(value))
 
 
 network_option = click.option(

@@ -6,6 +6,7 @@ import csv
 import gzip
 import io
 import json
+from pathlib import Path
 
 import pytest
 from conftest import DEMO, REPO, TF_RUNS, need, run_cli
@@ -244,3 +245,20 @@ def test_demo_trace_is_found_as_a_directory_of_run_metadata():
     demo = demos.demo_trace()
     assert demo.is_dir()
     assert len(list(demo.glob("run_metadata_step*.pb"))) == 5
+
+
+def test_a_demo_name_also_names_the_files_in_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`demo-lab/network.csv` is the bundled demo's benchmark where the current folder
+    has no `demo-lab`; a real path of that name wins, and other names stay as given."""
+    from planner.ingest import demos
+
+    monkeypatch.chdir(tmp_path)
+    bundled = demos.named("demo-lab/network.csv")
+    assert bundled == demos.demo_trace("demo-lab") / "network.csv" and bundled.is_file()
+    assert demos.named("demo-lab") == demos.demo_trace("demo-lab")
+    assert demos.named("elsewhere/network.csv") == Path("elsewhere/network.csv")
+    (tmp_path / "demo-lab").mkdir()
+    (tmp_path / "demo-lab" / "network.csv").write_text("nbytes,seconds\n")
+    assert demos.named("demo-lab/network.csv") == Path("demo-lab/network.csv")

@@ -26,7 +26,7 @@ import pytest
 from tests.conftest import REPO
 
 SOURCES = ("pyproject.toml", "README.md", "planner", "cli", "docs", "traces/demo",
-           "traces/torch/resnet_ddp")  # fmt: skip
+           "traces/torch/resnet_ddp", "traces/demo_lab")  # fmt: skip
 """What pyproject.toml builds the wheel from."""
 
 
@@ -116,7 +116,8 @@ def test_the_wheel_ships_docs_schemas_demos_and_urls(installed: dict[str, Path])
     schemas = {p.relative_to(REPO).as_posix() for p in (REPO / "docs" / "schemas").iterdir()}
     for path in docs | schemas:
         assert "planner/" + path in names, path
-    for demo, folder in (("demo_trace", "traces/demo"), ("demo_ddp", "traces/torch/resnet_ddp")):
+    for demo, folder in (("demo_trace", "traces/demo"), ("demo_ddp", "traces/torch/resnet_ddp"),
+                         ("demo_lab", "traces/demo_lab")):  # fmt: skip
         for path in (REPO / folder).iterdir():
             assert f"planner/{demo}/{path.name}" in names, path
     urls = dict(u.split(", ", 1) for u in metadata.get_all("Project-URL"))
@@ -151,8 +152,9 @@ def test_the_readme_tour_runs_from_the_install(installed: dict[str, Path]) -> No
     sources = json.loads(inspect.stdout)["sources"]
     assert sources and all(Path(s).is_relative_to(installed["site"]) for s in sources)
     tour = readme_tour()
-    assert ["analyze", "-o", "out/demo"] in tour and len(tour) >= 6
-    assert {"demo", "demo-ddp"} <= {arg for args in tour for arg in args}
+    assert tour[0][:2] == ["analyze", "demo-lab"] and tour[0][-2:] == ["-o", "out/demo"]
+    assert "demo-lab/network.csv" in tour[0] and len(tour) >= 6
+    assert {"demo", "demo-ddp", "demo-lab"} <= {arg for args in tour for arg in args}
     for args in tour:
         done = _planner(installed, *args)
         assert done.returncode == 0, f"planner {shlex.join(args)}: {done.stderr[-1000:]}"

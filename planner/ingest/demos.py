@@ -10,10 +10,14 @@ from pathlib import Path
 DEMOS = {
     "demo": ("planner.demo_trace", ("traces", "demo")),
     "demo-ddp": ("planner.demo_ddp", ("traces", "torch", "resnet_ddp")),
+    "demo-lab": ("planner.demo_lab", ("traces", "demo_lab")),
 }
 """Name -> the data package it is installed as, and its folder in a source checkout.
 `demo`: five traced steps of one worker of a real TensorFlow parameter-server job;
-`demo-ddp`: a PyTorch DDP run of two ranks (profiler trace and Execution Trace of each)."""
+`demo-ddp`: a PyTorch DDP run of two ranks (profiler trace and Execution Trace of each);
+`demo-lab`: the lab's DDP job traced on a 3000 Mbit/s shaped link, with the network
+benchmark run beside it (``demo-lab/network.csv``), whose recommended bucket cap was
+measured faster."""
 
 
 def demo_trace(name: str = "demo") -> Path:
@@ -36,8 +40,12 @@ def demo_trace(name: str = "demo") -> Path:
 
 def named(path: str | Path) -> Path:
     """`path`, or the demo it names: a bare demo name (``demo``, ``demo-ddp``) that is not
-    a file or folder here is the bundled demo; a real path of that name wins."""
+    a file or folder here is the bundled demo, and ``demo-lab/network.csv`` a file in
+    it; a real path of that name wins."""
     text = str(path)
-    if text in DEMOS and not Path(text).exists():
-        return demo_trace(text)
+    if Path(text).exists():
+        return Path(text)
+    first, _, rest = text.replace("\\", "/").partition("/")
+    if first in DEMOS:
+        return demo_trace(first) / rest if rest else demo_trace(first)
     return Path(text)
