@@ -62,3 +62,30 @@ def test_verify_of_the_tic_arrival_run_and_its_plain_round() -> None:
     plain = verify(plan, _steps(TIC / "none"))
     assert enforced["compliance"] == 1.0
     assert max(r["compliance"] for r in plain["ranks"]) <= 0.2
+
+
+LAB_TIC = (
+    Path(__file__).resolve().parents[1] / "bench" / "lab" / "results" / "tf-grid2" / "cnn"
+    / "tf-cnn" / "600mbit"
+)  # fmt: skip
+
+
+def test_verify_checks_only_what_the_export_orders_on_a_lab_arrival_run() -> None:
+    """The lab's TIC arrival run at 600 Mbit/s (issue #44: `verify`'s order check on a
+    lab arrival trace): the export chains the reads of PS variables, not the loss the PS
+    computes (`recv:truediv`), whose place TIC plans but the runtime decides. The run
+    arrived with the reads in plan order in every step of both workers, and with the
+    loss out of its planned place in some; verify counts those steps in order."""
+    plan = LAB_TIC / "plan" / "priorities_tic.json"
+    steps = _steps(LAB_TIC / "order" / "tic-arrival" / "run")
+    document = verify(plan, steps)
+    assert len(document["steps"]) == 10 and document["compliance"] == 1.0
+    plans = from_priorities(json.loads(plan.read_text()))
+    counted = _arrival_orders(LAB_TIC / "order" / "tic-arrival" / "run")
+    moved = 0
+    for (rank, _), seen in counted.items():
+        want = list(dict.fromkeys(read_of(n) for n in enforced_order(plans[rank].order)))
+        reads = [u for u in want if u != "truediv"]
+        assert [u for u in seen if u in reads] == reads  # counted from the records
+        moved += [u for u in seen if u in want] != want
+    assert moved >= 1  # the loss out of its planned place: not a departure

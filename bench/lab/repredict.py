@@ -1,6 +1,8 @@
 """Judge this checkout's predictions against a lab run's measurements, without running
 the lab again: `planner analyze` on each DDP run's stored trace (with its stored
-bench-network CSV), its predictions against the configurations the lab measured.
+bench-network CSV), its predictions against the configurations the lab measured; on a
+TF run's stored trace, each plan's replayed gain in each enforcement mode
+(`bench.lab.tf_lab.replayed_gains`) against the exported plans the lab measured.
 
     python -m bench.lab.repredict LABDIR                    # untraced step: the trace phase's
     python -m bench.lab.repredict LABDIR --anchor measured  # ... the measured plain median
@@ -32,6 +34,7 @@ if __package__ in (None, ""):  # run as a script: the repo root on the path
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.lab import run as lab  # noqa: E402
+from bench.lab import tf_lab  # noqa: E402
 
 WITHIN = 0.05
 """A prediction within this of its measured median passes (issue #44)."""
@@ -62,32 +65,42 @@ def rows_judged(summary: dict) -> list[dict]:
 
 
 def repredict(lab_dir: Path, anchor: str, benchmark: bool = True) -> list[dict]:
-    """Each DDP run of `lab_dir` (its ``lab.json``) re-predicted by this checkout's planner:
-    the run's record with ``predicted`` and ``summary`` replaced, and the judged rows.
-    Without `benchmark`, the run's bench-network CSV is not given: the network is the
-    one planner fits from the trace."""
+    """Each run of `lab_dir` (its ``lab.json``) with a stored trace, re-predicted by this
+    checkout's planner: the run's record with ``predicted`` and ``summary`` replaced,
+    and the judged rows. Without `benchmark`, a DDP run's bench-network CSV is not
+    given: the network is the one planner fits from the trace."""
     document = json.loads((lab_dir / "lab.json").read_text())
     threshold = document.get("foreign_threshold_cores", 0.10)
     args = argparse.Namespace(foreign_threshold=threshold, discard_loaded=False)
     out = []
     for record in document["runs"]:
-        if record.get("job") not in lab.JOBS or lab.JOBS[record["job"]]["kind"] != "ddp":
-            continue
+        kind = lab.JOBS.get(record.get("job"), {}).get("kind")
         where = lab_dir / record["job"] / record["rate"]
         untraced = (
             record["summary"]["rows"][lab.PLAIN]["median_s"]
             if anchor == "measured"
             else record["trace"]["untraced_s"]
         )
-        csv = where / "net.csv"
-        net = {"csv": str(csv)} if benchmark and csv.exists() else None
-        with tempfile.TemporaryDirectory() as tmp:
-            report, notes = lab.analyze(where / "trace" / "ranks", Path(tmp), net, untraced)
         again = copy.deepcopy(record)
-        again["notes"] = notes
-        again.pop("predicted_trace_fit", None)  # the first run's, not this checkout's
-        again["predicted"] = lab.predictions(report, untraced)
-        again["configs"] = [c for c in record["configs"] if c["label"] != lab.CARAMEL]
+        if kind == "tf" and (where / "trace" / "run").is_dir():
+            with tempfile.TemporaryDirectory() as tmp:
+                gains = tf_lab.replayed_gains(where / "trace" / "run", Path(tmp), lab)
+            labels = [c["label"] for c in record["configs"]]
+            again["predicted"] = {
+                "configs": tf_lab.predicted_configs(gains, untraced, labels),
+                "sweep": {},
+            }
+        elif kind == "ddp":
+            csv = where / "net.csv"
+            net = {"csv": str(csv)} if benchmark and csv.exists() else None
+            with tempfile.TemporaryDirectory() as tmp:
+                report, notes = lab.analyze(where / "trace" / "ranks", Path(tmp), net, untraced)
+            again["notes"] = notes
+            again.pop("predicted_trace_fit", None)  # the first run's, not this checkout's
+            again["predicted"] = lab.predictions(report, untraced)
+            again["configs"] = [c for c in record["configs"] if c["label"] != lab.CARAMEL]
+        else:
+            continue
         again["summary"] = lab.summarize(again, args)
         again["judged"] = rows_judged(again["summary"])
         out.append(again)

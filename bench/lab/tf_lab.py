@@ -82,6 +82,33 @@ def _gains(simulation: dict) -> dict[str, float]:
     return {k: statistics.fmean(v) for k, v in gains.items()}
 
 
+def replayed_gains(trace_dir: Path, plan_dir: Path, tools) -> dict[str, dict[str, float]]:
+    """Mode -> plan -> its replayed gain (mean over the workers) on the traced run in
+    `trace_dir`: `planner analyze` (arrival, the export's default; it writes the plans
+    into `plan_dir`) and `planner simulate --enforce MODE` for the other modes. `tools`
+    is bench.lab.run."""
+    report = tools.planner_cli("analyze", str(trace_dir), "-o", str(plan_dir), "--force", "-j", "1")
+    gains = {"arrival": _gains(report.get("simulation", {}))}
+    for mode in MODES[1:]:
+        replayed = tools.planner_cli("simulate", str(trace_dir), "--enforce", mode, "-j", "1")
+        gains[mode] = _gains(replayed)
+    return gains
+
+
+def predicted_configs(
+    gains: dict[str, dict[str, float]], untraced: float, labels: list[str]
+) -> dict[str, dict]:
+    """Each configuration's predicted step: plain's, the untraced step; a plan enforced
+    in a mode (``tic-arrival``), that step less the plan's replayed gain in the mode."""
+    predicted = {"plain": {"predicted_s": untraced, "predicted_gain": 0.0}}
+    for label in labels:
+        plan, _, mode = label.rpartition("-")
+        gain = gains.get(mode, {}).get(plan)
+        if gain is not None:
+            predicted[label] = {"predicted_s": untraced * (1 - gain), "predicted_gain": gain}
+    return predicted
+
+
 def run_tf(ns: str, job: str, spec: dict, args: argparse.Namespace, where: Path, tools) -> dict:
     """One TF job at one rate: trace, analyze, export, interleaved measurement.
     `tools` is bench.lab.run (planner_cli, _env, summarize), passed to avoid a cycle."""
@@ -122,20 +149,11 @@ def run_tf(ns: str, job: str, spec: dict, args: argparse.Namespace, where: Path,
         untraced = statistics.median(traced["untraced"])
         record["trace"] = {"untraced_s": untraced, "traced_s": statistics.median(traced["traced"])}
         with cpuload.Sampler(args.interval) as load:
-            report = tools.planner_cli(
-                "analyze", str(trace_dir), "-o", str(where / "plan"), "--force", "-j", "1"
-            )
-            gains = {"arrival": _gains(report.get("simulation", {}))}
-            for mode in MODES[1:]:
-                replayed = tools.planner_cli(
-                    "simulate", str(trace_dir), "--enforce", mode, "-j", "1"
-                )
-                gains[mode] = _gains(replayed)
+            gains = replayed_gains(trace_dir, where / "plan", tools)
         phases["analyze"] = load.total()
         configs = [{"label": "plain", "graph": str(graph)}]
         if not args.no_aa:
             configs.append({"label": "plain-aa", "graph": str(graph)})
-        predicted = {"plain": {"predicted_s": untraced, "predicted_gain": 0.0}}
         for plan in PLANS:
             priorities = where / "plan" / f"priorities_{plan}.json"
             if not priorities.exists():
@@ -160,12 +178,6 @@ def run_tf(ns: str, job: str, spec: dict, args: argparse.Namespace, where: Path,
                     record["notes"].append(f"{label}: export failed: {exc}")
                     continue
                 configs.append({"label": label, "graph": str(out)})
-                gain = gains[mode].get(plan)
-                if gain is not None:
-                    predicted[label] = {
-                        "predicted_s": untraced * (1 - gain),
-                        "predicted_gain": gain,
-                    }
         reversed_plan = _reversed(where / "plan" / "priorities_tac.json", where / "plan")
         if reversed_plan is not None:
             out = where / "plan" / f"{REVERSED}-arrival.pb"
@@ -175,6 +187,7 @@ def run_tf(ns: str, job: str, spec: dict, args: argparse.Namespace, where: Path,
                               "-o", str(out), "--enforce", "arrival", "--drop-cyclic")  # fmt: skip
             configs.append({"label": f"{REVERSED}-arrival", "graph": str(out)})
         record["configs"] = configs
+        predicted = predicted_configs(gains, untraced, [c["label"] for c in configs])
         record["predicted"] = {"configs": predicted, "sweep": {}}
         record["repeats"] = []
         graphs = {c["label"]: c["graph"] for c in configs}

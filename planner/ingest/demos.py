@@ -43,9 +43,7 @@ def named(path: str | Path) -> Path:
     a file or folder here is the bundled demo, and ``demo-lab/network.csv`` a file in
     it; a real path of that name wins."""
     text = str(path)
-    if Path(text).exists():
-        return Path(text)
     first, _, rest = text.replace("\\", "/").partition("/")
-    if first in DEMOS:
-        return demo_trace(first) / rest if rest else demo_trace(first)
-    return Path(text)
+    if first not in DEMOS or Path(text).exists():
+        return Path(text)
+    return demo_trace(first) / rest if rest else demo_trace(first)

@@ -37,7 +37,7 @@ from planner.errors import InputError
 from planner.ingest.demos import named
 from planner.model.plan import Plan, read_of
 from planner.model.trace import Job, busy_time
-from planner.prediction.enforced import read_groups
+from planner.prediction.enforced import is_read, read_groups
 
 TRANSFER_PREFIX = "planner.transfer:"
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -218,6 +218,16 @@ def enforced_order(order: Sequence[str]) -> list[str]:
     return [order[i] for group in read_groups(order, index) for i in group]
 
 
+def ordered(transfer: str) -> bool:
+    """Whether the export orders `transfer`, so that `verify` checks its place: on a TF
+    job only the reads of PS variables (`enforced.is_read`): a value the PS computed
+    (``recv:truediv``, the loss) and a gradient sent are in no chain of the export, and
+    their place in a run is the runtime's; every transfer of another job."""
+    if transfer.startswith("send:"):
+        return False
+    return not transfer.startswith("recv:") or is_read(transfer)
+
+
 def _units(order: Sequence[str]) -> list[str]:
     """The first transfer of each read of `order` (`read_of`), in order."""
     first: dict[str, str] = {}
@@ -367,8 +377,9 @@ def _check_step(
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The verify document of step `s` and, unless it is compliant (in the order of the
     `expected` transfers, each split into its planned `depth`), its first violation."""
-    want = _units([n for n in expected if n not in s.unrecorded])
-    gone = first_departure([read_of(n) for n in _units(s.order)], [read_of(n) for n in want])
+    want = _units([n for n in expected if n not in s.unrecorded and ordered(n)])
+    seen = _units([n for n in s.order if ordered(n)])
+    gone = first_departure([read_of(n) for n in seen], [read_of(n) for n in want])
     wrong_depth = [
         {"transfer": n, "depth": depth.get(n, 1), "chunks": c}
         for n, c in zip(s.order, s.chunks, strict=False)
