@@ -15,7 +15,7 @@ DEMOS = {
 """Name -> the data package it is installed as, and its folder in a source checkout.
 `demo`: five traced steps of one worker of a real TensorFlow parameter-server job;
 `demo-ddp`: a PyTorch DDP run of two ranks (profiler trace and Execution Trace of each);
-`demo-lab`: the lab's DDP job traced on a 3000 Mbit/s shaped link, with the network
+`demo-lab`: the lab's DDP job traced on a 1500 Mbit/s shaped link, with the network
 benchmark run beside it (``demo-lab/network.csv``), whose recommended bucket cap was
 measured faster."""
 

@@ -28,7 +28,7 @@ each needing its share of the link in the step. The link is shared by connection
 by transfers (`flows`): each worker's gRPC connection to the PS gets an even part of it,
 however many of the worker's transfers are in flight, and its transfers split that part.
 A worker whose reads a plan chains one at a time (`planner.prediction.enforced`) then
-still gets half of a link its peer shares, not one share in thirteen.
+still gets half of a link its peer shares, not one share in twelve.
 """
 
 from __future__ import annotations
