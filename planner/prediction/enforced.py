@@ -35,17 +35,20 @@ READS = ("ReadVariableOp", "Identity")  # the PS ops whose values the TF module 
 SMALL = 1024  # bytes: a transfer no larger carries a control message, not a tensor
 # the arrival replay's median |error| against the enforced runs' step on the cnn job: 16
 # rank-rounds of two runs of bench/bench_enforce_tf.py --rounds 4 recorded after the
-# replay's rules (the reads' rate, the link shared by connection) were set
+# replay's rules (the reads' rate, the link shared by connection, a read's folded
+# control message chained with its data) were set
 # (docs/algorithms.md, "A plan replayed as it is enforced")
-UNCERTAINTY = {"arrival": 0.133}
+UNCERTAINTY = {"arrival": 0.163}
 
 
 def is_read(transfer: str, feeder_type: str | None = None) -> bool:
     """Whether the TF module orders `transfer`: the value of a PS-side variable read
     (`feeder_type`, the type of the PS op it receives from, where known; else its name:
     ``.../ReadVariableOp``, or ``v/read`` of a ref variable). A computed value (a loss
-    the PS averaged) is not a read: no edge of the module orders it."""
-    if feeder_type is not None:
+    the PS averaged) is not a read: no edge of the module orders it. A control message
+    grappler folded beside a read (``recv:^X``, fed by the `Const` its `ShapeN` became)
+    is its read's when X is one, by X's name: it leaves with X's data."""
+    if feeder_type is not None and not transfer.startswith("recv:^"):
         return feeder_type in READS
     last = read_of(transfer).rsplit("/", 1)[-1]
     return last.startswith("ReadVariableOp") or last == "read"

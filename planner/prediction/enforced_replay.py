@@ -70,6 +70,14 @@ def _enforced(
             t, ops[compiled.names[feeder[index[t]]]].type if index[t] in feeder else None
         )
     ]
+    # a read's folded control message leaves with its data, planned or not (a plan of a
+    # GraphDef has none): just before it, in its read's group
+    folded = [f"recv:^{t.removeprefix('recv:')}" for t in reads]
+    reads = [
+        name
+        for t, message in zip(reads, folded, strict=True)
+        for name in ((message, t) if message in index and message not in reads else (t,))
+    ]
     src, dst, waits, alone = enforced.chain(reads, index, feeder, mode)
     return (
         PlanArrays(
