@@ -123,7 +123,7 @@ def test_the_comparison_carries_each_plans_replayed_gain():
     nothing in the replay by their priorities alone (its recvs run 12-14 at a time as
     they are released), and replayed as `planner export --enforce arrival` applies them
     they cost over the job (the enforced runs of this job measured 1.01-1.87x the step,
-    tests/test_enforced.py). Worker1's replay credits them +3.7-4.0%: priced at the
+    tests/test_enforced.py). Worker1's replay credits them +3.7%: priced at the
     reads' rate, its chained reads are cheap, and what each hop waits for the executors
     to dispatch is in no record of a plain run (`enforced.caution`)."""
     from planner.job import analysis
