@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 from bench.lab import cpuload
 
@@ -82,7 +83,9 @@ def _gains(simulation: dict) -> dict[str, float]:
     return {k: statistics.fmean(v) for k, v in gains.items()}
 
 
-def replayed_gains(trace_dir: Path, plan_dir: Path, tools) -> dict[str, dict[str, float]]:
+def replayed_gains(
+    trace_dir: Path, plan_dir: Path, tools: ModuleType
+) -> dict[str, dict[str, float]]:
     """Mode -> plan -> its replayed gain (mean over the workers) on the traced run in
     `trace_dir`: `planner analyze` (arrival, the export's default; it writes the plans
     into `plan_dir`) and `planner simulate --enforce MODE` for the other modes. `tools`

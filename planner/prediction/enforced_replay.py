@@ -72,13 +72,13 @@ def _enforced(
     ]
     # a read's folded control message leaves with its data, planned or not (a plan of a
     # GraphDef has none): just before it, in its read's group
-    folded = [f"recv:^{t.removeprefix('recv:')}" for t in reads]
-    reads = [
-        name
-        for t, message in zip(reads, folded, strict=True)
-        for name in ((message, t) if message in index and message not in reads else (t,))
-    ]
-    src, dst, waits, alone = enforced.chain(reads, index, feeder, mode)
+    planned, chained = set(reads), []
+    for t in reads:
+        message = f"recv:^{t.removeprefix('recv:')}"
+        if message in index and message not in planned:
+            chained.append(message)
+        chained.append(t)
+    src, dst, waits, alone = enforced.chain(chained, index, feeder, mode)
     return (
         PlanArrays(
             arrays.position, np.concatenate([arrays.src, src]), np.concatenate([arrays.dst, dst])
