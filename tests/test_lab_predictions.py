@@ -60,6 +60,22 @@ def test_no_prediction_misses_where_it_passed(records: dict, run: tuple[str, str
     assert sum(r["passes"] for r in judged) >= floor, repredict.verdict_line(records[run])
 
 
+def test_every_recommended_cap_was_measured_and_is_fastest_or_within_its_interval(
+    records: dict,
+) -> None:
+    """Done-when: the recommended cap is the fastest measured, or inside the interval of
+    it. The lab measures one cap per bucket layout, so a recommended cap may run as
+    another of its layout: wide unshaped's cap4 is cap0.25's 4 buckets (-6.5% against
+    plain where the fastest, cap8, was -8.1%)."""
+    recommended = {run: r["summary"] for run, r in records.items() if r["summary"]["recommended"]}
+    assert len(recommended) >= 4  # mlp unshaped, 3000mbit; wide unshaped; heldout mlp 1500
+    for run, summary in recommended.items():
+        assert summary["recommended_measured_as"] is not None, run
+        assert summary["recommended_within_interval_of_fastest"], run
+    wide = records[("ddp-grid", "ddp-wide", "unshaped")]["summary"]
+    assert (wide["recommended"], wide["recommended_measured_as"]) == ("cap4", "cap0.25")
+
+
 def test_the_measured_medians_are_the_raw_steps(records: dict) -> None:
     """Recounted from lab.json's per-step times: each configuration's median over both
     repeats, and the plain median the predictions were anchored on."""

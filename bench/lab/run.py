@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 if __package__ in (None, ""):  # `python bench/lab/run.py`: import as `bench.lab`
@@ -229,6 +230,24 @@ def predictions(report: dict, untraced: float) -> dict:
     return {"configs": out, "sweep": meta}
 
 
+def layout(predicted: dict) -> tuple:
+    """What tells two caps' bucket layouts apart in the sweep: their bucket count and
+    predicted step time (the model's prediction depends on the layout alone)."""
+    return (predicted["buckets"], round(predicted["predicted_s"], 9))
+
+
+def measured_as(label: str | None, pred: dict, measured: Collection[str]) -> str | None:
+    """The measured configuration that runs cap `label`: itself, else the measured cap
+    of the same layout (the lab measures one cap per layout); None when neither."""
+    if label is None or label in measured:
+        return label
+    if label not in pred:
+        return None
+    key = layout(pred[label])
+    return next((m for m in measured if m in pred and m.startswith("cap")
+                 and layout(pred[m]) == key), None)  # fmt: skip
+
+
 def choose_configs(
     pred: dict, plan: Path | None, all_caps: bool, keep: tuple[str, ...] = ()
 ) -> list[dict]:
@@ -241,7 +260,7 @@ def choose_configs(
     for label, c in sorted(pred.items(), key=lambda kv: kv[1].get("cap") or 0):
         if label in (PLAIN, CARAMEL):
             continue
-        key = (c["buckets"], round(c["predicted_s"], 9))
+        key = layout(c)
         if key in seen and not all_caps and label not in keep:
             continue
         seen.setdefault(key, label)
@@ -382,11 +401,12 @@ def summarize(record: dict, args: argparse.Namespace) -> dict:
     known = [c["label"] for c in record["configs"] if rows[c["label"]]["predicted_s"]]
     rec = record["predicted"]["sweep"].get("recommended_cap_mb")
     rec_label = f"cap{rec:g}" if rec is not None else None
+    rec_run = measured_as(rec_label, pred, caps)  # a cap of the recommended layout
     fastest = min(caps, key=lambda c: rows[c]["median_s"]) if caps else None
     within = None
-    if rec_label in rows and fastest:
-        r, lo, hi = stats.ratio_interval(pooled[rec_label], pooled[fastest])
-        within = rec_label == fastest or lo <= 1.0
+    if rec_run is not None and fastest:
+        r, lo, hi = stats.ratio_interval(pooled[rec_run], pooled[fastest])
+        within = rec_run == fastest or lo <= 1.0
     phases = record["phases"]
     return {
         "rows": rows,
@@ -397,6 +417,7 @@ def summarize(record: dict, args: argparse.Namespace) -> dict:
             [rows[c]["predicted_s"] for c in known], [rows[c]["median_s"] for c in known]
         ),
         "recommended": rec_label,
+        "recommended_measured_as": rec_run,
         "fastest_cap": fastest,
         "recommended_within_interval_of_fastest": within,
         "flagged_phases": [p for p, v in phases.items() if v["foreign_cores"] > threshold],
@@ -483,6 +504,10 @@ def table(rate: str, check: dict | None, record: dict, threshold: float) -> str:
             t
             for t, on in (
                 ("recommended", label == s["recommended"]),
+                (
+                    f"runs the recommended {s['recommended']}",
+                    label == s.get("recommended_measured_as") != s["recommended"],
+                ),
                 ("fastest cap", label == s["fastest_cap"]),
                 (f"hook: {applied.get(label)}", label in applied),
                 ("as traced", label == PLAIN),
