@@ -107,6 +107,7 @@ def test_each_analyses_every_run(capsys: pytest.CaptureFixture[str]) -> None:
         *between("cnn_ps_betweengraph"),
         *within("cnn_ps_ingraph"),
         *pinned("cnn_ps_pinned"),
+        "lab_cnn_600mbit_reversed/run",  # a lab order check: TAC reversed, by arrival
         "lab_mlp_1500mbit",  # the lab's mlp trace phase (docs/validation.md)
         *between("mlp_ps_betweengraph"),
         *generated,

@@ -8,10 +8,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import networkx as nx
 import pytest
 
 from planner.ingest import detect
-from planner.job.verify import enforced_order, verify
+from planner.job.verify import enforced_order, enforced_pieces, verify
 from planner.model.plan import from_priorities, read_of
 
 TRACES = Path(__file__).resolve().parents[1] / "traces" / "tf"
@@ -89,3 +90,56 @@ def test_verify_checks_only_what_the_export_orders_on_a_lab_arrival_run() -> Non
         assert [u for u in seen if u in reads] == reads  # counted from the records
         moved += [u for u in seen if u in want] != want
     assert moved >= 1  # the loss out of its planned place: not a departure
+
+
+REVERSED = TRACES / "lab_cnn_600mbit_reversed"
+
+
+def test_verify_checks_the_pieces_a_run_enforced_where_the_export_dropped_a_wait() -> None:
+    """The lab's TAC reversed run (issue #44: verify checks the order the export actually
+    enforces): the export left out worker0's wait of `global_step`'s read before the
+    tower reads (the graph makes it wait for them through the loss: a cycle). The run's
+    own GraphDef, beside its RunMetadata, holds the waits it ran with: verify checks the
+    two pieces, and every step holds them, as counted here from the records. Without
+    the graph it checks the whole plan, which no run of that graph can follow."""
+    plan = REVERSED / "priorities_tac-reversed.json"
+    runs = sorted((REVERSED / "run").iterdir())
+    document = verify(plan, runs)
+    ranks = {r["rank"]: r for r in document["ranks"]}
+    assert (ranks["worker0"]["enforced_pieces"], ranks["worker1"]["enforced_pieces"]) == (2, 1)
+    assert document["compliance"] == 1.0
+    assert any("2 pieces" in n and "--drop-cyclic" in n for n in document["notes"])
+    plans = from_priorities(json.loads(plan.read_text()))
+    counted = _arrival_orders(REVERSED / "run")
+    for (rank, _), seen in counted.items():
+        want = list(dict.fromkeys(read_of(n) for n in enforced_order(plans[rank].order)))
+        want = [w for w in want if w in seen and w != "truediv"]
+        seen = [u for u in seen if u in want]
+        if rank == "worker0":  # global_step arrives last, as the graph makes it
+            assert seen[-1] == want[0] == "global_step/Read/ReadVariableOp"
+            assert seen[:-1] == want[1:]
+        else:
+            assert seen == want
+    whole = verify(plan, _steps(REVERSED / "run"))  # RunMetadata alone: no graph
+    assert {r["rank"]: r["compliance"] for r in whole["ranks"]} == {"worker0": 0.0, "worker1": 1.0}
+
+
+def test_a_plain_or_another_plans_run_is_checked_against_the_whole_order() -> None:
+    """The run's graph cuts the order only where it holds most of the plan's waits: a
+    TIC plan (the grid's 600 Mbit/s run, the same graph's names) against the reversed
+    run, whose graph holds its waits the other way, is checked whole and fails every
+    step."""
+    tac = LAB_TIC / "plan" / "priorities_tic.json"
+    document = verify(tac, sorted((REVERSED / "run").iterdir()))
+    assert all(r["enforced_pieces"] == 1 for r in document["ranks"])
+    assert document["compliance"] == 0.0
+
+
+def test_the_pieces_are_the_plan_cut_where_the_graph_has_no_path() -> None:
+    """Every read kept, in plan order; a cut exactly where the graph has no path from
+    one read to the next; the whole order without a graph or with under half its waits."""
+    dag = nx.DiGraph([("a", "m0"), ("m0", "b"), ("c", "x"), ("x", "b"), ("c", "m2"), ("m2", "d")])
+    pieces, against = enforced_pieces(["a", "b", "c", "d"], dag)
+    assert pieces == [["a", "b"], ["c", "d"]] and against == 1  # c -> x -> b: the other way
+    assert enforced_pieces(["a", "b", "c", "d"], None) == ([["a", "b", "c", "d"]], 0)
+    assert enforced_pieces(["d", "c", "b", "a"], dag) == ([["d", "c", "b", "a"]], 0)

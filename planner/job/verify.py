@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import networkx as nx
+
 from planner.enforce.plan_file import TransferPlan, load_plan
 from planner.errors import InputError
 from planner.ingest.demos import named
@@ -166,6 +168,51 @@ def _aliases(plan: TransferPlan, graph: Any) -> dict[str, str]:
     return out
 
 
+def run_graph(paths: Sequence[Path]) -> nx.DiGraph | None:
+    """The DAG of the traced run's own GraphDef (`tf_graph.node_dag`): a TF run traced
+    by the lab, or by a job that saves its client graph beside its RunMetadata, keeps
+    the rewritten graph it ran, with the waits the export put in. None without a
+    GraphDef among `paths`."""
+    from planner.export.tf_graph import node_dag
+    from planner.ingest import detect
+    from planner.ingest.tf_graphdef import parse_graphdef
+
+    found: nx.DiGraph | None = None
+    for path, _ in detect.expand(paths):
+        item = detect.sniff(path)
+        if item.format in ("graphdef", "graphdef_text"):
+            dag = node_dag(parse_graphdef(item.data, path, item.format == "graphdef_text"))
+            found = dag if found is None else nx.compose(found, dag)
+    return found
+
+
+def enforced_pieces(reads: Sequence[str], dag: nx.DiGraph | None) -> tuple[list[list[str]], int]:
+    """`reads` (a rank's planned reads in plan order) cut where the run's graph (`dag`,
+    `run_graph`) has no path from one to the next, and how many of those cuts the graph
+    orders the other way round. The export leaves out an edge that would close a cycle
+    (``--drop-cyclic``: the plan put a read before one the graph already makes it wait
+    for); the run then orders each piece (arrival: the next read waits for a marker of
+    the previous one, or for a node that waits for it), not the pieces among
+    themselves. Left whole (the plan's order checked as it is) without a graph, and
+    where it holds fewer than half of the plan's waits: a run without enforcement (its
+    graph may order a read or two by itself) or one enforcing another plan."""
+    planned = list(zip(reads[:-1], reads[1:], strict=True))
+    if dag is None or not planned:
+        return [list(reads)], 0
+    path = lambda u, v: u in dag and v in dag and nx.has_path(dag, u, v)  # noqa: E731
+    held = [path(u, v) for u, v in planned]
+    if sum(held) < len(planned) / 2:
+        return [list(reads)], 0
+    pieces = [[reads[0]]]
+    for (_, v), kept in zip(planned, held, strict=True):
+        if kept:
+            pieces[-1].append(v)
+        else:
+            pieces.append([v])
+    against = sum(path(v, u) for (u, v), kept in zip(planned, held, strict=True) if not kept)
+    return pieces, against
+
+
 def read_steps(
     plan_path: Path, traces: Sequence[Path]
 ) -> tuple[dict[str, TransferPlan], list[StepOrder], Job | None]:
@@ -278,14 +325,16 @@ def verify(plan_path: str | Path, traces: Sequence[str | Path]) -> dict[str, Any
     """`planner.verify/1`: per rank the fraction of steps in plan order, the first
     departure, depth mismatches, and measured (vs predicted) iteration time."""
     plan_path = Path(plan_path)
-    plans, steps, job = read_steps(plan_path, [named(t) for t in traces])
+    paths = [named(t) for t in traces]
+    plans, steps, job = read_steps(plan_path, paths)
+    dag = run_graph(paths) if job is not None and job.framework == "tensorflow" else None
     notes: list[str] = []
     step_docs: list[dict[str, Any]] = []
     ranks: list[dict[str, Any]] = []
     for rank in sorted({s.rank for s in steps}):
         plan = plans.get(rank) or plans["*"]
         mine = sorted((s for s in steps if s.rank == rank), key=lambda s: s.iteration)
-        ranks.append(_check_rank(rank, plan, mine, job, notes, step_docs))
+        ranks.append(_check_rank(rank, plan, mine, job, notes, step_docs, dag))
     first_plan = next(iter(plans.values()))
     return {
         "schema": "planner.verify/1",
@@ -317,10 +366,12 @@ def _check_rank(
     job: Job | None,
     notes: list[str],
     step_docs: list[dict[str, Any]],
+    dag: nx.DiGraph | None = None,
 ) -> dict[str, Any]:
     """The verify entry of one rank: its steps `mine` (in iteration order) checked
-    against `plan`, their documents appended to `step_docs` and a note on planned
-    transfers that matched nothing to `notes`."""
+    against `plan` as far as the run's graph chains it (`dag`, `enforced_pieces`),
+    their documents appended to `step_docs` and notes on planned transfers that matched
+    nothing and on a chain cut to `notes`."""
     depth = {t.name: t.depth for t in plan.transfers}
     traced = {n for s in mine for n in s.order}
     expected = [n for n in enforced_order(plan.order) if n in traced]
@@ -333,10 +384,20 @@ def _check_rank(
             f"in the traced steps and are not checked (e.g. {untraced[0]!r}: a trace "
             "without enforcement, a plan for another run, or pruned by the run's fetches)"
         )
+    reads = [read_of(n) for n in _units([n for n in expected if ordered(n)])]
+    pieces, against = enforced_pieces(reads, dag)
+    if len(pieces) > 1:
+        notes.append(
+            f"{rank}: the run's graph chains the plan's {len(reads)} reads in {len(pieces)} "
+            f"pieces: {len(pieces) - 1} of the plan's {len(reads) - 1} waits are not in it "
+            f"({against} of them ordered the other way by the graph itself), left out by "
+            "the export (--drop-cyclic); each piece's order is checked, not the order "
+            "between pieces"
+        )
     first: dict[str, Any] | None = None
     compliant = 0
     for s in mine:
-        doc, violation = _check_step(rank, s, expected, depth)
+        doc, violation = _check_step(rank, s, expected, depth, pieces)
         compliant += violation is None
         step_docs.append(doc)
         if violation is not None and first is None:
@@ -360,6 +421,7 @@ def _check_rank(
         "compliant_steps": compliant,
         "compliance": compliant / len(mine),
         "checked_transfers": len(expected),
+        "enforced_pieces": len(pieces),
         "planned_transfers": len(plan),
         "matched": not untraced,
         "untraced": untraced,
@@ -373,13 +435,24 @@ def _check_rank(
 
 
 def _check_step(
-    rank: str, s: StepOrder, expected: Sequence[str], depth: Mapping[str, int]
+    rank: str,
+    s: StepOrder,
+    expected: Sequence[str],
+    depth: Mapping[str, int],
+    pieces: Sequence[Sequence[str]] = (),
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """The verify document of step `s` and, unless it is compliant (in the order of the
-    `expected` transfers, each split into its planned `depth`), its first violation."""
-    want = _units([n for n in expected if n not in s.unrecorded and ordered(n)])
-    seen = _units([n for n in s.order if ordered(n)])
-    gone = first_departure([read_of(n) for n in seen], [read_of(n) for n in want])
+    """The verify document of step `s` and, unless it is compliant (each of `pieces` of
+    the reads in the order of the `expected` transfers, each transfer split into its
+    planned `depth`), its first violation."""
+    want = [read_of(n) for n in _units([n for n in expected if n not in s.unrecorded
+                                         and ordered(n)])]  # fmt: skip
+    seen = [read_of(n) for n in _units([n for n in s.order if ordered(n)])]
+    gone = None
+    for piece in pieces or [want]:
+        inside = set(piece)
+        gone = first_departure([r for r in seen if r in inside], [r for r in want if r in inside])
+        if gone is not None:
+            break
     wrong_depth = [
         {"transfer": n, "depth": depth.get(n, 1), "chunks": c}
         for n, c in zip(s.order, s.chunks, strict=False)
