@@ -12,7 +12,9 @@ SPEC (written by the lab) names the model shape (an MLP of ``layers`` Linear lay
   timed steps again: their median is the untraced step time `planner analyze` is told.
 - ``measure``: every configuration in ``configs`` (``label``, ``cap``: bucket_cap_mb or
   null for DDP's default, ``plan``: a plan file registered with
-  `planner.enforce.torch_ddp.register_plan_hook`, or null) gets its own copy of the model
+  `planner.enforce.torch_ddp.register_plan_hook`, or null; ``hook: "own"``: DDP's own
+  buckets at ``cap`` as the plan's groups, through the hook with ``ddp_order=False``, so
+  that only the hook's cost differs from the same cap without it) gets its own copy of the model
   and its own DDP wrapper on a process group of its own, ``warmup`` untimed steps, and
   then the blocks of ``order`` run in turn, ``block`` timed steps each: the same
   shuffled order on every rank.
@@ -62,6 +64,21 @@ def step(ddp: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.T
         opt.step()
 
 
+def own_buckets(model: nn.Module, cap: float) -> list[list[str]]:
+    """The parameter names of each of DDP's buckets at `cap` (MiB), in bucket order: the
+    gradients in ready order (the parameters reversed), cut as DDP cuts them, the first
+    bucket at the cap too (PyTorch 2.13 with an explicit cap)."""
+    from planner.planning.bucket_replay import MIB, ddp_buckets
+
+    params = list(reversed([(n, p) for n, p in model.named_parameters() if p.requires_grad]))
+    limit = int(cap * MIB)
+    ids = ddp_buckets([p.numel() * p.element_size() for _, p in params], limit, limit)
+    groups: list[list[str]] = [[] for _ in range(max(ids) + 1)]
+    for (name, _), bucket in zip(params, ids, strict=True):
+        groups[bucket].append(name)
+    return groups
+
+
 def timed(ddp: nn.Module, opt: torch.optim.Optimizer, x, y, n: int, after=None) -> list[float]:
     """`n` steps, each after a barrier; their times (s)."""
     times = []
@@ -95,7 +112,7 @@ def trace(spec: dict, rank: int, ddp: nn.Module, opt, x, y) -> dict:
 
 def measure(spec: dict, rank: int, shape: dict, x, y) -> dict:
     """Every configuration warmed up, then the shuffled blocks timed."""
-    from planner.enforce import load_plan
+    from planner.enforce import load_plan, plan_from_groups
     from planner.enforce.torch_ddp import register_plan_hook
 
     runs, hooks = {}, {}
@@ -105,6 +122,9 @@ def measure(spec: dict, rank: int, shape: dict, x, y) -> dict:
         if config.get("plan"):
             plan = load_plan(config["plan"], rank=f"rank{rank}")
             hooks[config["label"]] = register_plan_hook(ddp, plan, timeout=120)
+        elif config.get("hook") == "own":  # DDP's own order, through the hook all the same
+            own = plan_from_groups(own_buckets(model, config["cap"]))
+            hooks[config["label"]] = register_plan_hook(ddp, own, timeout=120, ddp_order=False)
         runs[config["label"]] = (ddp, torch.optim.SGD(model.parameters(), lr=0.01))
     for ddp, opt in runs.values():  # DDP rebuilds its buckets after the first step
         timed(ddp, opt, x, y, spec["warmup"])

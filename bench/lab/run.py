@@ -63,6 +63,7 @@ JOBS: dict[str, dict] = {
 PLAIN = "plain"
 AA = "plain-aa"  # a second copy of the plain job: the A/A pair, the comparison's noise floor
 CARAMEL = "caramel"
+HOOK = "hook"  # DDP's own buckets at the smallest cap, through planner's gated hook
 _ports = itertools.count(29500)
 
 
@@ -187,6 +188,7 @@ def predictions(report: dict, untraced: float) -> dict:
             "cap": c["bucket_cap_mb"],
             "buckets": c["buckets"],
             "predicted_s": c["predicted_step_time"],
+            "predicted_hooked_s": c.get("predicted_step_time_hooked"),
         }
         for label, c in caps.items()
     }
@@ -227,6 +229,11 @@ def predictions(report: dict, untraced: float) -> dict:
             "untraced_step_time",
         )
     }
+    hooked = min((c for c in out.values() if c["cap"] is not None), key=lambda c: c["cap"],
+                 default=None)  # fmt: skip
+    if hooked is not None and hooked["predicted_hooked_s"] is not None:  # the most calls
+        cost = hooked["predicted_hooked_s"] - hooked["predicted_s"]
+        out[HOOK] = {**hooked, "predicted_s": hooked["predicted_hooked_s"], "hook_s": cost}
     return {"configs": out, "sweep": meta}
 
 
@@ -253,18 +260,21 @@ def choose_configs(
 ) -> list[dict]:
     """Plain, every cap of the sweep (one per distinct predicted layout unless
     `all_caps`: caps with as many buckets and the same prediction hold the same
-    buckets; the caps in `keep`, the recommended one, always), and the Caramel plan when
-    analyze wrote one."""
+    buckets; the caps in `keep`, the recommended one, always), the smallest cap's
+    buckets through planner's hook (DDP's own order, so that only the hook's cost
+    differs), and the Caramel plan when analyze wrote one."""
     configs = [{"label": PLAIN, "cap": None, "plan": None}]
     seen: dict[tuple, str] = {}
     for label, c in sorted(pred.items(), key=lambda kv: kv[1].get("cap") or 0):
-        if label in (PLAIN, CARAMEL):
+        if label in (PLAIN, CARAMEL, HOOK):
             continue
         key = layout(c)
         if key in seen and not all_caps and label not in keep:
             continue
         seen.setdefault(key, label)
         configs.append({"label": label, "cap": c["cap"], "plan": None})
+    if HOOK in pred:  # the hook's cost: the same buckets as a measured cap, hooked
+        configs.append({"label": HOOK, "cap": pred[HOOK]["cap"], "plan": None, "hook": "own"})
     if plan is not None and plan.exists():
         configs.append({"label": CARAMEL, "cap": None, "plan": str(plan)})
     return configs
@@ -407,6 +417,20 @@ def summarize(record: dict, args: argparse.Namespace) -> dict:
     if rec_run is not None and fastest:
         r, lo, hi = stats.ratio_interval(pooled[rec_run], pooled[fastest])
         within = rec_run == fastest or lo <= 1.0
+    hook = None
+    twin = measured_as(f"cap{pred[HOOK]['cap']:g}", pred, caps) if HOOK in pred else None
+    if HOOK in rows and twin is not None:  # the hook against the same buckets without it
+        calls = pred[HOOK]["buckets"]
+        ratio, lo, hi = stats.ratio_interval(pooled[HOOK], pooled[twin])
+        hook = {
+            "against": twin,
+            "calls": calls,
+            "ratio": ratio,
+            "ratio_low": lo,
+            "ratio_high": hi,
+            "call_s": (rows[HOOK]["median_s"] - rows[twin]["median_s"]) / calls,
+            "predicted_call_s": pred[HOOK]["hook_s"] / calls,
+        }
     phases = record["phases"]
     return {
         "rows": rows,
@@ -420,6 +444,7 @@ def summarize(record: dict, args: argparse.Namespace) -> dict:
         "recommended_measured_as": rec_run,
         "fastest_cap": fastest,
         "recommended_within_interval_of_fastest": within,
+        "hook": hook,
         "flagged_phases": [p for p, v in phases.items() if v["foreign_cores"] > threshold],
         "flagged_blocks": flagged_blocks,
         "blocks": sum(len(r["block_foreign_cores"]) for r in record["repeats"]),
@@ -546,6 +571,15 @@ def table(rate: str, check: dict | None, record: dict, threshold: float) -> str:
             )
         )
     lines.append(line)
+    hook = s.get("hook")
+    if hook:
+        lines.append(
+            f"\nThe gated hook on {hook['against']}'s {hook['calls']} buckets (DDP's own order, "
+            f"`ddp_order=False`): {hook['ratio'] - 1:+.1%} [{hook['ratio_low'] - 1:+.1%}, "
+            f"{hook['ratio_high'] - 1:+.1%}] against the same buckets without it, "
+            f"{hook['call_s'] * 1e3:.2f} ms per call (predicted: "
+            f"{hook['predicted_call_s'] * 1e3:.2f} ms, the step's share of the calls' time)"
+        )
     held = record.get("order_held") or {}
     if held:
         lines.append(

@@ -200,6 +200,7 @@ def simulation_of(
     steps = _replay_rank(
         compiled, known, oracle, seed, spans, release, len(graph.ops), pools,
         {name: p[rank] for name, p in plans.items()}, cpu_spans_of(job, rank),
+        hooked=job.framework == "pytorch",
     )  # fmt: skip
     knobs = options["knobs"]
     shared = {

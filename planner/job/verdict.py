@@ -68,6 +68,7 @@ def recommendation(entry: Mapping[str, Any]) -> dict[str, Any]:
         "replayed_gain": replayed_gain,
         "enforce": replayed.get("enforce"),
         "caution": replayed.get("caution"),
+        "hook_seconds": (best or {}).get("hook_seconds"),
         "apply": gain is not None
         and gain > margin
         and (
@@ -197,8 +198,13 @@ def _why_keep(
             "rank waits for the slowest each step, so a plan that slows one slows the job"
         )
     elif best["replayed_gain"] is not None and best["replayed_gain"] < -SAME:
+        how = (
+            f"through planner's DDP hook ({best['hook_seconds'] * 1e3:.1f} ms a step for its calls)"
+            if best.get("hook_seconds")
+            else "as enforced"
+        )
         why = (
-            f"the best plan, {plan_label(best['plan'])}, replayed on the traced steps as enforced "
+            f"the best plan, {plan_label(best['plan'])}, replayed on the traced steps {how} "
             f"gains {best['replayed_gain']:+.1%}: enforcing its order costs more than it gains"
         )
     else:

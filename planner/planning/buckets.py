@@ -64,6 +64,7 @@ import numpy as np
 from planner.measure.foreign_load import is_loaded, load_line
 from planner.model.oracle import NetworkModel
 from planner.model.trace import Job
+from planner.planning import hook_calls
 from planner.planning.bucket_profile import (
     Profile,
     join,
@@ -233,11 +234,14 @@ def _row(
     kappa_backward: float | None = None,
 ) -> dict[str, Any]:
     ids = ddp_buckets(p.sizes.tolist(), int(cap * MIB), int(first * MIB))
+    hooked = step_times(p, ids, network, kappa, kappa_backward, hook_calls.CALL_SECONDS)
     return {
         "bucket_cap_mb": cap,
         "first_bucket_cap_mb": first,
         "buckets": int(max(ids)) + 1,
         "predicted_step_time": float(np.median(step_times(p, ids, network, kappa, kappa_backward))),
+        # the same buckets through planner's DDP hook, a call per bucket (a plan of them)
+        "predicted_step_time_hooked": float(np.median(hooked)),
     }
 
 

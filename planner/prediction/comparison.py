@@ -17,8 +17,9 @@ from planner.measure.metrics import efficiency
 from planner.model.oracle import TimeOracle, mean_of_runs
 from planner.model.plan import Plan
 from planner.model.trace import Job, busy_time
+from planner.planning import hook_calls
 from planner.planning.ticks import TICKS_PER_SECOND
-from planner.prediction import _simkernel, enforced
+from planner.prediction import _simkernel, enforced, hook_cost
 from planner.prediction.compiled import (
     Compiled,
     KnownRows,
@@ -141,9 +142,12 @@ def _compare_rank(
     samples: int,
     seed: int,
     timelines: bool,
+    hooked: bool = False,
 ) -> list[dict[str, Any]]:
     """Entries of baseline, observed and `plans` for one rank (same DAG and op times);
-    `rows`: the rank's rows, `known` their `op_rows`."""
+    `rows`: the rank's rows, `known` their `op_rows`; `hooked`: a plan runs through
+    planner's DDP hook, whose calls take time on the ops that launch its collectives
+    (`hook_cost`)."""
     umax, lmin = bounds(compiled, seconds, capacities(compiled, channels))
     runs: dict[str, Run] = {}
     extra: dict[str, dict[str, Any]] = {}
@@ -172,22 +176,9 @@ def _compare_rank(
         runs["observed"] = Run(makespan, chosen.seconds, chosen.recorded, chosen.start, chosen.lane)
         extra["observed"] = {"iteration": steps[pick][0]}
     for name, plan in plans.items():
-        priority, control = _plan_parts(plan)
-        plan_seconds, batch_edges, batched = batching(compiled, seconds, plan)
-        if batched:
-            extra[name] = {"batched_groups": batched}
-        runs[name] = run(
-            compiled,
-            plan_seconds,
-            priority,
-            (*control, *batch_edges),
-            channels=channels,
-            samples=samples,
-            seed=seed,
-            record=True,
+        runs[name], extra[name] = _plan_run(
+            compiled, seconds, plan, channels, samples, seed, hooked
         )
-        if not priority and not control:
-            extra[name] = {"note": "plan orders nothing: same as baseline"}
     if "observed" in runs:
         extra["observed"].update(observed_times(compiled, runs["observed"]))
     base = float(runs["baseline"].makespan.mean())
@@ -209,6 +200,36 @@ def _compare_rank(
             entry["timeline"] = timeline(compiled, result)
         out.append(entry)
     return out
+
+
+def _plan_run(
+    compiled: Compiled,
+    seconds: np.ndarray,
+    plan: Plan,
+    channels: int,
+    samples: int,
+    seed: int,
+    hooked: bool,
+) -> tuple[Run, dict[str, Any]]:
+    """`plan`'s samples on the rank's DAG (`_compare_rank`) and the figures its entry
+    adds: the groups it batched, the time of its hook's calls (on the ops that launch its
+    collectives, `hook_cost`), or that it orders nothing."""
+    extra: dict[str, Any] = {}
+    priority, control = _plan_parts(plan)
+    plan_seconds, batch_edges, batched = batching(compiled, seconds, plan)
+    hook = hook_calls.step_seconds(plan) if hooked else 0.0
+    if hook:
+        launchers, cost = hook_cost.launch_costs(compiled, plan)
+        plan_seconds = plan_seconds.copy()
+        plan_seconds[launchers] += cost
+        extra["hook_seconds"] = hook
+    if batched:
+        extra["batched_groups"] = batched
+    ran = run(compiled, plan_seconds, priority, (*control, *batch_edges), channels=channels,
+              samples=samples, seed=seed, record=True)  # fmt: skip
+    if not priority and not control:
+        extra = {"note": "plan orders nothing: same as baseline"}
+    return ran, extra
 
 
 def observed_times(compiled: Compiled, observed: Run) -> dict[str, float]:
@@ -300,8 +321,9 @@ def compare(
         seconds = op_seconds(compiled, oracle, **scales)
         channels = int(settings["channels"])
         entries = _compare_rank(
-            compiled, rows, known, seconds, of_rank, channels, samples, seed, timelines
-        )
+            compiled, rows, known, seconds, of_rank, channels, samples, seed, timelines,
+            hooked=job.framework == "pytorch",
+        )  # fmt: skip
         umax, lmin = bounds(compiled, seconds, capacities(compiled, channels))
         transfer = float(seconds[compiled.transfer].sum())
         compute = float(seconds[~compiled.transfer].sum())

@@ -19,8 +19,9 @@ from planner.model.oracle import TimeOracle, mean_of_runs
 from planner.model.plan import Plan
 from planner.model.records import missing_ops
 from planner.model.trace import Job, busy_time, queued_before, rank_meta, with_dedicated
+from planner.planning import hook_calls
 from planner.planning.ticks import TICKS_PER_SECOND
-from planner.prediction import host
+from planner.prediction import hook_cost, host
 from planner.prediction.compiled import (
     Compiled,
     KnownRows,
@@ -222,11 +223,13 @@ def _replay_rank(
     queued: Mapping[int, Mapping[str, int]] | None = None,
     in_trace: int | None = None,
     enforce: str | None = "arrival",
+    hooked: bool = False,
 ) -> list[dict[str, Any]]:
     """The replayed steps of one rank (see `replay`); `own`, `pools`: as in `_step_models`;
     `plans`: each replayed on every step too (`_replay_plans`, TF plans as `enforce`
-    applies them); `cpu_spans`: a GPU rank's steps as its CPU ran them (`cpu_spans_of`),
-    timed beside the device's steps;
+    applies them, a PyTorch job's with the hook's calls where `hooked`); `cpu_spans`: a
+    GPU rank's steps as its CPU ran them (`cpu_spans_of`), timed beside the device's
+    steps;
     `queued`: step -> op -> ns TensorFlow's executor held the op queued (`_cause`);
     `in_trace`: the first `in_trace` ops of `compiled` are the rank's trace (its own ops and
     the PS work its RunMetadata recorded, `own` when None): what covers its steps.
@@ -250,7 +253,7 @@ def _replay_rank(
         observed = {s["iteration"]: s["predicted_wall"] for s in steps}
         judged = _replay_plans(
             compiled, looked_up, oracle, seed, spans, releases, own, pools, plans, overheads,
-            observed, enforce,
+            observed, enforce, hooked,
         )  # fmt: skip
         for step in steps:
             step["plans"] = judged[step["iteration"]]
@@ -352,6 +355,7 @@ def _replay_plans(
     overheads: Mapping[int, np.ndarray],
     observed: Mapping[int, float],
     enforce: str | None = "arrival",
+    hooked: bool = False,
 ) -> dict[int, dict[str, dict[str, Any]]]:
     """Step -> plan -> the step replayed as the plan would run it: the step's own op
     times, the typical waits the observed order's replay used, the planned ops in the
@@ -360,7 +364,9 @@ def _replay_plans(
     same step; ``error`` instead where the plan cannot run on the step (its order or
     edges close a cycle with what the step observed). On a TF job (`pools`) an ordered
     plan runs with the chain the TF module adds in mode `enforce` (`_enforced`; None:
-    its priorities alone), and each entry names the mode it ran as (``enforce``).
+    its priorities alone), and each entry names the mode it ran as (``enforce``). On a
+    PyTorch job (`hooked`) a plan that runs through planner's DDP hook has its calls on
+    the ops that launch its collectives (`hook_cost`), their time in ``hook_seconds``.
     `looked_up`: the rank's rows as `op_rows` gives them."""
     out: dict[int, dict[str, dict[str, Any]]] = {it: {} for it in observed}
     link: tuple[float, float] | None = None  # (message s, bytes/s), found once per rank
@@ -383,6 +389,8 @@ def _replay_plans(
             least = latency + (nbytes / link[1] if link[1] > 0 else 0.0)
         models = _step_models(compiled, looked_up, oracle, spans, releases, own, pools, arrays)
         device = _device_ops(compiled)[: len(compiled.names[:own])]
+        hook = hook_calls.step_seconds(plan) if hooked else 0.0
+        launchers, launch_cost = hook_cost.launch_costs(compiled, plan) if hook else ((), ())
         for it, (_, span, traced) in models.items():
             overhead = overheads[it]
             if len(waits):
@@ -393,6 +401,10 @@ def _replay_plans(
                 seconds = model.seconds.copy()
                 seconds[alone] = least
                 model = replace(model, seconds=seconds)
+            if len(launchers):  # the hook's calls, on the ops that launch the collectives
+                seconds = model.seconds.copy()
+                seconds[launchers] += launch_cost
+                model = replace(model, seconds=seconds)
             try:
                 start, ticks = replay_step(model, seed)
             except InputError:
@@ -401,6 +413,8 @@ def _replay_plans(
             wall, _ = timed_wall(traced, start, ticks, span, (spans or {}).get(it), device)
             gain = observed[it] / wall - 1.0 if wall > 0 else None
             out[it][name] = {"predicted_wall": wall, "gain": gain, "enforce": mode}
+            if hook:
+                out[it][name]["hook_seconds"] = hook
     return out
 
 
@@ -481,6 +495,7 @@ def replay(
         steps = _replay_rank(
             compiled, looked_up, oracle, seed, spans, release, own, pools, of_rank,
             cpu_spans_of(job, rank), rank_meta(job, rank).get("queued"), in_trace, enforce,
+            job.framework == "pytorch",
         )  # fmt: skip
         ranks.append({"rank": rank, **_error_summary(steps), "steps": steps})
     document = {"schema": SCHEMA, "kind": "replay", "ranks": ranks, **_all_errors(ranks)}

@@ -1,0 +1,65 @@
+"""What planner's DDP communication hook costs, in calls: a plan's price for running
+through it (issue #44: a hooked plan's predicted gain must be net of the hook).
+
+A Caramel plan is applied by `planner.enforce.torch_ddp.register_plan_hook`: unless the
+plan is DDP's own bucket order (each group one traced all-reduce, in the order DDP
+issued them, at depth 1: `own_order`), DDP hands each ready bucket to the hook, whose
+gate launches the plan's all-reduce calls (a group's `depth` chunks) from Python on the
+thread that runs the backward pass. Each call costs that thread `CALL_SECONDS` (a GIL
+hand-off and the gate's bookkeeping), time the traced step never spent. Where that time
+goes is the predictions': on the op that launched each collective in the replay
+(`planner.prediction.hook_cost`), after each bucket's last gradient in the bucket sweep
+(`bucket_replay.replay`, ``hook``), so that it delays the rest of the backward pass and
+the collective's start, and costs the step nothing where the step waits for the wire.
+The lab measured both: 0.24 ms a call on a CPU-bound step, 0.03 ms where the link was
+the bottleneck (bench/lab, docs/validation.md, "The hook's cost").
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from planner.model.plan import Plan
+
+CALL_SECONDS = 2.3e-4
+"""Seconds per all-reduce call the gated hook launches (see the module docstring)."""
+
+_CALL = re.compile(r"^(?P<kind>.*)#(?P<k>\d+)$")
+
+
+def own_order(groups: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether Caramel `groups` (a plan's ``inputs["groups"]``, in plan order) are DDP's
+    own order, which DDP applies without the hook: each group one traced op, at depth
+    1, and the ops of each kind (``net/all_reduce#k``: the k-th such call of the step)
+    in the order the step issued them."""
+    last: dict[str, int] = {}
+    for group in groups:
+        ops = list(group.get("params") or ())
+        if len(ops) != 1 or int(group.get("depth", 1)) != 1:
+            return False
+        found = _CALL.match(ops[0])
+        if found is None:
+            return False
+        kind, k = found["kind"], int(found["k"])
+        if k <= last.get(kind, -1):
+            return False
+        last[kind] = k
+    return True
+
+
+def calls(plan: Plan) -> int:
+    """The all-reduce calls the hook launches per step for `plan`: the depths of its
+    groups of gradients (a barrier's all-reduce, 0 bytes, is DDP's, not the hook's); 0
+    for a plan that is not a Caramel plan of groups, or is DDP's own order."""
+    groups = plan.inputs.get("groups") or ()
+    if plan.algorithm != "caramel" or not groups or own_order(groups):
+        return 0
+    return sum(int(g.get("depth", 1)) for g in groups if g.get("nbytes", 1) > 0)
+
+
+def step_seconds(plan: Plan) -> float:
+    """The seconds the hook's calls take per step of `plan` (`calls` x `CALL_SECONDS`),
+    on the backward pass's thread."""
+    return calls(plan) * CALL_SECONDS
