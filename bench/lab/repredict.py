@@ -64,6 +64,25 @@ def rows_judged(summary: dict) -> list[dict]:
     return out
 
 
+def _groups(document: dict | None) -> list[list[tuple[tuple[str, ...], int]]]:
+    """Per rank, each group of a ``planner.bucket_plan/1`` document: its ops and depth."""
+    return [
+        [(tuple(g["transfers"]), int(g["depth"])) for g in rank["groups"]]
+        for rank in (document or {}).get("ranks", [])
+    ]
+
+
+def same_plan(where: Path, document: dict | None) -> bool:
+    """Whether the Caramel plan the lab measured (stored beside the run's trace,
+    ``plan/bucket_plan*.json``) is the one this checkout makes (`document`, its report's
+    bucket plan): the same groups at the same depths. Only then is its measurement this
+    checkout's prediction's to be judged by."""
+    stored = sorted(where.glob("plan/bucket_plan*.json"))
+    if not stored or not document:
+        return False
+    return _groups(json.loads(stored[0].read_text())) == _groups(document)
+
+
 def repredict(lab_dir: Path, anchor: str, benchmark: bool = True) -> list[dict]:
     """Each run of `lab_dir` (its ``lab.json``) with a stored trace, re-predicted by this
     checkout's planner: the run's record with ``predicted`` and ``summary`` replaced,
@@ -98,7 +117,8 @@ def repredict(lab_dir: Path, anchor: str, benchmark: bool = True) -> list[dict]:
             again["notes"] = notes
             again.pop("predicted_trace_fit", None)  # the first run's, not this checkout's
             again["predicted"] = lab.predictions(report, untraced)
-            again["configs"] = [c for c in record["configs"] if c["label"] != lab.CARAMEL]
+            if not same_plan(where, (report.get("exports") or {}).get("bucket_plan")):
+                again["configs"] = [c for c in record["configs"] if c["label"] != lab.CARAMEL]
         else:
             continue
         again["summary"] = lab.summarize(again, args)

@@ -204,14 +204,14 @@ def predictions(report: dict, untraced: float) -> dict:
         for plan in rank.get("plans", []):
             if plan["plan"] == CARAMEL and plan.get("replayed"):
                 gains.append(plan["replayed"]["gain"])
-    if gains:
+    if gains:  # each rank's replayed gain: its observed step over the plan's, less 1
         gain = statistics.fmean(gains)
         base = out.get(PLAIN, {}).get("predicted_s", untraced)
         out[CARAMEL] = {
             "cap": None,
             "buckets": None,
             "predicted_gain": gain,
-            "predicted_s": base * (1 - gain),
+            "predicted_s": base / (1 + gain),
         }
     meta = {
         k: sweep.get(k)
@@ -323,9 +323,13 @@ def run_ddp(ns: str, job: str, args: argparse.Namespace, where: Path) -> dict:
     record["predicted_trace_fit"] = trace_fit
     rec = record["predicted"]["sweep"].get("recommended_cap_mb")
     keep = (f"cap{rec:g}",) if rec is not None else ()
-    configs = choose_configs(
-        record["predicted"]["configs"], where / "plan" / "bucket_plan.json", args.all_caps, keep
-    )
+    plan = where / "plan" / "bucket_plan.json"
+    record["caramel_written"] = plan.exists()
+    document = (report.get("exports") or {}).get("bucket_plan")
+    if not plan.exists() and document:  # predicted but not written: measured all the same
+        plan = where / "plan" / "bucket_plan_predicted.json"
+        plan.write_text(json.dumps(document, indent=1) + "\n")
+    configs = choose_configs(record["predicted"]["configs"], plan, args.all_caps, keep)
     if not args.no_aa:
         configs.insert(1, {"label": AA, "cap": None, "plan": None})
     record["configs"] = configs
