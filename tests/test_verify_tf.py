@@ -125,14 +125,16 @@ def test_verify_checks_the_pieces_a_run_enforced_where_the_export_dropped_a_wait
 
 
 def test_a_plain_or_another_plans_run_is_checked_against_the_whole_order() -> None:
-    """The run's graph cuts the order only where it holds most of the plan's waits: a
-    TIC plan (the grid's 600 Mbit/s run, the same graph's names) against the reversed
-    run, whose graph holds its waits the other way, is checked whole and fails every
-    step."""
-    tac = LAB_TIC / "plan" / "priorities_tic.json"
-    document = verify(tac, sorted((REVERSED / "run").iterdir()))
-    assert all(r["enforced_pieces"] == 1 for r in document["ranks"])
-    assert document["compliance"] == 0.0
+    """The run's graph cuts the order only where it holds most of the plan's waits. The
+    grid's TIC plan at 600 Mbit/s against its own plain run (whose client graph holds
+    none of them), and against the reversed run (whose graph holds them the other way,
+    the same graph's names), is checked whole, and fails every step of both."""
+    tic = LAB_TIC / "plan" / "priorities_tic.json"
+    for run in (LAB_TIC / "trace" / "run", REVERSED / "run"):
+        assert (run / "graph.pb.gz").exists()
+        document = verify(tic, sorted(run.iterdir()))
+        assert all(r["enforced_pieces"] == 1 for r in document["ranks"])
+        assert document["compliance"] == 0.0
 
 
 def test_the_pieces_are_the_plan_cut_where_the_graph_has_no_path() -> None:

@@ -262,7 +262,8 @@ def choose_configs(
     `all_caps`: caps with as many buckets and the same prediction hold the same
     buckets; the caps in `keep`, the recommended one, always), the smallest cap's
     buckets through planner's hook (DDP's own order, so that only the hook's cost
-    differs), and the Caramel plan when analyze wrote one."""
+    differs), and the Caramel plan `plan` where there is one (the file analyze wrote, or
+    the plan its report predicts, which the lab writes itself)."""
     configs = [{"label": PLAIN, "cap": None, "plan": None}]
     seen: dict[tuple, str] = {}
     for label, c in sorted(pred.items(), key=lambda kv: kv[1].get("cap") or 0):
