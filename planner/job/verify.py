@@ -27,7 +27,7 @@ rank with no matched transfer is never compliant.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,17 +168,21 @@ def _aliases(plan: TransferPlan, graph: Any) -> dict[str, str]:
     return out
 
 
-def run_graph(paths: Sequence[Path]) -> nx.DiGraph | None:
+def run_graph(paths: Sequence[Path], read: Collection[str] = ()) -> nx.DiGraph | None:
     """The DAG of the traced run's own GraphDef (`tf_graph.node_dag`): a TF run traced
     by the lab, or by a job that saves its client graph beside its RunMetadata, keeps
     the rewritten graph it ran, with the waits the export put in. None without a
-    GraphDef among `paths`."""
+    GraphDef among `paths`. The files in `read` (the job's sources: its RunMetadata)
+    are not opened again."""
     from planner.export.tf_graph import node_dag
     from planner.ingest import detect
     from planner.ingest.tf_graphdef import parse_graphdef
 
+    done = {Path(s).resolve() for s in read}
     found: nx.DiGraph | None = None
     for path, _ in detect.expand(paths):
+        if path.resolve() in done:
+            continue
         item = detect.sniff(path)
         if item.format in ("graphdef", "graphdef_text"):
             dag = node_dag(parse_graphdef(item.data, path, item.format == "graphdef_text"))
@@ -327,7 +331,9 @@ def verify(plan_path: str | Path, traces: Sequence[str | Path]) -> dict[str, Any
     plan_path = Path(plan_path)
     paths = [named(t) for t in traces]
     plans, steps, job = read_steps(plan_path, paths)
-    dag = run_graph(paths) if job is not None and job.framework == "tensorflow" else None
+    dag = None
+    if job is not None and job.framework == "tensorflow":  # the graph it ran, if kept
+        dag = run_graph(paths, job.sources)
     notes: list[str] = []
     step_docs: list[dict[str, Any]] = []
     ranks: list[dict[str, Any]] = []
@@ -439,7 +445,7 @@ def _check_step(
     s: StepOrder,
     expected: Sequence[str],
     depth: Mapping[str, int],
-    pieces: Sequence[Sequence[str]] = (),
+    pieces: Sequence[Sequence[str]],
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The verify document of step `s` and, unless it is compliant (each of `pieces` of
     the reads in the order of the `expected` transfers, each transfer split into its
@@ -448,7 +454,7 @@ def _check_step(
                                          and ordered(n)])]  # fmt: skip
     seen = [read_of(n) for n in _units([n for n in s.order if ordered(n)])]
     gone = None
-    for piece in pieces or [want]:
+    for piece in pieces:
         inside = set(piece)
         gone = first_departure([r for r in seen if r in inside], [r for r in want if r in inside])
         if gone is not None:

@@ -33,7 +33,9 @@ def own_order(groups: Sequence[Mapping[str, Any]]) -> bool:
     """Whether Caramel `groups` (a plan's ``inputs["groups"]``, in plan order) are DDP's
     own order, which DDP applies without the hook: each group one traced op, at depth
     1, and the ops of each kind (``net/all_reduce#k``: the k-th such call of the step)
-    in the order the step issued them."""
+    in the order the step issued them. The prediction's side of the runtime's test
+    (`planner.enforce.ddp_order`), which judges a plan file against DDP's real buckets;
+    here only the traced ops are known."""
     last: dict[str, int] = {}
     for group in groups:
         ops = list(group.get("params") or ())
