@@ -93,17 +93,17 @@ def test_only_variable_reads_are_ordered() -> None:
 
 
 def test_a_control_message_is_the_median_small_transfer_alone_on_its_link() -> None:
-    # ns: two lone small messages (200, 400), one small message under a large transfer
-    start = np.array([0.0, 1_000.0, 5_000.0, 5_100.0, 20_000.0])
-    duration = np.array([200.0, 400.0, 9_000.0, 50.0, 300.0])
-    nbytes = np.array([0.0, np.nan, 4e6, 8.0, 8.0])
-    mine = np.array([True, True, True, True, False])  # the last is a peer's
-    assert enforced.control_message(start, duration, nbytes, mine) == pytest.approx(300e-9)
-    # none alone: the rank's shortest small transfer
-    assert enforced.control_message(start[2:4], duration[2:4], nbytes[2:4], mine[2:4]) == (
-        pytest.approx(50e-9)
-    )
-    assert enforced.control_message(start[2:3], duration[2:3], nbytes[2:3], mine[2:3]) == 0.0
+    # ns: five lone small messages of any rank (the network's latency, not a rank's),
+    # then a small message under a large transfer, which a queue inflated
+    start = np.array([0.0, 1_000.0, 2_000.0, 3_000.0, 4_000.0, 5_000.0, 5_100.0])
+    duration = np.array([200.0, 400.0, 300.0, 250.0, 350.0, 9_000.0, 50.0])
+    nbytes = np.array([0.0, np.nan, 8.0, 8.0, 64.0, 4e6, 8.0])
+    assert enforced.control_message(start, duration, nbytes) == pytest.approx(300e-9)
+    # fewer than LONE lone ones: a median of two queued reads is no latency; the
+    # shortest small transfer is
+    assert enforced.LONE == 5
+    assert enforced.control_message(start[3:], duration[3:], nbytes[3:]) == pytest.approx(50e-9)
+    assert enforced.control_message(start[5:6], duration[5:6], nbytes[5:6]) == 0.0
 
 
 ENFORCED = Path(__file__).resolve().parent.parent / "traces" / "tf" / "cnn_enforced"

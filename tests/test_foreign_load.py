@@ -67,7 +67,7 @@ LAB_RUNS = sorted((REPO / "bench" / "lab" / "results").glob("*/*/ddp-*/*/trace/r
 
 @pytest.mark.parametrize("ranks", LAB_RUNS, ids=[str(p.parents[1].name) for p in LAB_RUNS])
 def test_the_lab_grid_traces_are_not_taken_for_loaded_ones(ranks: Path) -> None:
-    """The 21 traces of the lab's DDP runs (the grid, the held-out runs and the runs that
+    """The 23 traces of the lab's DDP runs (the grid, the held-out runs and the runs that
     measured the hook and the Caramel plan), which its own foreign-CPU check found quiet
     (bench/lab/results/*/*/lab.json: no trace phase above 0.10 cores): 0.01-0.31."""
     job = detect.load([ranks])
@@ -75,9 +75,9 @@ def test_the_lab_grid_traces_are_not_taken_for_loaded_ones(ranks: Path) -> None:
 
 
 def test_the_lab_grid_traces_are_there() -> None:
-    """The parametrized test above judges the 21 traces of the lab's DDP runs: a lost
+    """The parametrized test above judges the 23 traces of the lab's DDP runs: a lost
     folder fails here, not silently."""
-    assert len(LAB_RUNS) == 21
+    assert len(LAB_RUNS) == 23
 
 
 @pytest.mark.parametrize("folder", LOADED)

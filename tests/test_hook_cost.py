@@ -5,6 +5,7 @@ order, which DDP applies without the hook, is not."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from planner import api
@@ -50,12 +51,21 @@ def _caramel(job: object) -> dict:
     return analysis.schedule(job, "caramel", network=read_model(LAB_3000 / "net.csv"))
 
 
-def _caramel_entries(monkeypatch: pytest.MonkeyPatch, seconds: float) -> list[dict]:
-    monkeypatch.setattr(hook_calls, "CALL_SECONDS", seconds)
+def _caramel_entries(monkeypatch: pytest.MonkeyPatch, hook: bool) -> list[dict]:
+    if not hook:  # as if DDP applied the plan itself
+        monkeypatch.setattr(hook_calls, "calls", lambda plan: 0)
     job = api.load(LAB_3000 / "trace" / "ranks")
     document = analysis.simulation(job, {"caramel": _caramel(job)}, samples=20)
     ranks = document["comparison"]["ranks"]
     return [next(p for p in r["plans"] if p["plan"] == "caramel") for r in ranks]
+
+
+def _copy_seconds(rank: str) -> float:
+    """The mean over the traced steps of the time `rank` spent in DDP's copies of the
+    buckets back into the gradients, summed from the raw events."""
+    rows = api.load(LAB_3000 / "trace" / "ranks").trace.timings
+    rows = rows[(rows["rank"] == rank) & rows["op"].str.contains("copy_bucket_to_grad")]
+    return float(rows.groupby("iteration")["duration"].sum().mean()) / 1e9
 
 
 def test_the_calls_land_on_the_ops_that_launched_the_collectives() -> None:
@@ -72,18 +82,40 @@ def test_the_calls_land_on_the_ops_that_launched_the_collectives() -> None:
     )
 
 
+def test_each_group_also_costs_a_pass_over_its_bytes_at_the_copies_rate() -> None:
+    """The hook averages each group in place before its all-reduce; DDP without it
+    divides while copying each gradient into its bucket. That pass runs at the rate of
+    DDP's copies of the buckets back into the gradients: over the plan's groups (every
+    gradient), as long as the traced step's copies took."""
+    job = api.load(LAB_3000 / "trace" / "ranks")
+    plan = _caramel(job)["rank0"]
+    compiled = compile_graph(job.graphs["rank0"])
+    rows = job.trace.timings.query("rank == 'rank0'")
+    times = (rows.groupby("op")["duration"].mean() / 1e9).to_dict()  # each op's mean time
+    seconds = np.array([times.get(n, 0.0) for n in compiled.names])
+    rate = hook_calls.copy_rate(compiled.names, seconds, plan)
+    nbytes = sum(g["nbytes"] for g in plan.inputs["groups"])
+    assert rate * nbytes == pytest.approx(_copy_seconds("rank0"), rel=1e-6)
+    _, without = hook_cost.launch_costs(compiled, plan)
+    _, added = hook_cost.launch_costs(compiled, plan, seconds)
+    assert added.sum() - without.sum() == pytest.approx(_copy_seconds("rank0"), rel=1e-6)
+    assert hook_calls.step_seconds(plan, rate) == pytest.approx(added.sum())
+
+
 def test_a_hooked_plan_is_predicted_slower_by_at_most_its_calls(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The lab's DDP mlp at 3000 Mbit/s: Caramel keeps DDP's 2 buckets at depths 2 and
-    8, so the hook launches 10 calls a step. Its comparison prediction and its replayed
-    step grow, by no more than the calls' time (the backward pass's thread is delayed;
-    the wire may hide part of it), and its replayed gain falls below zero."""
-    free = _caramel_entries(monkeypatch, 0.0)
-    hooked = _caramel_entries(monkeypatch, 2.3e-4)
-    for a, b in zip(free, hooked, strict=True):
+    8, so the hook launches 10 calls a step and makes a pass over the 6 MiB of
+    gradients. Its comparison prediction and its replayed step grow, by no more than
+    that time (the backward pass's thread is delayed; the wire may hide part of it),
+    and its replayed gain falls below zero."""
+    hooked = _caramel_entries(monkeypatch, True)
+    free = _caramel_entries(monkeypatch, False)
+    for rank, a, b in zip(("rank0", "rank1"), free, hooked, strict=True):
         assert "hook_seconds" not in a
-        assert b["hook_seconds"] == pytest.approx(10 * 2.3e-4)
+        passes = b["hook_seconds"] - 10 * hook_calls.CALL_SECONDS
+        assert passes == pytest.approx(_copy_seconds(rank), rel=0.05)
         grew = b["predicted"] - a["predicted"]
         assert 0.0 < grew <= b["hook_seconds"] + 1e-9
         grew = b["replayed"]["predicted_wall"] - a["replayed"]["predicted_wall"]

@@ -68,10 +68,14 @@ HOOK_FLOORS = {
     ("ddp-hook/mlp-unshaped-800mbit", "ddp-mlp", "800mbit"): (8, 8),
     ("ddp-hook/mlp-wide-3000mbit", "ddp-mlp", "3000mbit"): (3, 8),  # the small caps' gain
     ("ddp-hook/mlp-wide-3000mbit", "ddp-wide", "3000mbit"): (5, 5),
+    ("ddp-hook/wide-unshaped-1700mbit", "ddp-wide", "unshaped"): (6, 7),  # caramel +6.5%
+    ("ddp-hook/wide-unshaped-1700mbit", "ddp-wide", "1700mbit"): (6, 6),
     ("ddp-caramel/mlp", "ddp-mlp", "unshaped"): (3, 10),  # the loopback's caps, +26-88%
     ("ddp-caramel/mlp", "ddp-mlp", "3000mbit"): (6, 9),
     ("ddp-caramel/mlp", "ddp-mlp", "800mbit"): (8, 9),
-    ("ddp-caramel/wide", "ddp-wide", "unshaped"): (3, 6),
+    # the caps +14-18% (kappa), which the hook's pass over 4 MiB buckets, priced at
+    # the trace's copy rate, takes to +21.7% (3 of 6 without the pass)
+    ("ddp-caramel/wide", "ddp-wide", "unshaped"): (2, 6),
     ("ddp-caramel/wide", "ddp-wide", "1700mbit"): (5, 6),
 }
 
@@ -101,48 +105,61 @@ def test_the_hook_runs_medians_are_the_raw_steps(hook_records: dict) -> None:
             _same_medians(run, hook_records[(name, run["job"], run["rate"])]["summary"]["rows"])
 
 
+def _per_call_interval(record: dict) -> tuple[float, float]:
+    """The 95% interval of the hook's measured cost per call (s): its ratio's to the same
+    buckets without it, in seconds of that configuration's median step, over the calls."""
+    hook = record["summary"]["hook"]
+    step = record["summary"]["rows"][hook["against"]]["median_s"]
+    return tuple((hook[k] - 1.0) * step / hook["calls"] for k in ("ratio_low", "ratio_high"))
+
+
 def test_the_hooks_cost_is_predicted_where_it_is_spent(hook_records: dict) -> None:
     """Issue #44 point 3: the hook's cost measured in the lab and counted in the
     prediction of a hooked plan. DDP's own buckets at the smallest cap through the gated
     hook, against the same cap without it. On the mlp's CPU-bound loopback the calls cost
-    the step 0.24 ms each (predicted 0.22: they delay the backward pass); where the link
-    is the bottleneck (800 Mbit/s) 0.03 ms (predicted 0.01: the wire hides them). Over
-    the 9 runs: where the hook measurably costs (5), 4 are predicted at 0.1-0.6 ms a call
-    (the miss: the mlp at 3000 Mbit/s recorded with Caramel, 0.03 for 0.28); where it
-    does not (4), all at 0.1 ms or less. The hooked row's error is its cap's, give or
-    take 5 points, on 8 of the 9."""
+    the step 0.24 ms each (predicted 0.24: they delay the backward pass); where the link
+    is the bottleneck (800 Mbit/s) 0.03 ms (predicted 0.01: the wire hides them). On the
+    wide model's 4 MiB buckets a call cost 0.90 and 0.54 ms unshaped: the hook's pass
+    over the bucket's bytes, priced at the trace's copy rate (predicted 1.42 and 0.81).
+    Over the 11 runs the predicted cost of a call lies inside its measured interval in
+    8; the hooked row's error is its cap's, give or take 5 points, in 10."""
     hooks = {run: r["summary"]["hook"] for run, r in hook_records.items()}
-    assert len(hooks) == 9 and all(h is not None and h["calls"] >= 4 for h in hooks.values())
+    assert len(hooks) == 11 and all(h is not None and h["calls"] >= 4 for h in hooks.values())
     cpu = hooks[("ddp-hook/mlp-unshaped-800mbit", "ddp-mlp", "unshaped")]
     wire = hooks[("ddp-hook/mlp-unshaped-800mbit", "ddp-mlp", "800mbit")]
     assert cpu["ratio_low"] > 1.0  # measurably slower
     assert cpu["predicted_call_s"] == pytest.approx(cpu["call_s"], rel=0.25)
     assert wire["call_s"] < 0.05e-3 and wire["predicted_call_s"] < 0.05e-3
-    costs = [h for h in hooks.values() if h["ratio_low"] > 1.0]
-    free = [h for h in hooks.values() if h["ratio_low"] <= 1.0]
-    assert (len(costs), len(free)) == (5, 4)
-    assert sum(h["predicted_call_s"] >= 0.09e-3 for h in costs) >= 4
-    assert all(h["predicted_call_s"] <= 0.11e-3 for h in free)
+    wide = [h for (_, job, rate), h in hooks.items() if job == "ddp-wide" and rate == "unshaped"]
+    assert len(wide) == 2 and all(h["call_s"] > 2 * cpu["call_s"] for h in wide)
+    assert all(h["predicted_call_s"] > 2 * cpu["predicted_call_s"] for h in wide)
+    inside = [
+        low <= hooks[run]["predicted_call_s"] <= high
+        for run, (low, high) in ((run, _per_call_interval(r)) for run, r in hook_records.items())
+    ]
+    assert sum(inside) >= 8
     errors = {run: r["summary"]["rows"] for run, r in hook_records.items()}
     close = [
         abs(rows["hook"]["error"] - rows[hooks[run]["against"]]["error"]) <= 0.05
         for run, rows in errors.items()
     ]
-    assert sum(close) >= 8
+    assert sum(close) >= 10
 
 
 def test_no_caramel_plan_that_measured_slower_was_written_or_predicted_faster(
     hook_records: dict,
 ) -> None:
     """Done-when: no written plan slower than plain. The lab now measures the Caramel plan
-    analyze predicts whether or not it writes it (ddp-caramel): it wrote none of the 5.
-    The two that measured slower than plain (the mlp at 800 Mbit/s, +10.5%; the wide
-    model at 1700 Mbit/s, +6.9%) were predicted slower (+14.4%, +1.5%: the hook's calls
-    and the plan's depths). Of the 4 the hook applied, 3 are predicted within 5% or
-    inside the measured interval (the wide model at 1700 Mbit/s, +1.5% for +6.9%
-    [+5.6%, +14.1%], is not); the fifth is DDP's own order, which DDP applied."""
+    analyze predicts whether or not it writes it (ddp-caramel, and the wide model's
+    recording in ddp-hook): it wrote none of the 7. The three that measured slower than
+    plain (the mlp at 800 Mbit/s, +10.5%; the wide model at 1700 Mbit/s, +6.9% and
+    +8.5%) were predicted slower (+14.6%, +2.1%, +2.7%: the hook's calls, its passes over
+    the 16 MiB of gradients and the plan's depths). Of the 6 the hook applied, 5 are
+    predicted within 5% or inside the measured interval (the wide model unshaped, +3.8%
+    for -0.5% [-4.5%, +3.1%], is not); the seventh is DDP's own order, which DDP
+    applied."""
     caramel = {run: r for run, r in hook_records.items() if "caramel" in r["summary"]["rows"]}
-    assert len(caramel) == 5
+    assert len(caramel) == 7
     slower = 0
     for run, record in caramel.items():
         assert record["caramel_written"] is False, run
@@ -151,15 +168,15 @@ def test_no_caramel_plan_that_measured_slower_was_written_or_predicted_faster(
         if row["ratio_low"] > 1.0:
             slower += 1
             assert row["predicted_s"] > rows["plain"]["predicted_s"], run
-    assert slower == 2
+    assert slower == 3
     applied = {run: r["repeats"][0]["applied_by"]["caramel"] for run, r in caramel.items()}
-    assert sorted(applied.values()) == ["ddp", "hook", "hook", "hook", "hook"]
+    assert sorted(applied.values()) == ["ddp"] + ["hook"] * 6
     passes = [
         next(j for j in r["judged"] if j["config"] == "caramel")["passes"]
         for run, r in caramel.items()
         if applied[run] == "hook"
     ]
-    assert sum(passes) >= 3
+    assert sum(passes) >= 5
 
 
 def test_every_recommended_cap_was_measured_and_is_fastest_or_within_its_interval(
@@ -168,12 +185,13 @@ def test_every_recommended_cap_was_measured_and_is_fastest_or_within_its_interva
     """Done-when: the recommended cap is the fastest measured, or inside the interval of
     it. The lab measures one cap per bucket layout, so a recommended cap may run as
     another of its layout: wide unshaped's cap4 is cap0.25's 4 buckets (-6.5% against
-    plain where the fastest, cap8, was -8.1%). 8 of 10 within; the misses are both mlp
-    runs recorded later: at 3000 Mbit/s, cap2 -13.6% where cap0.5 was -16.4%; at 800
-    Mbit/s, cap0.25 -2.8% where cap0.5 was -4.1%."""
+    plain where the fastest, cap8, was -8.1%); recorded again, its cap4 was the fastest
+    (-6.9%). 9 of 11 within; the misses are both mlp runs recorded later: at 3000
+    Mbit/s, cap2 -13.6% where cap0.5 was -16.4%; at 800 Mbit/s, cap0.25 -2.8% where
+    cap0.5 was -4.1%."""
     every = {**records, **hook_records}
     recommended = {run: r["summary"] for run, r in every.items() if r["summary"]["recommended"]}
-    assert len(recommended) == 10
+    assert len(recommended) == 11
     missed = set()
     for run, summary in recommended.items():
         assert summary["recommended_measured_as"] is not None, run
@@ -258,17 +276,22 @@ def test_the_trace_fit_predicts_the_slow_links_without_a_benchmark(
 # and 4, 4, 4, 3 (cnn) of these: 30 of 40, now 36 (mlp's Spearman at 1500 and 600
 # Mbit/s -0.95 and -0.79, now +0.63 and +0.79; the cnn's 600 and 100 Mbit/s from 3 to 4
 # and 5 once each read's folded control message was chained with its data, not left at
-# its traced 3-4 ms share of the link). The misses left are arrival chains: each hop
-# also waits for the executors, which no plain run records (`enforced.caution`).
+# its traced 3-4 ms share of the link). The predicted step is now untraced / (1 + gain),
+# the replay's gain exactly (it was untraced x (1 - gain), which hid about 5 points of
+# the chains' cost: 33 of 40 exact), and a control message is every rank's (per rank,
+# worker1 of the cnn at 600 Mbit/s priced each hop at 0.79 ms): 35 of 40. The misses
+# left are arrival chains; at 100 Mbit/s each rank's chain is replayed beside its
+# peer's traced, unchained reads, which hold a larger share of the PS's link than a
+# chained peer would (docs/validation.md).
 TF_FLOORS = {
-    ("mlp", "unshaped"): (5, 5),
-    ("mlp", "3000mbit"): (4, 5),  # tic-arrival +5.2%
+    ("mlp", "unshaped"): (4, 5),  # tic-arrival -5.5%
+    ("mlp", "3000mbit"): (5, 5),
     ("mlp", "1500mbit"): (5, 5),
     ("mlp", "600mbit"): (5, 5),
-    ("cnn", "unshaped"): (4, 5),  # tic-arrival -15.1%
-    ("cnn", "1500mbit"): (4, 5),  # tic-arrival -9.9%
-    ("cnn", "600mbit"): (4, 5),  # tac-arrival +6.1%
-    ("cnn", "100mbit"): (5, 5),
+    ("cnn", "unshaped"): (4, 5),  # tic-arrival -10.1% (TIC measured 3.6 ms slower than TAC)
+    ("cnn", "1500mbit"): (5, 5),
+    ("cnn", "600mbit"): (4, 5),  # tic-arrival -5.7%
+    ("cnn", "100mbit"): (3, 5),  # tac-arrival +5.7%, tic-arrival +5.5%
 }
 
 

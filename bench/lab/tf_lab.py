@@ -102,15 +102,15 @@ def predicted_configs(
     gains: dict[str, dict[str, float]], untraced: float, labels: list[str]
 ) -> dict[str, dict]:
     """Each configuration's predicted step: plain's, the untraced step; a plan enforced
-    in a mode (``tic-arrival``), that step less the plan's replayed gain in the mode:
-    untraced x (1 - gain), the first-order form of untraced / (1 + gain) (the replay's
-    gain is observed / predicted - 1), as the stored tf-grid2 floors were set."""
+    in a mode (``tic-arrival``), that step over (1 + the plan's replayed gain in the
+    mode): the replay's gain is observed / predicted - 1. (The first-order form,
+    untraced x (1 - gain), hid about 5 points of the arrival chains' cost.)"""
     predicted = {"plain": {"predicted_s": untraced, "predicted_gain": 0.0}}
     for label in labels:
         plan, _, mode = label.rpartition("-")
         gain = gains.get(mode, {}).get(plan)
         if gain is not None:
-            predicted[label] = {"predicted_s": untraced * (1 - gain), "predicted_gain": gain}
+            predicted[label] = {"predicted_s": untraced / (1 + gain), "predicted_gain": gain}
     return predicted
 
 

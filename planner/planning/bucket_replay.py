@@ -86,6 +86,7 @@ def replay(
     copy_rate: float = 0.0,
     kappa_backward: float | None = None,
     hook: float = 0.0,
+    hook_rate: float = 0.0,
 ) -> float:
     """When the backward pass, the last all-reduce and DDP's copies of the buckets back
     into the gradients are done, from the step start.
@@ -98,17 +99,22 @@ def replay(
     backward pass at ``1/kappa_backward`` when that is given.
     When the backward pass ends, DDP copies each bucket back into the gradients in
     order, once its all-reduce is done (``copy_bucket_to_grad``), `copy_rate` seconds
-    a byte. With `hook` (s), each bucket goes through planner's DDP hook, whose call runs
-    on the backward pass's thread once the bucket's last gradient is ready
+    a byte. With `hook` (s), each bucket goes through planner's DDP hook, whose call (and
+    its pass over the bucket's bytes, `hook_rate` seconds a byte) runs on the backward
+    pass's thread once the bucket's last gradient is ready
     (`planner.planning.hook_calls`): the bucket's all-reduce starts after it, and every
     later gradient is that much later.
     """
     count = int(ids.max()) + 1
-    if hook:  # each gradient after the hook calls of the buckets before its own
-        work = work + hook * ids
-    marks = _bucket_ready(work, ids, count) + hook
     nbytes = np.bincount(ids, weights=sizes, minlength=count)
-    end = float(work.max()) + hook
+    marks = _bucket_ready(work, ids, count)
+    end = float(work.max())
+    if hook:  # each gradient after the hook calls of the buckets before its own
+        cost = hook + hook_rate * nbytes
+        before = np.cumsum(cost) - cost
+        work = work + before[ids]
+        marks = _bucket_ready(work, ids, count) + cost
+        end = max(float(work.max()), float(marks.max()))
     t, done, nxt = 0.0, 0.0, 0  # time, backward work done, next bucket to start
     active: list[list[float]] = []  # [latency left, bandwidth time left, bucket]
     ends = np.zeros(count)  # each bucket's all-reduce end
@@ -174,13 +180,17 @@ def step_times(
     """The predicted time of every traced step with gradients grouped as `buckets`: per
     gradient the latest rank's backward work, the latest rank's tail. The backward pass
     slows by `kappa_backward` where given, else by `kappa` as the collectives do.
-    `hook`: each bucket through planner's DDP hook, at that many seconds a call."""
+    `hook`: each bucket through planner's DDP hook, at that many seconds a call and a
+    pass over its bytes at the rate of DDP's copies (`Profile.copy_rate`)."""
     ids = np.asarray(buckets)
     rate = p.copy_rate
     backward = kappa if kappa_backward is None else kappa_backward
     out = []
     for work, ranks in zip(backward_work(p, backward), p.steps.values(), strict=True):
-        end = replay(work, ids, p.sizes, network, kappa, p.lanes, rate, kappa_backward, hook)
+        end = replay(
+            work, ids, p.sizes, network, kappa, p.lanes, rate, kappa_backward, hook,
+            rate if hook else 0.0,
+        )  # fmt: skip
         out.append(end + max(s.tail - s.copy_tail for s in ranks))
     return out
 

@@ -217,12 +217,12 @@ def _plan_run(
     extra: dict[str, Any] = {}
     priority, control = _plan_parts(plan)
     plan_seconds, batch_edges, batched = batching(compiled, seconds, plan)
-    hook = hook_calls.step_seconds(plan) if hooked else 0.0
-    if hook:
-        launchers, cost = hook_cost.launch_costs(compiled, plan)
+    if hooked and hook_calls.calls(plan):
+        launchers, cost = hook_cost.launch_costs(compiled, plan, seconds)
         plan_seconds = plan_seconds.copy()
         plan_seconds[launchers] += cost
-        extra["hook_seconds"] = hook
+        rate = hook_calls.copy_rate(compiled.names, seconds, plan)
+        extra["hook_seconds"] = hook_calls.step_seconds(plan, rate)
     if batched:
         extra["batched_groups"] = batched
     ran = run(compiled, plan_seconds, priority, (*control, *batch_edges), channels=channels,

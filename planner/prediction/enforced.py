@@ -33,6 +33,7 @@ from planner.model.trace import busy_time
 MODES = ("arrival", "sender")
 READS = ("ReadVariableOp", "Identity")  # the PS ops whose values the TF module orders
 SMALL = 1024  # bytes: a transfer no larger carries a control message, not a tensor
+LONE = 5  # lone small transfers a median of the control message needs
 # the arrival replay's median |error| against the enforced runs' step on the cnn job: 16
 # rank-rounds of two runs of bench/bench_enforce_tf.py --rounds 4 recorded after the
 # replay's rules (the reads' rate, the link shared by connection, a read's folded
@@ -105,16 +106,16 @@ def chain(
     return as_array(src), as_array(dst), as_array(waits), as_array(alone)
 
 
-def control_message(
-    start: np.ndarray, duration: np.ndarray, nbytes: np.ndarray, mine: np.ndarray
-) -> float:
+def control_message(start: np.ndarray, duration: np.ndarray, nbytes: np.ndarray) -> float:
     """The time (s) a control message between a worker and its PS takes: the median
-    traced duration of the rank's (`mine`) transfers of at most `SMALL` bytes that had
-    their link to themselves (no other transfer of any rank in flight: a small message's
-    time is its latency, which sharing the link would inflate), else the rank's shortest
-    small transfer; 0 without any. `start`, `duration` (ns), `nbytes` per transfer
-    record (NaN: unknown size, a control message)."""
-    small = mine & (np.nan_to_num(nbytes, nan=0.0) <= SMALL)
+    traced duration of the transfers of at most `SMALL` bytes that had the link to
+    themselves (no other transfer in flight: a small message's time is its latency,
+    which a queue behind another transfer inflates), where at least `LONE` such are
+    recorded, else the shortest small transfer; 0 without any. Every rank's records
+    count: the latency is the network's, and a rank whose small messages all ran beside
+    other transfers has no lone one of its own. `start`, `duration` (ns), `nbytes` per
+    transfer record (NaN: unknown size, a control message)."""
+    small = np.nan_to_num(nbytes, nan=0.0) <= SMALL
     if not small.any():
         return 0.0
     order = np.argsort(start, kind="stable")
@@ -124,7 +125,7 @@ def control_message(
     alone = np.zeros(len(start), dtype=bool)
     alone[order] = (before <= begin) & (end <= after)
     lone = duration[small & alone]
-    return float(np.median(lone) if len(lone) else duration[small].min()) / 1e9
+    return float(np.median(lone) if len(lone) >= LONE else duration[small].min()) / 1e9
 
 
 def caution(mode: str | None) -> str | None:

@@ -12,21 +12,24 @@ from planner.planning import hook_calls
 from planner.prediction.compiled import Compiled
 
 
-def launch_costs(compiled: Compiled, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+def launch_costs(
+    compiled: Compiled, plan: Plan, seconds: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(op indices, seconds) to add to the ops of `compiled` that launch `plan`'s hooked
-    collectives: each group's calls (its depth x `hook_calls.CALL_SECONDS`, shared among its
-    collectives) on the op that launched each in the trace, its latest predecessor on
-    another resource (DDP's last gradient of the bucket, whose ready hook runs the comm
-    hook). Empty for a plan with no hooked call, or whose collectives have no launcher."""
-    groups = plan.inputs.get("groups") or ()
-    if not hook_calls.calls(plan):
-        return np.zeros(0, dtype=np.int64), np.zeros(0)
+    collectives: each group's `hook_calls.group_seconds` (its calls, and its pass over its
+    bytes at the rate DDP's copies ran at in `seconds`, the op times:
+    `hook_calls.copy_rate`; no pass without them), shared among its collectives, on the
+    op that launched each in the trace, its latest predecessor on another resource
+    (DDP's last gradient of the bucket, whose ready hook runs the comm hook). Empty for
+    a plan with no hooked call, or whose collectives have no launcher."""
+    groups = hook_calls.hooked_groups(plan)
+    rate = hook_calls.copy_rate(compiled.names, seconds, plan) if seconds is not None else 0.0
     added: dict[int, float] = {}
     for group in groups:
         ops = [compiled.index[o] for o in group.get("params") or () if o in compiled.index]
-        if not ops or group.get("nbytes", 1) <= 0:
+        if not ops:
             continue
-        share = int(group.get("depth", 1)) * hook_calls.CALL_SECONDS / len(ops)
+        share = hook_calls.group_seconds(group, rate) / len(ops)
         for i in ops:
             before = compiled.src[
                 (compiled.dst == i) & (compiled.res[compiled.src] != compiled.res[i])

@@ -383,14 +383,18 @@ def _replay_plans(
         mode = enforce if pools and plan.order else None
         if mode is not None:  # as the TF module applies it (`enforced`)
             arrays, waits, alone = _enforced(compiled, own, plan, arrays, mode)
-            link = link if link is not None else _link(compiled, looked_up, own, op_bytes)
+            link = link if link is not None else _link(compiled, looked_up, op_bytes)
             latency = link[0]
             nbytes = np.nan_to_num(op_bytes[alone], nan=0.0)
             least = latency + (nbytes / link[1] if link[1] > 0 else 0.0)
         models = _step_models(compiled, looked_up, oracle, spans, releases, own, pools, arrays)
         device = _device_ops(compiled)[: len(compiled.names[:own])]
-        hook = hook_calls.step_seconds(plan) if hooked else 0.0
-        launchers, launch_cost = hook_cost.launch_costs(compiled, plan) if hook else ((), ())
+        hook = 0.0
+        launchers, launch_cost = np.zeros(0, dtype=np.int64), np.zeros(0)
+        if hooked and hook_calls.calls(plan):  # the op times DDP's copies ran at: the oracle's
+            times = op_seconds(compiled, oracle)
+            launchers, launch_cost = hook_cost.launch_costs(compiled, plan, times)
+            hook = hook_calls.step_seconds(plan, hook_calls.copy_rate(compiled.names, times, plan))
         for it, (_, span, traced) in models.items():
             overhead = overheads[it]
             if len(waits):
