@@ -183,3 +183,13 @@ def test_a_links_rate_is_its_bytes_over_the_union_of_its_transfers() -> None:
     nbytes = np.array([np.nan, 1000.0, 1000.0])
     assert enforced.link_throughput(start, duration, nbytes) == pytest.approx(2000 / 250e-9)
     assert enforced.link_throughput(start[:1], duration[:1], nbytes[:1]) == 0.0
+    # per step, the median over the steps: a step that lost its peer's records (one
+    # transfer of 1000 bytes over the same 250 ns) does not drag the rate down
+    steps = np.repeat([0, 1, 2], 3)
+    start3, duration3 = np.tile(start, 3), np.tile(duration, 3)
+    nbytes3 = np.concatenate([nbytes, nbytes, [np.nan, 1000.0, np.nan]])
+    assert enforced.link_throughput(start3, duration3, nbytes3, steps) == pytest.approx(
+        2000 / 250e-9
+    )
+    pooled = enforced.link_throughput(start3 + 1000.0 * steps, duration3, nbytes3)
+    assert pooled == pytest.approx(5000 / 750e-9)  # pooled, it would read low

@@ -39,11 +39,12 @@ def _link(compiled: Compiled, known: KnownRows, op_bytes: np.ndarray) -> tuple[f
     start = rows["start"].to_numpy(dtype=np.float64)[transfer]
     duration = rows["duration"].to_numpy(dtype=np.float64)[transfer]
     nbytes = op_bytes[idx]
+    step = rows["iteration"].to_numpy()[transfer]
     ops = compiled.graph.ops
     read = np.array([ops[compiled.names[i]].kind == "recv" for i in idx.tolist()], dtype=bool)
     return (
         enforced.control_message(start, duration, nbytes),
-        enforced.link_throughput(start[read], duration[read], nbytes[read]),
+        enforced.link_throughput(start[read], duration[read], nbytes[read], step[read]),
     )
 
 
