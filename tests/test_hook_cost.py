@@ -97,7 +97,7 @@ def test_each_group_also_costs_a_pass_over_its_bytes_at_the_copies_rate() -> Non
     nbytes = sum(g["nbytes"] for g in plan.inputs["groups"])
     assert rate * nbytes == pytest.approx(_copy_seconds("rank0"), rel=1e-6)
     _, without = hook_cost.launch_costs(compiled, plan)
-    _, added = hook_cost.launch_costs(compiled, plan, seconds)
+    _, added = hook_cost.launch_costs(compiled, plan, rate)
     assert added.sum() - without.sum() == pytest.approx(_copy_seconds("rank0"), rel=1e-6)
     assert hook_calls.step_seconds(plan, rate) == pytest.approx(added.sum())
 

@@ -214,10 +214,12 @@ def test_the_measured_medians_are_the_raw_steps(records: dict) -> None:
                 _same_medians(run, records[(name, run["job"], run["rate"])]["summary"]["rows"])
 
 
-def _same_medians(run: dict, rows: dict) -> None:
+def _same_medians(run: dict, rows: dict, timed: int = 2 * 20) -> None:
+    """Each row's median is the median of its raw step times, `timed` of them (the lab's
+    --steps x --repeats: 20 x 2 unless said)."""
     for label, row in rows.items():
         steps = [t for rep in run["repeats"] for t in rep["times"][label]]
-        assert len(steps) == 2 * 20  # --steps 20 --repeats 2
+        assert len(steps) == timed
         assert row["median_s"] == statistics.median(steps)
 
 
@@ -305,14 +307,55 @@ def tf_records() -> dict[tuple[str, str], dict]:
     return found
 
 
+def _judged(records: dict, floors: dict, run: tuple[str, str]) -> list[dict]:
+    """`run`'s judged predictions, after checking every run of `floors` was judged and
+    `run` printed as many predictions as its floor says and passed at least that many."""
+    assert set(records) == set(floors)
+    judged = records[run]["judged"]
+    floor, printed = floors[run]
+    assert len(judged) == printed
+    assert sum(r["passes"] for r in judged) >= floor, repredict.verdict_line(records[run])
+    return judged
+
+
 @pytest.mark.parametrize("run", sorted(TF_FLOORS))
 def test_the_tf_replay_predicts_the_enforced_plans(tf_records: dict, run: tuple[str, str]) -> None:
-    assert set(tf_records) == set(TF_FLOORS)
-    record = tf_records[run]
-    judged = record["judged"]
-    floor, printed = TF_FLOORS[run]
-    assert len(judged) == printed
-    assert sum(r["passes"] for r in judged) >= floor, repredict.verdict_line(record)
-    _same_medians(record, record["summary"]["rows"])
+    judged = _judged(tf_records, TF_FLOORS, run)
+    _same_medians(tf_records[run], tf_records[run]["summary"]["rows"])
     # sender costs nothing and the replay says so: within 5% on every run
     assert all(abs(r["error"]) <= 0.05 for r in judged if r["config"].endswith("-sender"))
+
+
+# TF runs recorded after the last change to the TF replay (the control message of every
+# rank, the link's rate per step), never used to set it: 28 of 30. The misses are the
+# cnn's arrival chains at 1500 Mbit/s, predicted +16% against plain and measured +32-33%:
+# on the fast links each hop also waits for the worker to send its marker and the PS to
+# dispatch the read (0.45-0.6 ms a hop in the enforced runs' traces, 0.15 replayed).
+TF_HELDOUT_FLOORS = {
+    ("cnn", "unshaped"): (5, 5),
+    ("cnn", "1500mbit"): (3, 5),  # tac-arrival -12.5%, tic-arrival -11.7%
+    ("cnn", "600mbit"): (5, 5),
+    ("cnn-100mbit", "100mbit"): (5, 5),
+    ("mlp", "3000mbit"): (5, 5),
+    ("mlp", "1500mbit"): (5, 5),
+}
+
+
+@pytest.fixture(scope="module")
+def tf_heldout() -> dict[tuple[str, str], dict]:
+    found = {}
+    for name in sorted({name for name, _ in TF_HELDOUT_FLOORS}):
+        for record in repredict.repredict(RESULTS / "tf-heldout" / name, "measured"):
+            found[(name, record["rate"])] = record
+    return found
+
+
+@pytest.mark.parametrize("run", sorted(TF_HELDOUT_FLOORS))
+def test_the_tf_replay_predicts_runs_it_was_not_set_on(tf_heldout: dict, run: tuple) -> None:
+    judged = _judged(tf_heldout, TF_HELDOUT_FLOORS, run)
+    # --steps 10, two repeats (the cnn at 100 Mbit/s: one)
+    timed = 10 if run[0] == "cnn-100mbit" else 20
+    _same_medians(tf_heldout[run], tf_heldout[run]["summary"]["rows"], timed)
+    # sender costs nothing and the replay says so (the unshaped cnn's TIC: -5.6%, inside
+    # its interval, +7.2% [-5.9%, +14.3%])
+    assert all(r["passes"] for r in judged if r["config"].endswith("-sender"))

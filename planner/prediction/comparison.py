@@ -218,10 +218,10 @@ def _plan_run(
     priority, control = _plan_parts(plan)
     plan_seconds, batch_edges, batched = batching(compiled, seconds, plan)
     if hooked and hook_calls.calls(plan):
-        launchers, cost = hook_cost.launch_costs(compiled, plan, seconds)
+        rate = hook_calls.copy_rate(compiled.names, seconds, plan)
+        launchers, cost = hook_cost.launch_costs(compiled, plan, rate)
         plan_seconds = plan_seconds.copy()
         plan_seconds[launchers] += cost
-        rate = hook_calls.copy_rate(compiled.names, seconds, plan)
         extra["hook_seconds"] = hook_calls.step_seconds(plan, rate)
     if batched:
         extra["batched_groups"] = batched

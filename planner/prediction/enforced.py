@@ -151,9 +151,9 @@ def link_throughput(
     traced step (`step`, each record's; one step when None), the median over the steps
     that moved a byte; a low estimate of its bandwidth, as the latency-bound spells count
     in the union. Per step, since a step whose peer's records are missing (its
-    transfers shared the link unseen) reads low: the lab's mlp at 600 Mbit/s moved 599
-    Mbit/s in each of four steps and 316 in the fifth, whose peer records `_shared` had
-    left out; pooled, 545. 0 without a timed byte."""
+    transfers shared the link unseen) reads low: the lab's mlp at 600 Mbit/s moved
+    598-600 Mbit/s in four steps and 316 in the fifth, whose peer records the replay
+    had left out (`host._shared`); pooled, 545. 0 without a timed byte."""
     steps = np.zeros(len(start), dtype=np.int64) if step is None else np.asarray(step)
     rates = []
     for s in np.unique(steps):

@@ -24,9 +24,9 @@ def _link(compiled: Compiled, known: KnownRows, op_bytes: np.ndarray) -> tuple[f
     own and, on a shared link, its peers'; `op_bytes`: `_op_bytes` of `compiled`.
 
     The message is every rank's: per rank, the lab's cnn at 600 Mbit/s had its only
-    lone small transfers on worker1 (0.48 and 1.09 ms, read beside a queue) and priced
-    worker1's hops at 0.79 ms, its arrival chain 12% slower than measured; pooled, the
-    shortest small transfer (0.14 ms) prices both within 6%.
+    lone small transfers on worker1 (0.48 and 1.09 ms, reads behind a queue) and priced
+    worker1's hops at 0.79 ms, the run's arrival plans 9-12% slower than measured;
+    pooled, the shortest small transfer (0.14 ms) prices them within 6%.
 
     The rate is the reads' (recv records, every worker's): the transfers the chain
     leaves alone are reads, and they leave through the PS's uplink, which the workers'

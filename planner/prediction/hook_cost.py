@@ -1,7 +1,7 @@
-"""Where planner's DDP hook spends its calls in a replayed step (`planner.planning.hook_calls`
-says how many a plan makes and what each costs): on the ops that launch the plan's
-collectives, so that the replay and the comparison count them where the traced step
-would have run them."""
+"""Where planner's DDP hook spends its time in a replayed step (`planner.planning.hook_calls`
+says what its calls and its passes over a plan's groups cost): on the ops that launch
+the plan's collectives, so that the replay and the comparison count it where the traced
+step would have run it."""
 
 from __future__ import annotations
 
@@ -13,23 +13,21 @@ from planner.prediction.compiled import Compiled
 
 
 def launch_costs(
-    compiled: Compiled, plan: Plan, seconds: np.ndarray | None = None
+    compiled: Compiled, plan: Plan, byte_seconds: float = 0.0
 ) -> tuple[np.ndarray, np.ndarray]:
     """(op indices, seconds) to add to the ops of `compiled` that launch `plan`'s hooked
     collectives: each group's `hook_calls.group_seconds` (its calls, and its pass over its
-    bytes at the rate DDP's copies ran at in `seconds`, the op times:
-    `hook_calls.copy_rate`; no pass without them), shared among its collectives, on the
-    op that launched each in the trace, its latest predecessor on another resource
-    (DDP's last gradient of the bucket, whose ready hook runs the comm hook). Empty for
-    a plan with no hooked call, or whose collectives have no launcher."""
+    bytes at `byte_seconds` a byte: `hook_calls.copy_rate`), shared among its
+    collectives, on the op that launched each in the trace, its latest predecessor on
+    another resource (DDP's last gradient of the bucket, whose ready hook runs the comm
+    hook). Empty for a plan with no hooked call, or whose collectives have no launcher."""
     groups = hook_calls.hooked_groups(plan)
-    rate = hook_calls.copy_rate(compiled.names, seconds, plan) if seconds is not None else 0.0
     added: dict[int, float] = {}
     for group in groups:
         ops = [compiled.index[o] for o in group.get("params") or () if o in compiled.index]
         if not ops:
             continue
-        share = hook_calls.group_seconds(group, rate) / len(ops)
+        share = hook_calls.group_seconds(group, byte_seconds) / len(ops)
         for i in ops:
             before = compiled.src[
                 (compiled.dst == i) & (compiled.res[compiled.src] != compiled.res[i])

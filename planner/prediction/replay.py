@@ -391,10 +391,10 @@ def _replay_plans(
         device = _device_ops(compiled)[: len(compiled.names[:own])]
         hook = 0.0
         launchers, launch_cost = np.zeros(0, dtype=np.int64), np.zeros(0)
-        if hooked and hook_calls.calls(plan):  # the op times DDP's copies ran at: the oracle's
-            times = op_seconds(compiled, oracle)
-            launchers, launch_cost = hook_cost.launch_costs(compiled, plan, times)
-            hook = hook_calls.step_seconds(plan, hook_calls.copy_rate(compiled.names, times, plan))
+        if hooked and hook_calls.calls(plan):  # DDP's copies at the oracle's op times
+            rate = hook_calls.copy_rate(compiled.names, op_seconds(compiled, oracle), plan)
+            launchers, launch_cost = hook_cost.launch_costs(compiled, plan, rate)
+            hook = hook_calls.step_seconds(plan, rate)
         for it, (_, span, traced) in models.items():
             overhead = overheads[it]
             if len(waits):
