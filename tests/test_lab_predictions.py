@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Iterable
+from pathlib import Path
 
 import pytest
 
@@ -38,14 +40,22 @@ FLOORS = {
 SETS = sorted({key[0] for key in FLOORS})
 
 
+def _repredicted(
+    folders: Iterable[tuple[tuple[str, ...], Path]], with_job: bool = True, benchmark: bool = True
+) -> dict[tuple[str, ...], dict]:
+    """Each run of each lab folder re-predicted by this checkout (`repredict`, anchored
+    on the measured plain median), keyed by the folder's key, the run's job where
+    `with_job`, and its rate."""
+    found = {}
+    for key, folder in sorted(set(folders)):
+        for record in repredict.repredict(folder, "measured", benchmark=benchmark):
+            found[(*key, *([record["job"]] if with_job else []), record["rate"])] = record
+    return found
+
+
 @pytest.fixture(scope="module")
 def records() -> dict[tuple[str, str, str], dict]:
-    found = {}
-    for name in SETS:
-        for job in ("mlp", "wide"):
-            for record in repredict.repredict(RESULTS / name / job, "measured"):
-                found[(name, record["job"], record["rate"])] = record
-    return found
+    return _repredicted(((n,), RESULTS / n / j) for n in SETS for j in ("mlp", "wide"))
 
 
 def test_every_run_of_the_grid_is_judged(records: dict) -> None:
@@ -82,11 +92,7 @@ HOOK_FLOORS = {
 
 @pytest.fixture(scope="module")
 def hook_records() -> dict[tuple[str, str, str], dict]:
-    found = {}
-    for name in sorted({key[0] for key in HOOK_FLOORS}):
-        for record in repredict.repredict(RESULTS / name, "measured"):
-            found[(name, record["job"], record["rate"])] = record
-    return found
+    return _repredicted(((name,), RESULTS / name) for name, _, _ in HOOK_FLOORS)
 
 
 @pytest.mark.parametrize("run", sorted(HOOK_FLOORS))
@@ -252,11 +258,8 @@ TRACE_FIT_FLOORS = {
 
 @pytest.fixture(scope="module")
 def trace_fit_records() -> dict[tuple[str, str, str], dict]:
-    found = {}
-    for name, job in sorted({(n, j) for n, j, _ in TRACE_FIT_FLOORS}):
-        for record in repredict.repredict(RESULTS / name / job, "measured", benchmark=False):
-            found[(name, job, record["rate"])] = record
-    return found
+    folders = (((n, j), RESULTS / n / j) for n, j, _ in TRACE_FIT_FLOORS)
+    return _repredicted(folders, with_job=False, benchmark=False)
 
 
 @pytest.mark.parametrize("run", sorted(TRACE_FIT_FLOORS))
@@ -300,11 +303,7 @@ TF_FLOORS = {
 
 @pytest.fixture(scope="module")
 def tf_records() -> dict[tuple[str, str], dict]:
-    found = {}
-    for job in ("mlp", "cnn"):
-        for record in repredict.repredict(RESULTS / "tf-grid2" / job, "measured"):
-            found[(job, record["rate"])] = record
-    return found
+    return _repredicted((((j,), RESULTS / "tf-grid2" / j) for j in ("mlp", "cnn")), False)
 
 
 def _judged(records: dict, floors: dict, run: tuple[str, str]) -> list[dict]:
@@ -343,11 +342,8 @@ TF_HELDOUT_FLOORS = {
 
 @pytest.fixture(scope="module")
 def tf_heldout() -> dict[tuple[str, str], dict]:
-    found = {}
-    for name in sorted({name for name, _ in TF_HELDOUT_FLOORS}):
-        for record in repredict.repredict(RESULTS / "tf-heldout" / name, "measured"):
-            found[(name, record["rate"])] = record
-    return found
+    folders = (((name,), RESULTS / "tf-heldout" / name) for name, _ in TF_HELDOUT_FLOORS)
+    return _repredicted(folders, with_job=False)
 
 
 @pytest.mark.parametrize("run", sorted(TF_HELDOUT_FLOORS))

@@ -199,7 +199,8 @@ def _why_keep(
         )
     elif best["replayed_gain"] is not None and best["replayed_gain"] < -SAME:
         how = (
-            f"through planner's DDP hook ({best['hook_seconds'] * 1e3:.1f} ms a step for its calls)"
+            f"through planner's DDP hook ({best['hook_seconds'] * 1e3:.1f} ms a step for its "
+            "calls and its passes over the buckets)"
             if best.get("hook_seconds")
             else "as enforced"
         )

@@ -218,11 +218,9 @@ def _plan_run(
     priority, control = _plan_parts(plan)
     plan_seconds, batch_edges, batched = batching(compiled, seconds, plan)
     if hooked and hook_calls.calls(plan):
-        rate = hook_calls.copy_rate(compiled.names, seconds, plan)
-        launchers, cost = hook_cost.launch_costs(compiled, plan, rate)
+        launchers, cost, extra["hook_seconds"] = hook_cost.hook_time(compiled, plan, seconds)
         plan_seconds = plan_seconds.copy()
         plan_seconds[launchers] += cost
-        extra["hook_seconds"] = hook_calls.step_seconds(plan, rate)
     if batched:
         extra["batched_groups"] = batched
     ran = run(compiled, plan_seconds, priority, (*control, *batch_edges), channels=channels,

@@ -37,3 +37,14 @@ def launch_costs(
                 added[launcher] = added.get(launcher, 0.0) + share
     index = np.fromiter(added, dtype=np.int64, count=len(added))
     return index, np.fromiter(added.values(), dtype=float, count=len(added))
+
+
+def hook_time(
+    compiled: Compiled, plan: Plan, seconds: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """`launch_costs` of `plan` at the rate DDP's copies ran at in `seconds` (the op
+    times, `hook_calls.copy_rate`), and the hook's whole time per step
+    (`hook_calls.step_seconds`): what the replay and the comparison add for a plan the
+    hook runs."""
+    rate = hook_calls.copy_rate(compiled.names, seconds, plan)
+    return (*launch_costs(compiled, plan, rate), hook_calls.step_seconds(plan, rate))

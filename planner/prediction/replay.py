@@ -365,8 +365,9 @@ def _replay_plans(
     edges close a cycle with what the step observed). On a TF job (`pools`) an ordered
     plan runs with the chain the TF module adds in mode `enforce` (`_enforced`; None:
     its priorities alone), and each entry names the mode it ran as (``enforce``). On a
-    PyTorch job (`hooked`) a plan that runs through planner's DDP hook has its calls on
-    the ops that launch its collectives (`hook_cost`), their time in ``hook_seconds``.
+    PyTorch job (`hooked`) a plan that runs through planner's DDP hook has the hook's
+    time (its calls and its passes over the groups' bytes) on the ops that launch its
+    collectives (`hook_cost`), in all ``hook_seconds``.
     `looked_up`: the rank's rows as `op_rows` gives them."""
     out: dict[int, dict[str, dict[str, Any]]] = {it: {} for it in observed}
     link: tuple[float, float] | None = None  # (message s, bytes/s), found once per rank
@@ -392,9 +393,9 @@ def _replay_plans(
         hook = 0.0
         launchers, launch_cost = np.zeros(0, dtype=np.int64), np.zeros(0)
         if hooked and hook_calls.calls(plan):  # DDP's copies at the oracle's op times
-            rate = hook_calls.copy_rate(compiled.names, op_seconds(compiled, oracle), plan)
-            launchers, launch_cost = hook_cost.launch_costs(compiled, plan, rate)
-            hook = hook_calls.step_seconds(plan, rate)
+            launchers, launch_cost, hook = hook_cost.hook_time(
+                compiled, plan, op_seconds(compiled, oracle)
+            )
         for it, (_, span, traced) in models.items():
             overhead = overheads[it]
             if len(waits):
@@ -405,7 +406,7 @@ def _replay_plans(
                 seconds = model.seconds.copy()
                 seconds[alone] = least
                 model = replace(model, seconds=seconds)
-            if len(launchers):  # the hook's calls, on the ops that launch the collectives
+            if len(launchers):  # the hook's time, on the ops that launch the collectives
                 seconds = model.seconds.copy()
                 seconds[launchers] += launch_cost
                 model = replace(model, seconds=seconds)
